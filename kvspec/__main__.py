@@ -1,0 +1,5 @@
+import sys
+
+from kvspec.cli import main
+
+sys.exit(main())

@@ -1,0 +1,227 @@
+"""The domain: KV-cache groups, a coordinator configuration, registration results.
+
+Frozen attrs value objects.  Validators mirror the preconditions vLLM's own
+coordinator asserts (so kvspec never reasons about a geometry vLLM rejects),
+and a violation raises ``InvalidGeometry`` naming the field, the rule and the
+value.  The partial-hash-hits regime and the reprefillable-token count are
+*derived* here from the configuration, by the rule vLLM documents, never
+passed in by hand.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import attrs
+
+__all__ = [
+    "GroupKind",
+    "KVCacheGroup",
+    "CoordinatorConfig",
+    "GroupRegistration",
+    "InvalidGeometry",
+    "Regime",
+]
+
+
+class InvalidGeometry(ValueError):
+    """A configuration vLLM itself would reject; says which rule and value."""
+
+    def __init__(self, field: str, rule: str, value: Any):
+        self.field = field
+        self.rule = rule
+        self.value = value
+        super().__init__(f"invalid {field}={value!r}: {rule}")
+
+
+class GroupKind(str, enum.Enum):
+    FULL_ATTENTION = "full_attention"
+    SLIDING_WINDOW = "sliding_window"
+    MAMBA_ALIGN = "mamba_align"  # Mamba with mamba_cache_mode="align"
+
+    @property
+    def fine_grained_lookup(self) -> bool:
+        """Whether vLLM's manager for this kind can hit inside its block
+        (``supports_fine_grained_hash_lookup``): full attention and Mamba can,
+        sliding window cannot."""
+        return self is not GroupKind.SLIDING_WINDOW
+
+
+def _positive(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidGeometry(attribute.name, "must be a positive integer", value)
+
+
+def _non_negative(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidGeometry(attribute.name, "must be a non-negative integer", value)
+
+
+def _is_bool(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise InvalidGeometry(attribute.name, "must be True or False", value)
+
+
+def _kind(value: Any) -> GroupKind:
+    try:
+        return GroupKind(value)
+    except ValueError:
+        choices = ", ".join(k.value for k in GroupKind)
+        raise InvalidGeometry("kind", f"must be one of {choices}", value) from None
+
+
+@attrs.frozen
+class KVCacheGroup:
+    """One KV-cache group as the coordinator sees it."""
+
+    kind: GroupKind = attrs.field(converter=_kind)
+    block_size: int = attrs.field(validator=_positive)
+    eagle: bool = attrs.field(default=False, validator=_is_bool)
+    # Only meaningful for sliding-window groups (vLLM's SlidingWindowSpec).
+    sliding_window: int = attrs.field(default=0, validator=_non_negative)
+
+    def __attrs_post_init__(self) -> None:
+        if self.kind is GroupKind.SLIDING_WINDOW and self.sliding_window < 1:
+            raise InvalidGeometry(
+                "sliding_window", "a sliding-window group needs a window >= 1", self.sliding_window
+            )
+        if self.kind is not GroupKind.SLIDING_WINDOW and self.sliding_window:
+            raise InvalidGeometry(
+                "sliding_window", f"only sliding-window groups have a window (kind={self.kind.value})",
+                self.sliding_window,
+            )
+
+    def label(self) -> str:
+        flag = ", EAGLE" if self.eagle else ""
+        window = f", window {self.sliding_window}" if self.sliding_window else ""
+        return f"{self.kind.value}(block {self.block_size}{window}{flag})"
+
+
+def _groups(value: Any) -> tuple[KVCacheGroup, ...]:
+    return tuple(value)
+
+
+class Regime(str, enum.Enum):
+    PARTIAL_HASH_HITS = "partial_hash_hits"
+    SCHEDULER_ALIGNED = "scheduler_aligned"
+
+
+@attrs.frozen
+class CoordinatorConfig:
+    """What ``HybridKVCacheCoordinator`` is built from, in vLLM's names."""
+
+    groups: tuple[KVCacheGroup, ...] = attrs.field(converter=_groups)
+    scheduler_block_size: int = attrs.field(validator=_positive)
+    hash_block_size: int = attrs.field(validator=_positive)
+    enable_caching: bool = attrs.field(default=True, validator=_is_bool)
+    num_prefill_lookahead: int = attrs.field(default=0, validator=_non_negative)
+    dcp_world_size: int = attrs.field(default=1, validator=_positive)
+    allow_partial_hash_hits: bool = attrs.field(default=True, validator=_is_bool)
+
+    def __attrs_post_init__(self) -> None:
+        S, H = self.scheduler_block_size, self.hash_block_size
+        if len(self.groups) < 2:
+            raise InvalidGeometry(
+                "groups",
+                "the hybrid coordinator needs at least two KV-cache groups "
+                "(vLLM uses the unitary coordinator for one)",
+                len(self.groups),
+            )
+        for group in self.groups:
+            if not isinstance(group, KVCacheGroup):
+                raise InvalidGeometry("groups", "every group must be a KVCacheGroup", group)
+        if S % H:
+            raise InvalidGeometry(
+                "scheduler_block_size", f"must be a multiple of hash_block_size (={H})", S
+            )
+        for i, group in enumerate(self.groups):
+            if S % group.block_size:
+                raise InvalidGeometry(
+                    f"groups[{i}].block_size",
+                    f"must divide scheduler_block_size (={S})",
+                    group.block_size,
+                )
+            if group.block_size % H:
+                raise InvalidGeometry(
+                    f"groups[{i}].block_size",
+                    f"a cacheable block must be a multiple of hash_block_size (={H})",
+                    group.block_size,
+                )
+        if self.enable_caching and self.any_eagle and S < self.num_prefill_lookahead:
+            raise InvalidGeometry(
+                "num_prefill_lookahead",
+                f"prefix caching with EAGLE needs scheduler_block_size (={S}) >= "
+                "num_prefill_lookahead",
+                self.num_prefill_lookahead,
+            )
+
+    @property
+    def any_eagle(self) -> bool:
+        return any(g.eagle for g in self.groups)
+
+    @property
+    def num_reprefillable_tokens(self) -> int:
+        """Tokens multi-module MTP may prefill again: ``max(0, lookahead - 1)``."""
+        return max(0, self.num_prefill_lookahead - 1)
+
+    @property
+    def partial_hash_hits(self) -> bool:
+        """vLLM's ``enable_partial_hash_hits``, by its documented rule.
+
+        Fine-grained hits need prefix caching, the switch on, a Mamba "align"
+        group whose block is coarser than the hash block (or equal to it under
+        DCP), and every other group able to look up inside its block (full
+        attention, Mamba) or with a block equal to the hash block.
+        """
+        H, dcp = self.hash_block_size, self.dcp_world_size
+        if not (self.enable_caching and self.allow_partial_hash_hits):
+            return False
+        has_aligned_mamba = any(
+            g.kind is GroupKind.MAMBA_ALIGN
+            and (g.block_size > H if dcp == 1 else g.block_size >= H)
+            for g in self.groups
+        )
+        lookups_compatible = all(
+            g.kind.fine_grained_lookup or g.block_size == H for g in self.groups
+        )
+        return has_aligned_mamba and lookups_compatible
+
+    @property
+    def regime(self) -> Regime:
+        return Regime.PARTIAL_HASH_HITS if self.partial_hash_hits else Regime.SCHEDULER_ALIGNED
+
+    @property
+    def effective_eagle(self) -> tuple[bool, ...]:
+        """Per-group EAGLE flag as the coordinator applies it.
+
+        vLLM merges groups with an identical spec for lookup and gives the
+        merged group the EAGLE bit if any member has it, so an unflagged twin of
+        an EAGLE group is treated as EAGLE too.
+        """
+        flagged = {(g.kind, g.block_size, g.sliding_window) for g in self.groups if g.eagle}
+        return tuple((g.kind, g.block_size, g.sliding_window) in flagged for g in self.groups)
+
+    def describe(self) -> str:
+        groups = ", ".join(g.label() for g in self.groups)
+        return (
+            f"S={self.scheduler_block_size} H={self.hash_block_size} "
+            f"lookahead={self.num_prefill_lookahead} dcp={self.dcp_world_size} "
+            f"caching={'on' if self.enable_caching else 'off'} [{groups}]"
+        )
+
+
+@attrs.frozen
+class GroupRegistration:
+    """What one group registers at one ``cache_blocks`` call, with its derivation."""
+
+    group: int
+    tokens_to_cache: int
+    registered_full_blocks: int
+    cached: int  # the boundary for every group: _align_cacheable(n)
+    finalized: int  # max(0, n - reprefillable)
+    aligned_finalized: int  # _align_cacheable(finalized)
+    eagle: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)

@@ -1,0 +1,156 @@
+"""The registration boundary, specified once.
+
+``registration_bound`` is *the* specification; everything else in kvspec
+(proofs, oracles, reports) evaluates this one function, on integers or as Z3
+terms.  It is written against ``model.arith.Arith`` only: no Python ``if``,
+``min``, ``max`` or ``//`` touches a value.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import attrs
+
+from .arith import INT, Arith
+from .domain import CoordinatorConfig, GroupRegistration
+
+__all__ = [
+    "BoundaryInputs",
+    "RegistrationRule",
+    "registration_bound",
+    "matchable_prefix",
+    "finalized_tokens",
+    "reprefillable_tokens",
+    "registered_full_blocks",
+    "hashed_tokens",
+    "inputs_for_group",
+    "evaluate_config",
+]
+
+
+@attrs.define
+class BoundaryInputs:
+    """Everything one group's bound depends on, as ints/bools or Z3 terms.
+
+    n: computed tokens (``num_computed_tokens``); S: ``scheduler_block_size``;
+    H: ``hash_block_size``; B: the group manager's ``block_size``;
+    L: ``num_prefill_lookahead``; eagle: the manager's ``use_eagle``;
+    partial: the coordinator's ``enable_partial_hash_hits``.
+    """
+
+    n: Any
+    S: Any
+    H: Any
+    B: Any
+    L: Any
+    eagle: Any
+    partial: Any
+
+
+RegistrationRule = Callable[[Arith, BoundaryInputs], Any]
+
+
+def reprefillable_tokens(ar: Arith, p: BoundaryInputs) -> Any:
+    """Tokens multi-module MTP may prefill again: ``max(0, L - 1)``."""
+    return ar.max(ar.const(0), p.L - 1)
+
+
+def finalized_tokens(ar: Arith, p: BoundaryInputs) -> Any:
+    """Computed tokens whose KV is final (not re-prefillable)."""
+    return ar.max(ar.const(0), p.n - reprefillable_tokens(ar, p))
+
+
+def matchable_prefix(ar: Arith, x: Any, p: BoundaryInputs) -> Any:
+    """Largest prefix of ``x`` tokens a future cache hit could match.
+
+    Without partial hash hits, hits land on scheduler-block boundaries.  With
+    them there is no rounding at all: every token is a potential boundary for
+    registration purposes (rounding even to the hash block would re-register a
+    Mamba tail that copy-on-write has made private).
+    """
+    registration_unit = ar.ite(p.partial, ar.const(1), p.S)
+    return ar.round_down(x, registration_unit)
+
+
+def registration_bound(ar: Arith, p: BoundaryInputs) -> Any:
+    """How many of the computed tokens this group registers in the hash map.
+
+    Intent: register the largest prefix a future hit could match.  An EAGLE
+    group matches one block past a hit boundary and then drops it, so it also
+    registers that one lookahead block -- but never past the finalized tokens,
+    and only once there is a matchable boundary at all.
+    """
+    boundary = matchable_prefix(ar, p.n, p)
+    finalized = finalized_tokens(ar, p)
+    with_lookahead = ar.min(finalized, matchable_prefix(ar, finalized, p) + p.B)
+    return ar.ite(ar.and_(p.eagle, boundary > 0), with_lookahead, boundary)
+
+
+def hashed_tokens(ar: Arith, total_tokens: Any, H: Any) -> Any:
+    """Tokens covered by the request's block hashes (whole hash blocks)."""
+    return ar.round_down(total_tokens, H)
+
+
+def registered_full_blocks(ar: Arith, tokens_to_cache: Any, hashed: Any, B: Any) -> Any:
+    """Full blocks of size ``B`` a manager registers for a bound of
+    ``tokens_to_cache``: only blocks whose tokens are all hashed count."""
+    return ar.div(ar.min(tokens_to_cache, hashed), B)
+
+
+def inputs_for_group(
+    config: CoordinatorConfig,
+    group: int,
+    n: int,
+    *,
+    partial: bool | None = None,
+    eagle: bool | None = None,
+    lookahead: int | None = None,
+) -> BoundaryInputs:
+    """Concrete inputs of one group of ``config`` after ``n`` computed tokens.
+
+    The regime, EAGLE flag and lookahead come from the configuration's own
+    derivation unless a caller that knows better (a subject without partial
+    hits, say) overrides them explicitly.
+    """
+    return BoundaryInputs(
+        n=n,
+        S=config.scheduler_block_size,
+        H=config.hash_block_size,
+        B=config.groups[group].block_size,
+        L=config.num_prefill_lookahead if lookahead is None else lookahead,
+        eagle=config.effective_eagle[group] if eagle is None else eagle,
+        partial=config.partial_hash_hits if partial is None else partial,
+    )
+
+
+def evaluate_config(
+    config: CoordinatorConfig,
+    n: int,
+    total_tokens: int,
+    rule: RegistrationRule = registration_bound,
+    *,
+    partial: bool | None = None,
+    lookahead: int | None = None,
+) -> tuple[GroupRegistration, ...]:
+    """Per-group registration of ``rule`` at one ``cache_blocks(n)`` call."""
+    if not 0 <= n <= total_tokens:
+        raise ValueError(f"need 0 <= n <= total_tokens, got n={n}, total={total_tokens}")
+    results = []
+    hashed = hashed_tokens(INT, total_tokens, config.hash_block_size)
+    for i, group in enumerate(config.groups):
+        p = inputs_for_group(config, i, n, partial=partial, lookahead=lookahead)
+        bound = rule(INT, p)
+        finalized = finalized_tokens(INT, p)
+        results.append(
+            GroupRegistration(
+                group=i,
+                tokens_to_cache=bound,
+                registered_full_blocks=registered_full_blocks(INT, bound, hashed, group.block_size),
+                cached=matchable_prefix(INT, n, p),
+                finalized=finalized,
+                aligned_finalized=matchable_prefix(INT, finalized, p),
+                eagle=bool(p.eagle),
+            )
+        )
+    return tuple(results)

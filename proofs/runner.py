@@ -1,0 +1,153 @@
+"""Runs theorems: fresh context, timeout, vacuity, minimisation, replay."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any, Iterable
+
+import z3
+
+from model.arith import INT, Z3Arith
+
+from .encoding import Vars, decode_model, declare
+from .theorem import Subject, Theorem
+from .verdict import Counterexample, Status, TheoremResult, VacuityCheck
+
+__all__ = ["run_theorem", "run_catalog", "DEFAULT_TIMEOUT_MS"]
+
+DEFAULT_TIMEOUT_MS = 20_000
+MAX_MINIMISATION_STEPS = 64
+
+
+def _solver(ctx: z3.Context, timeout_ms: int, seed: int) -> z3.Solver:
+    solver = z3.Solver(ctx=ctx)
+    solver.set("timeout", int(timeout_ms))
+    solver.set("random_seed", int(seed))
+    return solver
+
+
+def _replays(theorem: Theorem, values: dict[str, Any], subject: Subject) -> bool:
+    """The model, run through the integer semantics: assumptions hold and the
+    claim fails.  Anything else is a spurious model and never reported."""
+    v = Vars(values)
+    try:
+        return bool(theorem.assume(INT, v)) and not bool(theorem.claim(INT, v, subject.fn))
+    except ZeroDivisionError:
+        return False
+
+
+def _cost(theorem: Theorem, v: Vars) -> Any:
+    return sum((v[name] for name in theorem.cost), start=0)
+
+
+def _search(
+    theorem: Theorem, subject: Subject, timeout_ms: int, seed: int, minimise: bool
+) -> tuple[Status, Counterexample | None, str]:
+    """Look for an input violating the claim for ``subject``."""
+    ctx = z3.Context()
+    ar = Z3Arith(ctx)
+    v = declare(ar, theorem.ints, theorem.bools)
+    parts = [theorem.assume(ar, v)]
+    if theorem.hints is not None:
+        parts += theorem.hints(ar, v)
+    parts.append(ar.not_(theorem.claim(ar, v, subject.fn)))
+    query = z3.And(parts)
+    # Split on the boolean symbols (EAGLE, partial hits) and substitute each
+    # case into the query: the if-then-else terms they guard disappear, which
+    # the nonlinear core handles far better than one query with all branches.
+    unknown_reason = ""
+    solver = None
+    for case in itertools.product((False, True), repeat=len(theorem.bools)):
+        fixed = [(v[name], ar._bool(value)) for name, value in zip(theorem.bools, case)]
+        solver = _solver(ctx, timeout_ms, seed)
+        solver.add(z3.simplify(z3.substitute(query, *fixed)) if fixed else query)
+        solver.add(*[var == value for var, value in fixed])
+        answer = solver.check()
+        if answer == z3.sat:
+            break
+        if answer == z3.unknown:
+            unknown_reason = f"solver: {solver.reason_unknown()} (case {dict(zip(theorem.bools, case))})"
+    else:
+        if unknown_reason:
+            return Status.UNKNOWN, None, unknown_reason
+        return Status.PROVED, None, ""
+    values = decode_model(solver.model(), v)
+    minimal = False
+    if minimise and theorem.cost:
+        cost = _cost(theorem, v)
+        for _ in range(MAX_MINIMISATION_STEPS):
+            best = sum(values[name] for name in theorem.cost)
+            solver.push()
+            solver.add(cost < best)
+            step = solver.check()
+            if step == z3.sat:
+                values = decode_model(solver.model(), v)
+                solver.pop()
+                solver.add(cost <= best - 1)
+                continue
+            solver.pop()
+            minimal = step == z3.unsat
+            break
+    if not _replays(theorem, values, subject):
+        return Status.UNKNOWN, None, f"spurious model (did not replay on integers): {values}"
+    domain = theorem.explain(values) if theorem.explain is not None else {}
+    cost_value = sum(values[name] for name in theorem.cost) if theorem.cost else 0
+    return (
+        Status.REFUTED,
+        Counterexample(values=values, replayed=True, minimal=minimal, cost=cost_value, domain=domain),
+        "",
+    )
+
+
+def _assumptions_satisfiable(theorem: Theorem, timeout_ms: int, seed: int) -> Status:
+    ctx = z3.Context()
+    ar = Z3Arith(ctx)
+    v = declare(ar, theorem.ints, theorem.bools)
+    solver = _solver(ctx, timeout_ms, seed)
+    solver.add(theorem.assume(ar, v))
+    answer = solver.check()
+    if answer == z3.sat:
+        values = decode_model(solver.model(), v)
+        return Status.PROVED if bool(theorem.assume(INT, Vars(values))) else Status.UNKNOWN
+    return Status.REFUTED if answer == z3.unsat else Status.UNKNOWN
+
+
+def run_theorem(
+    theorem: Theorem, timeout_ms: int = DEFAULT_TIMEOUT_MS, seed: int = 0, vacuity: bool = True
+) -> TheoremResult:
+    start = time.perf_counter()
+    status, counterexample, detail = _search(theorem, theorem.subject, timeout_ms, seed, minimise=True)
+    check = None
+    if vacuity:
+        satisfiable = _assumptions_satisfiable(theorem, timeout_ms, seed)
+        refuted_by, not_refuted_by = [], []
+        for refuter in theorem.refuters:
+            outcome, _, _ = _search(theorem, refuter, timeout_ms, seed, minimise=False)
+            (refuted_by if outcome is Status.REFUTED else not_refuted_by).append(refuter.name)
+        note = theorem.no_refuter_reason if not theorem.refuters else ""
+        check = VacuityCheck(satisfiable, tuple(refuted_by), tuple(not_refuted_by), note)
+    return TheoremResult(
+        name=theorem.name,
+        category=theorem.category,
+        statement=theorem.statement,
+        assumptions=theorem.assumptions_text,
+        expected=theorem.expected,
+        status=status,
+        seconds=time.perf_counter() - start,
+        counterexample=counterexample,
+        vacuity=check,
+        detail=detail,
+    )
+
+
+def run_catalog(
+    theorems: Iterable[Theorem], timeout_ms: int = DEFAULT_TIMEOUT_MS, seed: int = 0, progress=None
+) -> list[TheoremResult]:
+    results = []
+    for theorem in theorems:
+        result = run_theorem(theorem, timeout_ms=timeout_ms, seed=seed)
+        if progress is not None:
+            progress(result)
+        results.append(result)
+    return results
