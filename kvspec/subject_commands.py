@@ -4,7 +4,158 @@ so the CLI stays thin and ``kvspec prove`` never imports the subject side."""
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from kvspec import exitcodes
+
+FUZZ_SCHEMA = "kvspec.fuzz/1"
+NEWEST_SUPPORTED = "0.33.0"
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)
+
+
+def _subject_specs(args: argparse.Namespace):
+    from oracles.subject import current_environment, release, source_tree
+
+    specs = [release(v) for v in args.vllm or []]
+    specs += [source_tree(p) for p in args.vllm_src or []]
+    if args.current:
+        specs.append(current_environment())
+    return specs
+
+
+def _finding_lines(result) -> list[str]:
+    finding = result.finding
+    lines = [f"  minimal example: {finding.case.describe()}"]
+    for d in finding.discrepancies:
+        if d.call is None:
+            lines.append(f"  {d.category}: {d.detail}")
+        else:
+            lines.append(f"  {d.category} at cache_blocks call {d.call} (n={d.n}):")
+            lines.append(f"    tokens per group: expected {list(d.expected_tokens)} vs observed "
+                         f"{list(d.observed_tokens)}")
+            lines.append(f"    blocks per group: expected {list(d.expected_blocks)} vs observed "
+                         f"{list(d.observed_blocks)}")
+    traceback = finding.reply.get("traceback")
+    if traceback:
+        lines.append("  vLLM traceback (last lines):")
+        lines += ["    " + l for l in traceback.strip().splitlines()[-6:]]
+    if finding.flaky:
+        lines.append("  note: the failure did not reproduce reliably (flaky)")
+    return lines
+
+
+def _store_finding(directory: Path, result) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    label = (result.subject.get("version") or Path(result.subject.get("path") or "current").name)
+    path = directory / f"finding-{label}-{result.finding.category}-{stamp}.json"
+    path.write_text(json.dumps({"schema": FUZZ_SCHEMA, **result.as_dict()}, indent=2, sort_keys=True))
+    return path
+
+
+def run_fuzz(specs, max_examples: int, seed: int, findings_dir: Path, progress: bool):
+    """Fuzz each subject in its own worker; returns (results, errors)."""
+    from diff_tests.fuzz import fuzz_subject
+    from oracles.provision import ProvisionError
+    from oracles.subject import SubjectError, SubjectProcess
+
+    results, errors = [], []
+    for spec in specs:
+        _say(f"{spec.label}: starting (seed {seed}, up to {max_examples} examples)")
+        try:
+            with SubjectProcess(spec) as proc:
+                tick = None
+                if progress:
+                    def tick(n: int, seconds: float, label=spec.label) -> None:
+                        print(f"  {label}: {n} examples, {seconds:.1f} s", file=sys.stderr, flush=True)
+                result = fuzz_subject(proc, max_examples, seed, progress=tick)
+        except (SubjectError, ProvisionError) as exc:
+            errors.append({"subject": spec.as_dict(), "error": str(exc)})
+            _say(f"{spec.label}: ERROR {exc}")
+            continue
+        results.append(result)
+        rate = result.examples / result.seconds if result.seconds else 0.0
+        if result.finding is None:
+            _say(f"{spec.label}: no discrepancy in {result.examples} examples "
+                 f"({result.calls} cache_blocks calls, {result.seconds:.1f} s, {rate:.0f} examples/s)")
+        else:
+            path = _store_finding(findings_dir, result)
+            _say(f"{spec.label}: DISCREPANCY ({result.finding.category}) found after "
+                 f"{result.examples_to_first_failure} examples, {result.seconds_to_first_failure:.2f} s; "
+                 f"shrunk in {result.seconds:.1f} s")
+            for line in _finding_lines(result):
+                _say(line)
+            _say(f"  stored: {path}")
+    return results, errors
+
+
+def _fuzz_doc(results, errors, seed: int, max_examples: int) -> dict[str, Any]:
+    from kvspec.render_proofs import versions
+
+    return {
+        "schema": FUZZ_SCHEMA,
+        "versions": versions(),
+        "settings": {"seed": seed, "max_examples": max_examples},
+        "subjects": [r.as_dict() for r in results],
+        "errors": errors,
+    }
+
+
+def _fuzz_exit(results, errors) -> int:
+    if any(r.finding is not None for r in results):
+        return exitcodes.FINDING
+    if errors:
+        return exitcodes.USAGE
+    return exitcodes.OK
+
+
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    from kvspec.cli import UsageError
+    from oracles.subject import SubjectError
+
+    try:
+        specs = _subject_specs(args)
+    except SubjectError as exc:
+        raise UsageError(str(exc)) from None
+    if not specs:
+        raise UsageError("name a subject: --vllm VERSION, --vllm-src PATH or --current")
+    seed = args.seed if args.seed is not None else random.randrange(2**32)
+    _say(f"kvspec fuzz: seed {seed} (rerun with --seed {seed})")
+    results, errors = [], []
+    try:
+        results, errors = run_fuzz(specs, args.max_examples, seed, Path(args.findings_dir),
+                                   progress=sys.stderr.isatty())
+    finally:
+        if args.json:
+            Path(args.json).write_text(json.dumps(_fuzz_doc(results, errors, seed, args.max_examples),
+                                                  indent=2, sort_keys=True) + "\n")
+    return _fuzz_exit(results, errors)
+
+
+def add_subject_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--vllm", action="append", metavar="VERSION",
+                        help="a vLLM release from PyPI, provisioned on first use (repeatable)")
+    parser.add_argument("--vllm-src", action="append", metavar="PATH",
+                        help="a directory holding the vllm package: a checkout or an unpacked wheel (repeatable)")
+    parser.add_argument("--current", action="store_true",
+                        help="the vLLM importable in the current environment")
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
-    return None
+    fuzz = sub.add_parser("fuzz", help="differential fuzzing against real vLLM coordinators")
+    add_subject_arguments(fuzz)
+    fuzz.add_argument("--max-examples", type=int, default=2000, metavar="N")
+    fuzz.add_argument("--seed", type=int, default=None, metavar="S", help="printed first when chosen at random")
+    fuzz.add_argument("--json", metavar="FILE", help="write the versioned result")
+    fuzz.add_argument("--findings-dir", default=os.path.join(".kvspec", "findings"), metavar="DIR",
+                      help="where every finding is stored for replay (default .kvspec/findings)")
+    fuzz.set_defaults(func=cmd_fuzz)

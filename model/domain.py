@@ -22,6 +22,7 @@ __all__ = [
     "GroupRegistration",
     "InvalidGeometry",
     "Regime",
+    "derive_partial_hash_hits",
 ]
 
 
@@ -167,25 +168,8 @@ class CoordinatorConfig:
 
     @property
     def partial_hash_hits(self) -> bool:
-        """vLLM's ``enable_partial_hash_hits``, by its documented rule.
-
-        Fine-grained hits need prefix caching, the switch on, a Mamba "align"
-        group whose block is coarser than the hash block (or equal to it under
-        DCP), and every other group able to look up inside its block (full
-        attention, Mamba) or with a block equal to the hash block.
-        """
-        H, dcp = self.hash_block_size, self.dcp_world_size
-        if not (self.enable_caching and self.allow_partial_hash_hits):
-            return False
-        has_aligned_mamba = any(
-            g.kind is GroupKind.MAMBA_ALIGN
-            and (g.block_size > H if dcp == 1 else g.block_size >= H)
-            for g in self.groups
-        )
-        lookups_compatible = all(
-            g.kind.fine_grained_lookup or g.block_size == H for g in self.groups
-        )
-        return has_aligned_mamba and lookups_compatible
+        """vLLM's ``enable_partial_hash_hits``, by its documented rule (0.28+)."""
+        return derive_partial_hash_hits(self)
 
     @property
     def regime(self) -> Regime:
@@ -209,6 +193,28 @@ class CoordinatorConfig:
             f"lookahead={self.num_prefill_lookahead} dcp={self.dcp_world_size} "
             f"caching={'on' if self.enable_caching else 'off'} [{groups}]"
         )
+
+
+def derive_partial_hash_hits(
+    config: CoordinatorConfig, *, require_fine_grained_lookups: bool = True
+) -> bool:
+    """Whether fine-grained (sub-block) prefix-cache hits are on.
+
+    They need prefix caching, the switch on, a Mamba "align" group whose block
+    is coarser than the hash block (or equal to it under DCP), and -- from 0.28,
+    ``require_fine_grained_lookups`` -- every other group able to look up
+    inside its block (full attention, Mamba) or with a block equal to the hash
+    block; 0.26-0.27 did not have that last fallback.
+    """
+    H, dcp = config.hash_block_size, config.dcp_world_size
+    if not (config.enable_caching and config.allow_partial_hash_hits):
+        return False
+    has_aligned_mamba = any(
+        g.kind is GroupKind.MAMBA_ALIGN and (g.block_size > H if dcp == 1 else g.block_size >= H)
+        for g in config.groups
+    )
+    lookups_compatible = all(g.kind.fine_grained_lookup or g.block_size == H for g in config.groups)
+    return has_aligned_mamba and (lookups_compatible or not require_fine_grained_lookups)
 
 
 @attrs.frozen

@@ -1,0 +1,120 @@
+"""Differential fuzzing of one subject with Hypothesis: the engine behind
+``kvspec fuzz`` (the pytest tests in this package use the same pieces)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import attrs
+from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hypothesis_seed, settings
+from hypothesis.database import ExampleDatabase
+from hypothesis.errors import Flaky
+
+from oracles.case import Case
+from oracles.oracle import Discrepancy, compare
+from oracles.subject import SubjectProcess
+
+from .strategies import cases
+
+__all__ = ["Finding", "FuzzResult", "fuzz_subject"]
+
+
+@attrs.frozen
+class Finding:
+    case: Case
+    discrepancies: tuple[Discrepancy, ...]
+    reply: dict[str, Any]  # the subject's raw observations (or its traceback)
+    flaky: bool = False
+
+    @property
+    def category(self) -> str:
+        return self.discrepancies[0].category
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "category": self.category,
+            "case": self.case.as_dict(),
+            "case_text": self.case.describe(),
+            "discrepancies": [d.as_dict() for d in self.discrepancies],
+            "summary": [d.summary() for d in self.discrepancies],
+            "observed": self.reply,
+            "flaky": self.flaky,
+        }
+
+
+@attrs.define
+class FuzzResult:
+    subject: dict[str, Any]
+    capabilities: dict[str, Any]
+    seed: int
+    examples: int = 0
+    calls: int = 0
+    seconds: float = 0.0
+    finding: Finding | None = None
+    examples_to_first_failure: int | None = None
+    seconds_to_first_failure: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "subject": self.subject,
+            "capabilities": self.capabilities,
+            "seed": self.seed,
+            "examples": self.examples,
+            "cache_blocks_calls": self.calls,
+            "seconds": round(self.seconds, 3),
+            "examples_to_first_failure": self.examples_to_first_failure,
+            "seconds_to_first_failure": None if self.seconds_to_first_failure is None
+            else round(self.seconds_to_first_failure, 3),
+            "verdict": "discrepancy" if self.finding else "no discrepancy",
+            "finding": None if self.finding is None else self.finding.as_dict(),
+        }
+
+
+def fuzz_subject(
+    proc: SubjectProcess,
+    max_examples: int,
+    seed: int,
+    database: ExampleDatabase | None = None,
+    progress: Callable[[int, float], None] | None = None,
+    stop_at_first: bool = False,
+) -> FuzzResult:
+    """Fuzz one live subject; the returned finding is Hypothesis's shrunk minimum."""
+    caps = proc.capabilities
+    result = FuzzResult(subject=proc.describe(), capabilities=caps, seed=seed)
+    failures: list[Finding] = []
+    start = time.perf_counter()
+
+    phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
+    if not stop_at_first:
+        phases.append(Phase.shrink)
+
+    @hypothesis_seed(seed)
+    @settings(
+        max_examples=max_examples, deadline=None, database=database, verbosity=Verbosity.quiet,
+        suppress_health_check=list(HealthCheck), phases=phases, report_multiple_bugs=False,
+    )
+    @given(case=cases(caps))
+    def differential(case: Case) -> None:
+        result.examples += 1
+        reply = proc.run(case.to_worker())
+        result.calls += len(reply.get("calls", ()))
+        found = compare(case, caps, reply)
+        if progress is not None and result.examples % 100 == 0:
+            progress(result.examples, time.perf_counter() - start)
+        if found:
+            if result.examples_to_first_failure is None:
+                result.examples_to_first_failure = result.examples
+                result.seconds_to_first_failure = time.perf_counter() - start
+            failures.append(Finding(case, tuple(found), reply))
+            raise AssertionError(found[0].summary())
+
+    try:
+        differential()
+    except AssertionError:
+        # Hypothesis replays the minimal failing example last.
+        result.finding = failures[-1]
+    except Flaky:
+        result.finding = attrs.evolve(failures[-1], flaky=True) if failures else None
+    result.seconds = time.perf_counter() - start
+    return result

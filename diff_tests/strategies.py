@@ -1,0 +1,75 @@
+"""Hypothesis strategies: configurations vLLM accepts, and request step sequences.
+
+Generated geometries satisfy vLLM's constructor preconditions (the same
+validators ``model.domain`` enforces), so every example reaches the
+registration code; what a release cannot express (a lookahead before 0.28)
+is not generated for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+from model.domain import CoordinatorConfig, GroupKind, KVCacheGroup
+from oracles.case import Case, Step
+
+__all__ = ["configs", "step_sequences", "cases"]
+
+MAX_PROMPT = 64
+
+
+def _divisors_between(S: int, H: int) -> list[int]:
+    return [b for b in range(H, S + 1, H) if S % b == 0]
+
+
+@st.composite
+def configs(draw, capabilities: dict[str, Any] | None = None, max_groups: int = 3) -> CoordinatorConfig:
+    caps = capabilities or {}
+    H = draw(st.sampled_from((1, 2, 4)))
+    S = H * draw(st.sampled_from((1, 2, 3, 4, 6, 8)))
+    blocks = _divisors_between(S, H)
+    count = draw(st.integers(2, max_groups))
+    groups = []
+    for _ in range(count):
+        kind = draw(st.sampled_from(tuple(GroupKind)))
+        block = draw(st.sampled_from(blocks))
+        window = draw(st.integers(1, 2 * S)) if kind is GroupKind.SLIDING_WINDOW else 0
+        eagle = kind is not GroupKind.MAMBA_ALIGN and draw(st.booleans())
+        groups.append(KVCacheGroup(kind, block, eagle=eagle, sliding_window=window))
+    # A hybrid model has at least two distinct KV-cache specs (0.23-0.31
+    # assert it; identical twins are merged for lookup).
+    specs = {(g.kind, g.block_size, g.sliding_window) for g in groups}
+    if len(specs) < 2:
+        first = groups[0]
+        other = GroupKind.MAMBA_ALIGN if first.kind is not GroupKind.MAMBA_ALIGN else GroupKind.FULL_ATTENTION
+        groups[-1] = KVCacheGroup(other, draw(st.sampled_from(blocks)))
+    any_eagle = any(g.eagle for g in groups)
+    lookahead = 0
+    if caps.get("reprefillable_tokens", True):
+        lookahead = draw(st.integers(0, S if any_eagle else 2 * S))
+    return CoordinatorConfig(
+        groups=tuple(groups), scheduler_block_size=S, hash_block_size=H,
+        num_prefill_lookahead=lookahead,
+    )
+
+
+@st.composite
+def step_sequences(draw, prompt_len: int, max_decodes: int = 4) -> tuple[Step, ...]:
+    # Split the prompt into 1-3 prefill chunks, then a few decode steps.
+    cuts = sorted(draw(st.sets(st.integers(1, max(1, prompt_len - 1)), max_size=2)))
+    cuts = [c for c in cuts if 0 < c < prompt_len]
+    edges = [0, *cuts, prompt_len]
+    steps = [Step("prefill", tokens=b - a) for a, b in zip(edges, edges[1:])]
+    for _ in range(draw(st.integers(0, max_decodes))):
+        drafts = draw(st.integers(0, 3))
+        steps.append(Step("decode", drafts=drafts, accepted=draw(st.integers(0, drafts))))
+    return tuple(steps)
+
+
+@st.composite
+def cases(draw, capabilities: dict[str, Any] | None = None) -> Case:
+    config = draw(configs(capabilities))
+    prompt_len = draw(st.integers(1, MAX_PROMPT))
+    return Case(config, prompt_len, draw(step_sequences(prompt_len)))

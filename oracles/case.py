@@ -1,0 +1,104 @@
+"""A differential example: a configuration and the steps a request takes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from model.domain import CoordinatorConfig, GroupKind, KVCacheGroup
+
+__all__ = ["Step", "Case", "prefill", "decode"]
+
+
+@attrs.frozen
+class Step:
+    kind: str  # "prefill" (a chunk of the prompt) or "decode" (1 token + drafts)
+    tokens: int = 0  # prefill: prompt tokens in this chunk
+    drafts: int = 0  # decode: speculative tokens proposed
+    accepted: int = 0  # decode: drafts accepted
+
+    def __attrs_post_init__(self) -> None:
+        if self.kind not in ("prefill", "decode"):
+            raise ValueError(f"step kind must be prefill or decode, got {self.kind!r}")
+        if not 0 <= self.accepted <= self.drafts:
+            raise ValueError(f"need 0 <= accepted <= drafts, got {self.accepted}/{self.drafts}")
+
+    def label(self) -> str:
+        if self.kind == "prefill":
+            return f"prefill {self.tokens}"
+        return f"decode +{self.drafts} drafts, {self.accepted} accepted" if self.drafts else "decode"
+
+
+def prefill(tokens: int) -> Step:
+    return Step("prefill", tokens=tokens)
+
+
+def decode(drafts: int = 0, accepted: int = 0) -> Step:
+    return Step("decode", drafts=drafts, accepted=accepted)
+
+
+@attrs.frozen
+class Case:
+    config: CoordinatorConfig
+    prompt_len: int
+    steps: tuple[Step, ...] = attrs.field(converter=tuple)
+
+    def __attrs_post_init__(self) -> None:
+        chunks = [s.tokens for s in self.steps if s.kind == "prefill"]
+        if sum(chunks) != self.prompt_len or any(c < 1 for c in chunks):
+            raise ValueError("prefill chunks must be positive and cover the prompt exactly")
+        kinds = [s.kind for s in self.steps]
+        if "decode" in kinds and "prefill" in kinds[kinds.index("decode"):]:
+            raise ValueError("prefill chunks come before decode steps")
+
+    @property
+    def max_model_len(self) -> int:
+        return self.prompt_len + sum(s.drafts + 1 for s in self.steps if s.kind == "decode") + 16
+
+    def to_worker(self) -> dict[str, Any]:
+        c = self.config
+        return {
+            "groups": [
+                {"kind": g.kind.value, "block_size": g.block_size, "eagle": g.eagle,
+                 "sliding_window": g.sliding_window}
+                for g in c.groups
+            ],
+            "scheduler_block_size": c.scheduler_block_size,
+            "hash_block_size": c.hash_block_size,
+            "enable_caching": c.enable_caching,
+            "num_prefill_lookahead": c.num_prefill_lookahead,
+            "dcp_world_size": c.dcp_world_size,
+            "max_model_len": self.max_model_len,
+            "prompt_len": self.prompt_len,
+            "steps": [attrs.asdict(s) for s in self.steps],
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "config": {
+                "groups": [attrs.asdict(g, value_serializer=_enum_value) for g in self.config.groups],
+                "scheduler_block_size": self.config.scheduler_block_size,
+                "hash_block_size": self.config.hash_block_size,
+                "enable_caching": self.config.enable_caching,
+                "num_prefill_lookahead": self.config.num_prefill_lookahead,
+                "dcp_world_size": self.config.dcp_world_size,
+                "allow_partial_hash_hits": self.config.allow_partial_hash_hits,
+            },
+            "prompt_len": self.prompt_len,
+            "steps": [attrs.asdict(s) for s in self.steps],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Case":
+        cfg = dict(data["config"])
+        cfg["groups"] = tuple(KVCacheGroup(**g) for g in cfg["groups"])
+        return cls(CoordinatorConfig(**cfg), data["prompt_len"], tuple(Step(**s) for s in data["steps"]))
+
+    def describe(self) -> str:
+        steps = "; ".join(s.label() for s in self.steps)
+        return f"{self.config.describe()} prompt={self.prompt_len} steps=[{steps}]"
+
+
+def _enum_value(instance: Any, field: Any, value: Any) -> Any:
+    return value.value if isinstance(value, GroupKind) else value

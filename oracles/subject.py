@@ -1,0 +1,187 @@
+"""Subjects (which vLLM to test) and the worker process that drives one.
+
+Each subject runs in its own process (``oracles/worker.py`` under the CPU
+runtime), so a crash, a hang or an import conflict in one vLLM cannot take
+down kvspec or another subject.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from .provision import ProvisionError, ensure_release, ensure_runtime
+
+__all__ = [
+    "SubjectSpec",
+    "SubjectError",
+    "SubjectUnsupported",
+    "SubjectProcess",
+    "release",
+    "source_tree",
+    "current_environment",
+]
+
+WORKER = Path(__file__).with_name("worker.py")
+REPLY_TIMEOUT_S = 120.0
+
+
+class SubjectError(Exception):
+    """The subject could not be started or imported: a one-line cause."""
+
+
+class SubjectUnsupported(SubjectError):
+    """A vLLM kvspec does not model (too old, or unrecognised)."""
+
+
+@attrs.frozen
+class SubjectSpec:
+    kind: str  # "release" | "source" | "current"
+    label: str
+    version: str | None = None
+    path: str | None = None  # the directory holding the `vllm` package
+
+    def as_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+def release(version: str) -> SubjectSpec:
+    return SubjectSpec("release", f"vllm {version}", version=version)
+
+
+def source_tree(path: str) -> SubjectSpec:
+    root = Path(path).expanduser().resolve()
+    if (root / "vllm" / "__init__.py").exists():
+        pass
+    elif root.name == "vllm" and (root / "__init__.py").exists():
+        root = root.parent
+    else:
+        raise SubjectError(
+            f"no vllm package under {path}: pass a checkout's root or an unpacked wheel "
+            "(a directory containing vllm/__init__.py)"
+        )
+    return SubjectSpec("source", f"vllm-src {root}", path=str(root))
+
+
+def current_environment() -> SubjectSpec:
+    return SubjectSpec("current", "vllm in the current environment")
+
+
+def _supported(capabilities: dict[str, Any]) -> str | None:
+    """Why a subject is unsupported, or None."""
+    if not capabilities.get("hybrid_coordinator"):
+        return "it has no HybridKVCacheCoordinator"
+    if not capabilities.get("scheduler_block_size"):
+        return ("KVCacheManager takes no scheduler_block_size (added in 0.23): "
+                "its registration rule predates the one kvspec models")
+    return None
+
+
+class SubjectProcess:
+    """A live worker for one subject; restarts itself after a crash."""
+
+    def __init__(self, spec: SubjectSpec):
+        self.spec = spec
+        if spec.kind == "release":
+            self.root = str(ensure_release(spec.version))
+            self.python = str(ensure_runtime())
+        elif spec.kind == "source":
+            self.root = spec.path
+            self.python = str(ensure_runtime())
+        else:
+            self.root = None
+            self.python = sys.executable
+        self.capabilities: dict[str, Any] = {}
+        self._proc: subprocess.Popen | None = None
+        self._stderr = tempfile.TemporaryFile(mode="w+")
+        self._start()
+
+    def _start(self) -> None:
+        env = dict(os.environ)
+        if self.root is not None:
+            env["PYTHONPATH"] = self.root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env.setdefault("VLLM_TARGET_DEVICE", "cpu")
+        env["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"
+        self._stderr.seek(0)
+        self._stderr.truncate()
+        self._proc = subprocess.Popen(
+            [self.python, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self._stderr, text=True, bufsize=1, env=env,
+        )
+        hello = self._read()
+        if hello is None or not hello.get("ok"):
+            cause = (hello or {}).get("error") or self._stderr_tail()
+            self.close()
+            raise SubjectError(f"{self.spec.label}: cannot import vLLM's coordinator ({cause})")
+        self.capabilities = hello["capabilities"]
+        reason = _supported(self.capabilities)
+        if reason:
+            self.close()
+            raise SubjectUnsupported(
+                f"{self.spec.label} (vLLM {self.capabilities.get('vllm_version')}) is unsupported, "
+                f"because {reason}; kvspec supports 0.23.0 and later"
+            )
+
+    def _stderr_tail(self, lines: int = 6) -> str:
+        self._stderr.flush()
+        self._stderr.seek(0)
+        tail = self._stderr.read().strip().splitlines()[-lines:]
+        return " | ".join(tail) or "no output"
+
+    def _read(self) -> dict[str, Any] | None:
+        assert self._proc is not None and self._proc.stdout is not None
+        line = self._proc.stdout.readline()
+        if not line:
+            return None
+        return json.loads(line)
+
+    def run(self, case: dict[str, Any]) -> dict[str, Any]:
+        """One example; a dead worker becomes a crash reply, then a fresh worker."""
+        if self._proc is None or self._proc.poll() is not None:
+            self._start()
+        assert self._proc is not None and self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(json.dumps({"op": "run", "case": case}) + "\n")
+            self._proc.stdin.flush()
+            reply = self._read()
+        except (BrokenPipeError, OSError):
+            reply = None
+        if reply is None:
+            code = self._proc.wait(timeout=10)
+            tail = self._stderr_tail()
+            self._proc = None
+            return {"ok": False, "crashed": True,
+                    "error": f"the vLLM worker died (exit {code}) during the example: {tail}"}
+        return reply
+
+    def describe(self) -> dict[str, Any]:
+        caps = self.capabilities
+        return {**self.spec.as_dict(), "vllm_version": caps.get("vllm_version"),
+                "vllm_path": caps.get("vllm_path"), "git_commit": caps.get("git_commit")}
+
+    def close(self) -> None:
+        if self._proc is not None:
+            try:
+                if self._proc.poll() is None and self._proc.stdin is not None:
+                    self._proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+                    self._proc.stdin.flush()
+                self._proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired, ValueError):
+                self._proc.kill()
+            self._proc = None
+
+    def __enter__(self) -> "SubjectProcess":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+__all__ += ["ProvisionError"]

@@ -1,0 +1,280 @@
+"""The subject-side driver: runs inside a vLLM runtime, drives vLLM's own code.
+
+Started by ``oracles.subject`` as ``python worker.py`` with the subject tree
+first on ``PYTHONPATH``.  It imports only the standard library and vLLM (it
+must run on any supported release), reads one JSON request per line on
+stdin and answers one JSON line on a private pipe: vLLM's logging and any
+print go to stderr, so they can never corrupt the protocol.
+
+What it observes, per ``allocate_slots`` call: the coordinator's
+``cache_blocks`` argument, the ``num_tokens`` each group manager's
+``cache_blocks`` receives (an instance-level wrapper: the most
+version-stable observation point), the hashed tokens at the call, and each
+manager's registered full-block count afterwards; plus the effective regime
+the coordinator chose (partial hash hits, per-manager EAGLE flags).
+"""
+
+import os
+import sys
+
+# The protocol gets a private copy of stdout; fd 1 then points at stderr.
+_PROTOCOL = os.fdopen(os.dup(1), "w", buffering=1)
+os.dup2(2, 1)
+sys.stdout = sys.stderr
+os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+import dataclasses  # noqa: E402
+import inspect  # noqa: E402
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+
+
+def _send(message):
+    _PROTOCOL.write(json.dumps(message) + "\n")
+    _PROTOCOL.flush()
+
+
+class Driver:
+    def __init__(self):
+        import torch
+        import vllm
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.core import kv_cache_coordinator, kv_cache_utils, single_type_kv_cache_manager
+        from vllm.v1.core.kv_cache_manager import KVCacheManager
+        from vllm.v1 import kv_cache_interface
+        from vllm.v1.request import Request
+
+        try:
+            from vllm.utils.hashing import sha256
+        except ImportError:  # older layout
+            from vllm.utils import sha256
+        self.torch = torch
+        self.vllm = vllm
+        self.SamplingParams = SamplingParams
+        self.KVCacheManager = KVCacheManager
+        self.Request = Request
+        self.iface = kv_cache_interface
+        self.utils = kv_cache_utils
+        self.coordinator_module = kv_cache_coordinator
+        self.sha256 = sha256
+        self.utils.init_none_hash(sha256)
+        self.hashers = {}
+        self.manager_params = set(inspect.signature(KVCacheManager.__init__).parameters)
+        self.request_params = set(inspect.signature(Request.__init__).parameters)
+        group_fields = {f.name for f in dataclasses.fields(kv_cache_interface.KVCacheGroupSpec)}
+        hybrid = getattr(kv_cache_coordinator, "HybridKVCacheCoordinator", None)
+        hybrid_source = inspect.getsource(hybrid) if hybrid is not None else ""
+        stm = single_type_kv_cache_manager.SingleTypeKVCacheManager
+        self.capabilities = {
+            "vllm_version": getattr(vllm, "__version__", "unknown"),
+            "vllm_path": os.path.dirname(os.path.abspath(vllm.__file__)),
+            "hybrid_coordinator": hybrid is not None,
+            "scheduler_block_size": "scheduler_block_size" in self.manager_params,
+            "partial_hash_hits": "enable_partial_hash_hits" in hybrid_source,
+            "reprefillable_tokens": "num_prefill_lookahead" in self.manager_params,
+            "per_group_eagle": "is_eagle_group" in group_fields,
+            "fine_grained_lookup_fallback": hasattr(stm, "supports_fine_grained_hash_lookup"),
+            "get_num_cacheable_tokens": hasattr(hybrid, "get_num_cacheable_tokens"),
+            "manager_keywords": sorted(self.manager_params - {"self"}),
+            "git_commit": _git_commit(os.path.dirname(os.path.abspath(vllm.__file__))),
+        }
+
+    # -- building vLLM objects ------------------------------------------------
+    def _spec(self, group):
+        torch = self.torch
+        kind, block = group["kind"], group["block_size"]
+        if kind == "full_attention":
+            return self.iface.FullAttentionSpec(
+                block_size=block, num_kv_heads=1, head_size=8, dtype=torch.float16)
+        if kind == "sliding_window":
+            return self.iface.SlidingWindowSpec(
+                block_size=block, num_kv_heads=1, head_size=8, dtype=torch.float16,
+                sliding_window=group["sliding_window"])
+        if kind == "mamba_align":
+            return self.iface.MambaSpec(
+                block_size=block, shapes=((4, 4),), dtypes=(torch.float16,),
+                mamba_cache_mode="align")
+        raise ValueError(f"unknown group kind {kind!r}")
+
+    def _manager(self, case):
+        groups = case["groups"]
+        max_tokens = case["max_model_len"]
+        num_blocks = sum(max_tokens // g["block_size"] + 2 for g in groups) + 4
+        group_specs = []
+        for i, group in enumerate(groups):
+            kwargs = {}
+            if self.capabilities["per_group_eagle"]:
+                kwargs["is_eagle_group"] = bool(group["eagle"])
+            group_specs.append(self.iface.KVCacheGroupSpec([f"layer{i}"], self._spec(group), **kwargs))
+        config = self.iface.KVCacheConfig(
+            num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=group_specs)
+        wanted = {
+            "kv_cache_config": config,
+            "max_model_len": max_tokens,
+            "scheduler_block_size": case["scheduler_block_size"],
+            "hash_block_size": case["hash_block_size"],
+            "enable_caching": case["enable_caching"],
+            "use_eagle": any(g["eagle"] for g in groups),
+            "num_prefill_lookahead": case["num_prefill_lookahead"],
+            "dcp_world_size": case["dcp_world_size"],
+            "max_num_batched_tokens": max_tokens,
+            "max_in_flight_tokens": max_tokens,
+            "log_stats": False,
+        }
+        if case["num_prefill_lookahead"] and "num_prefill_lookahead" not in self.manager_params:
+            raise Unsupported("this vLLM has no num_prefill_lookahead (added in 0.28)")
+        return self.KVCacheManager(**{k: v for k, v in wanted.items() if k in self.manager_params})
+
+    def _request(self, case, token_ids):
+        H = case["hash_block_size"]
+        if H not in self.hashers:
+            self.hashers[H] = self.utils.get_request_block_hasher(H, self.sha256)
+        wanted = {
+            "request_id": "kvspec-0",
+            "prompt_token_ids": token_ids,
+            "sampling_params": self.SamplingParams(max_tokens=case["max_model_len"]),
+            "pooling_params": None,
+            "block_hasher": self.hashers[H],
+            "eos_token_id": None,
+            "arrival_time": 0.0,
+        }
+        return self.Request(**{k: v for k, v in wanted.items() if k in self.request_params})
+
+    # -- one example ----------------------------------------------------------
+    def run(self, case):
+        try:
+            manager = self._manager(case)
+        except Unsupported:
+            raise
+        except BaseException as exc:
+            # vLLM's constructor rejected the geometry: a precondition finding.
+            raise Rejected(f"{type(exc).__name__}: {exc}") from exc
+        coordinator = manager.coordinator
+        calls = []
+        managers = list(coordinator.single_type_managers)
+        H = case["hash_block_size"]
+
+        def record_coordinator(original):
+            def wrapper(request, num_computed_tokens, *args, **kwargs):
+                call = {"n": num_computed_tokens, "hashed_tokens": len(request.block_hashes) * H,
+                        "num_tokens": [None] * len(managers)}
+                calls.append(call)
+                result = original(request, num_computed_tokens, *args, **kwargs)
+                call["registered_blocks"] = [
+                    m.num_cached_block.get(request.request_id, 0) for m in managers]
+                return result
+            return wrapper
+
+        def record_group(index, original):
+            def wrapper(request, num_tokens, *args, **kwargs):
+                if calls:
+                    calls[-1]["num_tokens"][index] = num_tokens
+                return original(request, num_tokens, *args, **kwargs)
+            return wrapper
+
+        coordinator.cache_blocks = record_coordinator(coordinator.cache_blocks)
+        for i, m in enumerate(managers):
+            m.cache_blocks = record_group(i, m.cache_blocks)
+
+        prompt = [1000 + i for i in range(case["prompt_len"])]
+        request = self._request(case, prompt)
+        found = manager.get_computed_blocks(request)
+        blocks, hit = found[0], found[1]
+        computed = hit
+        first = True
+        next_token = 5000
+        for step in case["steps"]:
+            if step["kind"] == "prefill":
+                new = step["tokens"]
+                drafts = 0
+            else:
+                drafts = step["drafts"]
+                if hasattr(request, "spec_token_ids"):
+                    request.spec_token_ids = [7] * drafts
+                else:
+                    drafts = 0
+                new = request.num_tokens + drafts - computed
+            out = manager.allocate_slots(
+                request, new,
+                num_new_computed_tokens=hit if first else 0,
+                new_computed_blocks=blocks if first else None,
+                num_lookahead_tokens=0,
+            )
+            if out is None:
+                raise RuntimeError(f"allocate_slots found no free blocks at step {step}")
+            first = False
+            computed += new
+            if step["kind"] == "decode":
+                rejected = drafts - step["accepted"]
+                computed -= rejected
+                if hasattr(request, "spec_token_ids"):
+                    request.spec_token_ids = []
+                emitted = step["accepted"] + 1
+            else:
+                emitted = 1 if computed >= request.num_tokens else 0
+            request.num_computed_tokens = computed
+            for _ in range(emitted):
+                request.append_output_token_ids(next_token)
+                next_token += 1
+        regime = {
+            "coordinator": type(coordinator).__name__,
+            "partial_hash_hits": bool(getattr(coordinator, "enable_partial_hash_hits", False)),
+            "use_eagle": [bool(getattr(m, "use_eagle", False)) for m in managers],
+            "block_sizes": [m.block_size for m in managers],
+            "num_reprefillable_tokens": getattr(coordinator, "num_reprefillable_tokens", 0),
+        }
+        return {"calls": calls, "regime": regime}
+
+
+class Unsupported(Exception):
+    pass
+
+
+class Rejected(Exception):
+    """vLLM refused to build a manager for this configuration."""
+
+
+def _git_commit(path):
+    try:
+        out = subprocess.run(["git", "-C", path, "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=5)
+        return out.stdout.strip() if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def main():
+    try:
+        driver = Driver()
+    except Exception as exc:  # the subject cannot even be imported
+        _send({"ok": False, "fatal": True, "error": f"{type(exc).__name__}: {exc}",
+               "traceback": traceback.format_exc()})
+        return 1
+    _send({"ok": True, "capabilities": driver.capabilities})
+    for line in sys.stdin:
+        request = json.loads(line)
+        if request.get("op") == "quit":
+            break
+        started = time.perf_counter()
+        try:
+            result = driver.run(request["case"])
+            reply = {"ok": True, **result}
+        except Unsupported as exc:
+            reply = {"ok": False, "unsupported": True, "error": str(exc)}
+        except Rejected as exc:
+            reply = {"ok": False, "phase": "construct", "error": str(exc),
+                     "traceback": traceback.format_exc()}
+        except BaseException as exc:  # a vLLM exception is a finding, reported whole
+            reply = {"ok": False, "phase": "drive", "error": f"{type(exc).__name__}: {exc}",
+                     "traceback": traceback.format_exc()}
+        reply["seconds"] = time.perf_counter() - started
+        _send(reply)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
