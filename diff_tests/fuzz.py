@@ -15,7 +15,8 @@ from oracles.case import Case
 from oracles.oracle import Discrepancy, compare
 from oracles.subject import SubjectProcess
 
-from .strategies import cases
+from .reduce import reduce_case
+from .strategies import batches
 
 __all__ = ["Finding", "FuzzResult", "fuzz_subject"]
 
@@ -48,7 +49,8 @@ class FuzzResult:
     subject: dict[str, Any]
     capabilities: dict[str, Any]
     seed: int
-    examples: int = 0
+    examples: int = 0  # Hypothesis examples (one configuration, a batch of requests)
+    cases: int = 0  # differential cases: one request on a fresh manager, compared
     calls: int = 0
     seconds: float = 0.0
     finding: Finding | None = None
@@ -61,6 +63,7 @@ class FuzzResult:
             "capabilities": self.capabilities,
             "seed": self.seed,
             "examples": self.examples,
+            "cases": self.cases,
             "cache_blocks_calls": self.calls,
             "seconds": round(self.seconds, 3),
             "examples_to_first_failure": self.examples_to_first_failure,
@@ -94,27 +97,50 @@ def fuzz_subject(
         max_examples=max_examples, deadline=None, database=database, verbosity=Verbosity.quiet,
         suppress_health_check=list(HealthCheck), phases=phases, report_multiple_bugs=False,
     )
-    @given(case=cases(caps))
-    def differential(case: Case) -> None:
+    @given(batch=batches(caps))
+    def differential(batch: tuple[Case, ...]) -> None:
         result.examples += 1
-        reply = proc.run(case.to_worker())
-        result.calls += len(reply.get("calls", ()))
-        found = compare(case, caps, reply)
+        replies = proc.run_many([case.to_worker() for case in batch])
         if progress is not None and result.examples % 100 == 0:
-            progress(result.examples, time.perf_counter() - start)
-        if found:
-            if result.examples_to_first_failure is None:
-                result.examples_to_first_failure = result.examples
-                result.seconds_to_first_failure = time.perf_counter() - start
-            failures.append(Finding(case, tuple(found), reply))
-            raise AssertionError(found[0].summary())
+            progress(result.cases, time.perf_counter() - start)
+        for case, reply in zip(batch, replies):
+            result.cases += 1
+            result.calls += len(reply.get("calls", ()))
+            found = compare(case, caps, reply)
+            if found:
+                if result.examples_to_first_failure is None:
+                    result.examples_to_first_failure = result.cases
+                    result.seconds_to_first_failure = time.perf_counter() - start
+                failures.append(Finding(case, tuple(found), reply))
+                raise AssertionError(found[0].summary())
 
     try:
         differential()
     except AssertionError:
-        # Hypothesis replays the minimal failing example last.
+        # Hypothesis replays its minimal failing batch last.
         result.finding = failures[-1]
     except Flaky:
         result.finding = attrs.evolve(failures[-1], flaky=True) if failures else None
+    if result.finding is not None and not stop_at_first:
+        result.finding = _minimise(proc, caps, result.finding)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _minimise(proc: SubjectProcess, caps: dict[str, Any], finding: Finding) -> Finding:
+    category = finding.category
+    latest: dict[str, Any] = {}
+
+    def still_fails(case: Case) -> bool:
+        reply = proc.run(case.to_worker())
+        found = compare(case, caps, reply)
+        if found and found[0].category == category:
+            latest[case] = (tuple(found), reply)
+            return True
+        return False
+
+    smallest, _ = reduce_case(finding.case, still_fails)
+    if smallest == finding.case:
+        return finding
+    found, reply = latest[smallest]
+    return attrs.evolve(finding, case=smallest, discrepancies=found, reply=reply)

@@ -8,6 +8,7 @@ is not generated for it.
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from hypothesis import strategies as st
@@ -15,7 +16,9 @@ from hypothesis import strategies as st
 from model.domain import CoordinatorConfig, GroupKind, KVCacheGroup
 from oracles.case import Case, Step
 
-__all__ = ["configs", "step_sequences", "cases"]
+__all__ = ["configs", "step_sequences", "cases", "batches", "MAX_BATCH"]
+
+MAX_BATCH = 32
 
 MAX_PROMPT = 64
 
@@ -73,3 +76,30 @@ def cases(draw, capabilities: dict[str, Any] | None = None) -> Case:
     config = draw(configs(capabilities))
     prompt_len = draw(st.integers(1, MAX_PROMPT))
     return Case(config, prompt_len, draw(step_sequences(prompt_len)))
+
+
+def random_request(rng: random.Random) -> tuple[int, tuple[Step, ...]]:
+    """One request's prompt and steps from a seeded generator.
+
+    Requests are derived from one drawn seed rather than drawn value by value:
+    a Hypothesis draw costs far more than a vLLM run here, and a failing
+    request is minimised afterwards by ``diff_tests.reduce``.
+    """
+    prompt_len = rng.randint(1, MAX_PROMPT)
+    cuts = sorted({rng.randint(1, prompt_len) for _ in range(rng.randint(0, 2))} - {prompt_len})
+    edges = [0, *cuts, prompt_len]
+    steps = [Step("prefill", tokens=b - a) for a, b in zip(edges, edges[1:])]
+    for _ in range(rng.randint(0, 4)):
+        drafts = rng.randint(0, 3)
+        steps.append(Step("decode", drafts=drafts, accepted=rng.randint(0, drafts)))
+    return prompt_len, tuple(steps)
+
+
+@st.composite
+def batches(draw, capabilities: dict[str, Any] | None = None, max_size: int = MAX_BATCH) -> tuple[Case, ...]:
+    """One configuration (drawn, so Hypothesis shrinks it) and a batch of
+    requests from a drawn seed, each run on a fresh manager."""
+    config = draw(configs(capabilities))
+    count = draw(st.integers(1, max_size))
+    rng = random.Random(draw(st.integers(0, 2**32 - 1)))
+    return tuple(Case(config, *random_request(rng)) for _ in range(count))

@@ -76,21 +76,22 @@ def run_fuzz(specs, max_examples: int, seed: int, findings_dir: Path, progress: 
                 tick = None
                 if progress:
                     def tick(n: int, seconds: float, label=spec.label) -> None:
-                        print(f"  {label}: {n} examples, {seconds:.1f} s", file=sys.stderr, flush=True)
+                        print(f"  {label}: {n} cases, {seconds:.1f} s", file=sys.stderr, flush=True)
                 result = fuzz_subject(proc, max_examples, seed, progress=tick)
         except (SubjectError, ProvisionError) as exc:
             errors.append({"subject": spec.as_dict(), "error": str(exc)})
             _say(f"{spec.label}: ERROR {exc}")
             continue
         results.append(result)
-        rate = result.examples / result.seconds if result.seconds else 0.0
+        rate = result.cases / result.seconds if result.seconds else 0.0
         if result.finding is None:
-            _say(f"{spec.label}: no discrepancy in {result.examples} examples "
-                 f"({result.calls} cache_blocks calls, {result.seconds:.1f} s, {rate:.0f} examples/s)")
+            _say(f"{spec.label}: no discrepancy in {result.cases} differential cases "
+                 f"({result.examples} Hypothesis examples, {result.calls} cache_blocks calls, "
+                 f"{result.seconds:.1f} s, {rate:.0f} cases/s)")
         else:
             path = _store_finding(findings_dir, result)
             _say(f"{spec.label}: DISCREPANCY ({result.finding.category}) found after "
-                 f"{result.examples_to_first_failure} examples, {result.seconds_to_first_failure:.2f} s; "
+                 f"{result.examples_to_first_failure} cases, {result.seconds_to_first_failure:.2f} s; "
                  f"shrunk in {result.seconds:.1f} s")
             for line in _finding_lines(result):
                 _say(line)
@@ -159,3 +160,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     fuzz.add_argument("--findings-dir", default=os.path.join(".kvspec", "findings"), metavar="DIR",
                       help="where every finding is stored for replay (default .kvspec/findings)")
     fuzz.set_defaults(func=cmd_fuzz)
+
+    from kvspec import check_command
+
+    check_command.register(sub)

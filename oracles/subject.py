@@ -142,24 +142,38 @@ class SubjectProcess:
             return None
         return json.loads(line)
 
-    def run(self, case: dict[str, Any]) -> dict[str, Any]:
-        """One example; a dead worker becomes a crash reply, then a fresh worker."""
+    def _exchange(self, message: dict[str, Any]) -> dict[str, Any] | None:
         if self._proc is None or self._proc.poll() is not None:
             self._start()
         assert self._proc is not None and self._proc.stdin is not None
         try:
-            self._proc.stdin.write(json.dumps({"op": "run", "case": case}) + "\n")
+            self._proc.stdin.write(json.dumps(message) + "\n")
             self._proc.stdin.flush()
-            reply = self._read()
+            return self._read()
         except (BrokenPipeError, OSError):
-            reply = None
-        if reply is None:
-            code = self._proc.wait(timeout=10)
-            tail = self._stderr_tail()
-            self._proc = None
-            return {"ok": False, "crashed": True,
-                    "error": f"the vLLM worker died (exit {code}) during the example: {tail}"}
-        return reply
+            return None
+
+    def _crash_reply(self) -> dict[str, Any]:
+        assert self._proc is not None
+        code = self._proc.wait(timeout=10)
+        tail = self._stderr_tail()
+        self._proc = None
+        return {"ok": False, "crashed": True,
+                "error": f"the vLLM worker died (exit {code}) during the example: {tail}"}
+
+    def run(self, case: dict[str, Any]) -> dict[str, Any]:
+        """One example; a dead worker becomes a crash reply, then a fresh worker."""
+        reply = self._exchange({"op": "run", "case": case})
+        return self._crash_reply() if reply is None else reply
+
+    def run_many(self, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Several examples in one round trip.  After a crash, each case is
+        rerun alone so the crash is pinned on the case that caused it."""
+        reply = self._exchange({"op": "run_many", "cases": cases})
+        if reply is not None:
+            return reply["replies"]
+        self._crash_reply()
+        return [self.run(case) for case in cases]
 
     def describe(self) -> dict[str, Any]:
         caps = self.capabilities

@@ -259,21 +259,27 @@ def main():
         request = json.loads(line)
         if request.get("op") == "quit":
             break
-        started = time.perf_counter()
-        try:
-            result = driver.run(request["case"])
-            reply = {"ok": True, **result}
-        except Unsupported as exc:
-            reply = {"ok": False, "unsupported": True, "error": str(exc)}
-        except Rejected as exc:
-            reply = {"ok": False, "phase": "construct", "error": str(exc),
-                     "traceback": traceback.format_exc()}
-        except BaseException as exc:  # a vLLM exception is a finding, reported whole
-            reply = {"ok": False, "phase": "drive", "error": f"{type(exc).__name__}: {exc}",
-                     "traceback": traceback.format_exc()}
-        reply["seconds"] = time.perf_counter() - started
-        _send(reply)
+        if request.get("op") == "run_many":
+            _send({"ok": True, "replies": [_run_one(driver, case) for case in request["cases"]]})
+        else:
+            _send(_run_one(driver, request["case"]))
     return 0
+
+
+def _run_one(driver, case):
+    started = time.perf_counter()
+    try:
+        reply = {"ok": True, **driver.run(case)}
+    except Unsupported as exc:
+        reply = {"ok": False, "unsupported": True, "error": str(exc)}
+    except Rejected as exc:
+        reply = {"ok": False, "phase": "construct", "error": str(exc),
+                 "traceback": traceback.format_exc()}
+    except BaseException as exc:  # a vLLM exception is a finding, reported whole
+        reply = {"ok": False, "phase": "drive", "error": f"{type(exc).__name__}: {exc}",
+                 "traceback": traceback.format_exc()}
+    reply["seconds"] = time.perf_counter() - started
+    return reply
 
 
 if __name__ == "__main__":

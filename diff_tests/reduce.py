@@ -1,0 +1,84 @@
+"""Greedy minimisation of one failing case against the live subject.
+
+Hypothesis has already shrunk the configuration and the batch to one
+request; this loop shrinks that request (shorter prompt, fewer chunks and
+steps, fewer drafts), keeping a candidate only when the subject still
+shows a discrepancy of the same category.  Every kept step is a real rerun
+of vLLM, so the minimal example is a genuine discrepancy by construction.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import attrs
+
+from oracles.case import Case, Step
+
+__all__ = ["reduce_case"]
+
+MAX_RERUNS = 400
+
+
+def _with(case: Case, prompt_len: int, steps: list[Step]) -> Case | None:
+    try:
+        return Case(case.config, prompt_len, tuple(steps))
+    except ValueError:
+        return None
+
+
+def _fewer_groups(case: Case) -> Iterator[Case]:
+    groups = case.config.groups
+    for i in range(len(groups)):
+        kept = groups[:i] + groups[i + 1:]
+        if len({(g.kind, g.block_size, g.sliding_window) for g in kept}) < 2:
+            continue  # a hybrid model keeps two distinct specs
+        try:
+            config = attrs.evolve(case.config, groups=kept)
+        except ValueError:
+            continue
+        yield Case(config, case.prompt_len, case.steps)
+
+
+def _candidates(case: Case) -> Iterator[Case]:
+    prefills = [s for s in case.steps if s.kind == "prefill"]
+    decodes = [s for s in case.steps if s.kind == "decode"]
+    yield from _fewer_groups(case)
+    # The shortest prompt, in one chunk, that still fails.
+    for length in range(1, case.prompt_len):
+        yield _with(case, length, [Step("prefill", tokens=length)] + decodes)
+    # Drop decode steps (later ones first), then simplify the survivors.
+    for i in reversed(range(len(decodes))):
+        yield _with(case, case.prompt_len, prefills + decodes[:i] + decodes[i + 1:])
+    for i, d in enumerate(decodes):
+        if d.drafts:
+            smaller = Step("decode", drafts=d.drafts - 1, accepted=min(d.accepted, d.drafts - 1))
+            yield _with(case, case.prompt_len, prefills + decodes[:i] + [smaller] + decodes[i + 1:])
+    # Merge prefill chunks.
+    for i in range(len(prefills) - 1):
+        merged = Step("prefill", tokens=prefills[i].tokens + prefills[i + 1].tokens)
+        yield _with(case, case.prompt_len, prefills[:i] + [merged] + prefills[i + 2:] + decodes)
+    # Shorten the prompt: take tokens off the last chunk (by halves, then one).
+    last = prefills[-1].tokens
+    for cut in sorted({last // 2, 1} - {0}, reverse=True):
+        if cut < last:
+            shorter = prefills[:-1] + [Step("prefill", tokens=last - cut)]
+            yield _with(case, case.prompt_len - cut, shorter + decodes)
+        elif len(prefills) > 1:
+            yield _with(case, case.prompt_len - last, prefills[:-1] + decodes)
+
+
+def reduce_case(case: Case, still_fails: Callable[[Case], bool]) -> tuple[Case, int]:
+    """The smallest case reachable by greedy steps; returns it and the reruns used."""
+    reruns = 0
+    improved = True
+    while improved and reruns < MAX_RERUNS:
+        improved = False
+        for candidate in _candidates(case):
+            if candidate is None:
+                continue
+            reruns += 1
+            if still_fails(candidate):
+                case, improved = candidate, True
+                break
+    return case, reruns
