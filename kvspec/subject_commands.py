@@ -161,6 +161,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
                       help="where every finding is stored for replay (default .kvspec/findings)")
     fuzz.set_defaults(func=cmd_fuzz)
 
-    from kvspec import check_command
+    from kvspec import check_command, mutants_command
 
     check_command.register(sub)
+    mutants_command.register(sub)

@@ -1,0 +1,126 @@
+"""``kvspec mutants``: apply every mutation operator to a release, fuzz each
+mutant, and print a kill matrix."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from kvspec import exitcodes
+
+MUTANTS_SCHEMA = "kvspec.mutants/1"
+
+
+def _model_verdict(variant_name: str) -> str:
+    """What the proofs say of the variant a mutant models: 'equivalent' when
+    its conformance theorem is PROVED, else 'non-equivalent' (or 'unknown')."""
+    from proofs.catalog import theorem
+    from proofs.runner import run_theorem
+    from proofs.verdict import Status
+
+    result = run_theorem(theorem(f"conformance.{variant_name}"), vacuity=False)
+    return {Status.PROVED: "equivalent", Status.REFUTED: "non-equivalent"}.get(result.status, "unknown")
+
+
+def mutant_tree(version: str, operator) -> Path:
+    from oracles.mutants import make_mutant_tree
+    from oracles.provision import cache_root, ensure_release
+
+    dest = cache_root() / "mutants" / version / operator.name
+    if not (dest / "MUTANT.json").exists():
+        if dest.exists():
+            shutil.rmtree(dest)
+        make_mutant_tree(ensure_release(version), operator, dest)
+    return dest
+
+
+def kill_matrix(version: str, max_examples: int, seed: int, names: list[str] | None = None):
+    from diff_tests.fuzz import fuzz_subject
+    from oracles.mutants import MUTANTS, MutationError
+    from oracles.subject import SubjectError, SubjectProcess, source_tree
+
+    rows: list[dict[str, Any]] = []
+    for operator in MUTANTS:
+        if names and operator.name not in names:
+            continue
+        row: dict[str, Any] = {"mutant": operator.name, "models_variant": operator.models_variant,
+                               "summary": operator.summary, "model": _model_verdict(operator.models_variant)}
+        started = time.perf_counter()
+        try:
+            tree = mutant_tree(version, operator)
+            with SubjectProcess(source_tree(str(tree))) as proc:
+                result = fuzz_subject(proc, max_examples, seed, stop_at_first=True)
+        except (MutationError, SubjectError) as exc:
+            row.update(status="error", error=str(exc))
+            rows.append(row)
+            print(f"  {operator.name}: ERROR {exc}", flush=True)
+            continue
+        killed = result.finding is not None
+        row.update(
+            status="killed" if killed else ("equivalent" if row["model"] == "equivalent" else "survived"),
+            cases_to_kill=result.examples_to_first_failure,
+            seconds_to_kill=result.seconds_to_first_failure,
+            cases=result.cases,
+            wall_seconds=round(time.perf_counter() - started, 2),
+            category=result.finding.category if killed else None,
+            example=result.finding.case.describe() if killed else None,
+        )
+        rows.append(row)
+        print(f"  {operator.name}: {row['status']}", flush=True)
+    return rows
+
+
+def render_matrix(rows: list[dict[str, Any]]) -> str:
+    width = max(len(r["mutant"]) for r in rows)
+    out = [f"{'mutant':<{width}}  {'model':<14} {'fuzzing':<10} {'cases':>6} {'s to kill':>9}  category"]
+    for r in rows:
+        cases = "" if r.get("cases_to_kill") is None else str(r["cases_to_kill"])
+        secs = "" if r.get("seconds_to_kill") is None else f"{r['seconds_to_kill']:.2f}"
+        out.append(f"{r['mutant']:<{width}}  {r['model']:<14} {r['status']:<10} {cases:>6} {secs:>9}  "
+                   f"{r.get('category') or r.get('error') or ''}")
+    return "\n".join(out)
+
+
+def cmd_mutants(args: argparse.Namespace) -> int:
+    from kvspec.cli import UsageError
+    from oracles.mutants import MUTANTS
+
+    known = {m.name for m in MUTANTS}
+    unknown = [n for n in args.mutant or [] if n not in known]
+    if unknown:
+        raise UsageError(f"unknown mutant {unknown[0]!r}; known: {', '.join(sorted(known))}")
+    print(f"kvspec mutants: vLLM {args.vllm}, seed {args.seed}, up to {args.max_examples} examples each")
+    started = time.perf_counter()
+    rows = kill_matrix(args.vllm, args.max_examples, args.seed, args.mutant)
+    total = time.perf_counter() - started
+    print(render_matrix(rows))
+    killed = sum(r["status"] == "killed" for r in rows)
+    survived = [r["mutant"] for r in rows if r["status"] == "survived"]
+    errors = [r["mutant"] for r in rows if r["status"] == "error"]
+    print(f"\n{killed}/{len(rows)} killed, {len(survived)} survived, "
+          f"{sum(r['status'] == 'equivalent' for r in rows)} equivalent, {len(errors)} errors; "
+          f"{total:.1f} s in all")
+    if args.json:
+        Path(args.json).write_text(json.dumps(
+            {"schema": MUTANTS_SCHEMA, "vllm": args.vllm, "seed": args.seed,
+             "max_examples": args.max_examples, "seconds": round(total, 2), "mutants": rows},
+            indent=2, sort_keys=True) + "\n")
+    if survived:
+        return exitcodes.FINDING
+    if errors:
+        return exitcodes.USAGE
+    return exitcodes.OK
+
+
+def register(sub: "argparse._SubParsersAction") -> None:
+    mutants = sub.add_parser("mutants", help="fuzz every mutant of a release and print a kill matrix")
+    mutants.add_argument("--vllm", required=True, metavar="VERSION", help="release to mutate (0.28.0+)")
+    mutants.add_argument("--mutant", action="append", metavar="NAME", help="only this operator (repeatable)")
+    mutants.add_argument("--max-examples", type=int, default=1000, metavar="N")
+    mutants.add_argument("--seed", type=int, default=0)
+    mutants.add_argument("--json", metavar="FILE")
+    mutants.set_defaults(func=cmd_mutants)
