@@ -167,13 +167,19 @@ class SubjectProcess:
         return self._crash_reply() if reply is None else reply
 
     def run_many(self, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Several examples in one round trip.  After a crash, each case is
-        rerun alone so the crash is pinned on the case that caused it."""
+        """Several examples in one round trip.  After a crash the cases are
+        rerun alone, up to the one that crashes the worker, so the crash is
+        pinned on the case that caused it (the rest of the batch is dropped)."""
         reply = self._exchange({"op": "run_many", "cases": cases})
         if reply is not None:
             return reply["replies"]
         self._crash_reply()
-        return [self.run(case) for case in cases]
+        replies = []
+        for case in cases:  # rerun one by one up to the case that kills it
+            replies.append(self.run(case))
+            if replies[-1].get("crashed"):
+                break
+        return replies
 
     def describe(self) -> dict[str, Any]:
         caps = self.capabilities

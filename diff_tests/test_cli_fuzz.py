@@ -1,0 +1,87 @@
+"""`kvspec fuzz` on real and broken subjects: verdicts, exit codes, JSON."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from kvspec import exitcodes
+from kvspec.cli import main
+from oracles.provision import ensure_release
+
+RULE_LINE = "        cached_num_computed_tokens = self._align_cacheable(num_computed_tokens)\n"
+
+
+def planted_tree(tmp_path, statement: str):
+    """A copy of 0.33.0 whose registration rule runs ``statement`` first."""
+    tree = tmp_path / "planted"
+    shutil.copytree(ensure_release("0.33.0"), tree)
+    target = tree / "vllm" / "v1" / "core" / "kv_cache_coordinator.py"
+    text = target.read_text()
+    assert text.count(RULE_LINE) == 1, "the 0.33.0 rule line moved: update this fixture"
+    target.write_text(text.replace(RULE_LINE, f"        {statement}\n" + RULE_LINE))
+    return tree
+
+
+def run(args, tmp_path):
+    out = tmp_path / "fuzz.json"
+    code = main(["fuzz", "--seed", "1", "--findings-dir", str(tmp_path / "findings"),
+                 "--json", str(out), *args])
+    return code, json.loads(out.read_text())
+
+
+def test_clean_release_json(tmp_path):
+    code, doc = run(["--vllm", "0.33.0", "--max-examples", "50"], tmp_path)
+    assert code == exitcodes.OK
+    assert doc["schema"] == "kvspec.fuzz/1"
+    (subject,) = doc["subjects"]
+    assert subject["verdict"] == "no discrepancy" and subject["cases"] >= 50
+    assert subject["capabilities"]["partial_hash_hits"] is True
+
+
+def test_vllm_exception_is_a_finding_with_traceback(tmp_path):
+    tree = planted_tree(tmp_path, "if num_computed_tokens > 5: raise RuntimeError('planted')")
+    code, doc = run(["--vllm-src", str(tree), "--max-examples", "200"], tmp_path)
+    assert code == exitcodes.FINDING
+    finding = doc["subjects"][0]["finding"]
+    assert finding["category"] == "subject_crash"
+    assert "RuntimeError: planted" in finding["observed"]["traceback"]
+    assert list((tmp_path / "findings").glob("finding-*.json"))
+
+
+def test_worker_death_is_a_finding_and_other_subjects_still_run(tmp_path):
+    tree = planted_tree(tmp_path, "import os; os._exit(3)")
+    code, doc = run(["--vllm-src", str(tree), "--vllm", "0.33.0", "--max-examples", "30"], tmp_path)
+    assert code == exitcodes.FINDING
+    by_kind = {s["subject"]["kind"]: s for s in doc["subjects"]}
+    dead, alive = by_kind["source"], by_kind["release"]
+    assert dead["finding"]["category"] == "subject_crash"
+    assert "worker died (exit 3)" in dead["finding"]["summary"][0]
+    assert alive["verdict"] == "no discrepancy"
+
+
+def test_broken_checkout_is_a_setup_error(tmp_path, capsys):
+    broken = tmp_path / "checkout"
+    (broken / "vllm").mkdir(parents=True)
+    (broken / "vllm" / "__init__.py").write_text("raise ImportError('half-built checkout')\n")
+    code, doc = run(["--vllm-src", str(broken)], tmp_path)
+    assert code == exitcodes.USAGE
+    assert "half-built checkout" in doc["errors"][0]["error"]
+    assert "cannot import" in capsys.readouterr().out
+
+
+def test_release_before_023_is_unsupported(tmp_path, capsys):
+    code, doc = run(["--vllm", "0.22.0", "--max-examples", "5"], tmp_path)
+    assert code == exitcodes.USAGE
+    assert "unsupported, because KVCacheManager takes no scheduler_block_size" in doc["errors"][0]["error"]
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "name a subject"),
+    (["--vllm-src", "/nonexistent"], "no vllm package under /nonexistent"),
+])
+def test_usage_errors(args, message, capsys):
+    assert main(["fuzz", *args]) == exitcodes.USAGE
+    assert message in capsys.readouterr().err
