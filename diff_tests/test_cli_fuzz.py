@@ -14,6 +14,9 @@ from oracles.provision import ensure_release
 RULE_LINE = "        cached_num_computed_tokens = self._align_cacheable(num_computed_tokens)\n"
 
 
+REGIME_LINE = "        self.enable_partial_hash_hits = (\n"
+
+
 def planted_tree(tmp_path, statement: str):
     """A copy of 0.33.0 whose registration rule runs ``statement`` first."""
     tree = tmp_path / "planted"
@@ -23,6 +26,21 @@ def planted_tree(tmp_path, statement: str):
     assert text.count(RULE_LINE) == 1, "the 0.33.0 rule line moved: update this fixture"
     target.write_text(text.replace(RULE_LINE, f"        {statement}\n" + RULE_LINE))
     return tree
+
+
+def test_silently_disabled_partial_hits_is_a_regime_mismatch(tmp_path):
+    # vLLM's derivation is short-circuited to False: the model still derives True.
+    tree = tmp_path / "regime"
+    shutil.copytree(ensure_release("0.33.0"), tree)
+    target = tree / "vllm" / "v1" / "core" / "kv_cache_coordinator.py"
+    text = target.read_text()
+    assert text.count(REGIME_LINE) == 1
+    target.write_text(text.replace(REGIME_LINE, "        self.enable_partial_hash_hits = False and (\n"))
+    code, doc = run(["--vllm-src", str(tree), "--max-examples", "300"], tmp_path)
+    assert code == exitcodes.FINDING
+    finding = doc["subjects"][0]["finding"]
+    assert finding["category"] == "regime_mismatch"
+    assert "vLLM chose False" in finding["summary"][0]
 
 
 def run(args, tmp_path):

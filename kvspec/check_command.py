@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from kvspec import exitcodes
 
@@ -19,7 +20,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"\n== 2/2  kvspec fuzz: the spec against real vLLM {version} (provisioned on first use)")
     fuzz_args = argparse.Namespace(vllm=[version], vllm_src=None, current=False,
                                    max_examples=args.max_examples, seed=args.seed, json=args.json,
-                                   findings_dir=args.findings_dir)
+                                   findings_dir=args.findings_dir,
+                                   database=os.path.join(".kvspec", "examples"))
     fuzzed = cmd_fuzz(fuzz_args)
     verdicts = {exitcodes.OK: "OK", exitcodes.FINDING: "FINDING", exitcodes.USAGE: "ERROR",
                 exitcodes.UNKNOWN: "UNKNOWN"}

@@ -62,8 +62,11 @@ def _store_finding(directory: Path, result) -> Path:
     return path
 
 
-def run_fuzz(specs, max_examples: int, seed: int, findings_dir: Path, progress: bool):
+def run_fuzz(specs, max_examples: int, seed: int, findings_dir: Path, progress: bool,
+             database_dir: str | None = None):
     """Fuzz each subject in its own worker; returns (results, errors)."""
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
     from diff_tests.fuzz import fuzz_subject
     from oracles.provision import ProvisionError
     from oracles.subject import SubjectError, SubjectProcess
@@ -77,7 +80,9 @@ def run_fuzz(specs, max_examples: int, seed: int, findings_dir: Path, progress: 
                 if progress:
                     def tick(n: int, seconds: float, label=spec.label) -> None:
                         print(f"  {label}: {n} cases, {seconds:.1f} s", file=sys.stderr, flush=True)
-                result = fuzz_subject(proc, max_examples, seed, progress=tick)
+                # Failing examples from earlier runs are replayed first.
+                database = DirectoryBasedExampleDatabase(database_dir) if database_dir else None
+                result = fuzz_subject(proc, max_examples, seed, database=database, progress=tick)
         except (SubjectError, ProvisionError) as exc:
             errors.append({"subject": spec.as_dict(), "error": str(exc)})
             _say(f"{spec.label}: ERROR {exc}")
@@ -134,7 +139,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     results, errors = [], []
     try:
         results, errors = run_fuzz(specs, args.max_examples, seed, Path(args.findings_dir),
-                                   progress=sys.stderr.isatty())
+                                   progress=sys.stderr.isatty(), database_dir=args.database)
     finally:
         if args.json:
             Path(args.json).write_text(json.dumps(_fuzz_doc(results, errors, seed, args.max_examples),
@@ -159,6 +164,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
     fuzz.add_argument("--json", metavar="FILE", help="write the versioned result")
     fuzz.add_argument("--findings-dir", default=os.path.join(".kvspec", "findings"), metavar="DIR",
                       help="where every finding is stored for replay (default .kvspec/findings)")
+    fuzz.add_argument("--database", default=os.path.join(".kvspec", "examples"), metavar="DIR",
+                      help="Hypothesis example database; failures in it are replayed first "
+                           "(default .kvspec/examples; '' for none)")
     fuzz.set_defaults(func=cmd_fuzz)
 
     from kvspec import check_command, mutants_command

@@ -1,0 +1,68 @@
+"""The oracle's comparison on hand-made subject replies (no vLLM needed).
+
+The replies below are what a subject *could* say; the expected categories
+follow from the spec values written out beside each case.
+"""
+
+from model.corpus import case as corpus_case
+from oracles.case import Case, decode, prefill
+from oracles.oracle import compare, expected_regime
+
+CAPS_033 = {"partial_hash_hits": True, "fine_grained_lookup_fallback": True,
+            "per_group_eagle": True, "reprefillable_tokens": True}
+SEED = corpus_case("seed_52419").config  # FA(2, EAGLE) + Mamba(8), S=8, H=2: partial hits on
+
+
+def reply(tokens, blocks, n=22, hashed=22, partial=True, eagle=(True, False)):
+    return {"ok": True, "regime": {"partial_hash_hits": partial, "use_eagle": list(eagle)},
+            "calls": [{"n": n, "hashed_tokens": hashed, "num_tokens": tokens,
+                       "registered_blocks": blocks}]}
+
+
+CASE = Case(SEED, 22, (prefill(22),))
+
+
+def test_agreeing_reply_has_no_discrepancy():
+    # spec: [22, 22] tokens; blocks floor(22/2)=11 and floor(22/8)=2
+    assert compare(CASE, CAPS_033, reply([22, 22], [11, 2])) == []
+
+
+def test_under_registration():
+    (d,) = compare(CASE, CAPS_033, reply([18, 22], [9, 2]))
+    assert d.category == "under_registration"
+    assert (list(d.expected_tokens), list(d.observed_tokens)) == ([22, 22], [18, 22])
+
+
+def test_over_registration():
+    (d,) = compare(CASE, CAPS_033, reply([24, 22], [11, 2]))
+    assert d.category == "over_registration"
+
+
+def test_block_mismatch_with_right_tokens():
+    (d,) = compare(CASE, CAPS_033, reply([22, 22], [10, 2]))
+    assert d.category == "block_mismatch"
+
+
+def test_regime_mismatch_is_its_own_kind():
+    found = compare(CASE, CAPS_033, reply([18, 16], [9, 2], partial=False))
+    assert [d.category for d in found] == ["regime_mismatch"]
+    assert "the model derives True, vLLM chose False" in found[0].detail
+
+
+def test_call_count_mismatch():
+    two_steps = Case(SEED, 22, (prefill(22), decode()))
+    (d,) = compare(two_steps, CAPS_033, reply([22, 22], [11, 2]))
+    assert d.category == "call_mismatch"
+
+
+def test_crash_and_rejection():
+    assert compare(CASE, CAPS_033, {"ok": False, "phase": "drive", "error": "boom"})[0].category == "subject_crash"
+    assert compare(CASE, CAPS_033, {"ok": False, "phase": "construct", "error": "no"})[0].category == "precondition"
+
+
+def test_regime_follows_capabilities():
+    old = {"partial_hash_hits": False, "per_group_eagle": True, "reprefillable_tokens": False}
+    regime = expected_regime(SEED, old)
+    assert regime.partial_hash_hits is False and regime.num_prefill_lookahead == 0
+    # 0.23-0.25 have no partial hits: the spec then predicts the measured [18, 16].
+    assert compare(CASE, old, reply([18, 16], [9, 2], partial=False)) == []
