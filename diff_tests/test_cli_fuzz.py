@@ -103,3 +103,30 @@ def test_release_before_023_is_unsupported(tmp_path, capsys):
 def test_usage_errors(args, message, capsys):
     assert main(["fuzz", *args]) == exitcodes.USAGE
     assert message in capsys.readouterr().err
+
+
+def test_finding_renders_and_replays(tmp_path, capsys):
+    from kvspec.mutants_command import mutant_tree
+    from oracles.mutants import mutant
+
+    tree = mutant_tree("0.33.0", mutant("refloor_50062"))
+    markdown = tmp_path / "report.md"
+    code, doc = run(["--vllm-src", str(tree), "--max-examples", "300", "--markdown", str(markdown)],
+                    tmp_path)
+    assert code == exitcodes.FINDING
+    text = markdown.read_text()
+    assert text.startswith("## kvspec fuzz: DISCREPANCY")
+    assert "**≠**" in text and "under-registration" in text
+    (stored,) = (tmp_path / "findings").glob("finding-*.json")
+    capsys.readouterr()
+    assert main(["replay", str(stored)]) == exitcodes.FINDING
+    assert "STILL FAILING" in capsys.readouterr().out
+    assert main(["replay", str(stored), "--vllm", "0.33.0"]) == exitcodes.OK
+    assert "FIXED" in capsys.readouterr().out
+
+
+def test_replay_rejects_other_files(tmp_path, capsys):
+    other = tmp_path / "other.json"
+    other.write_text('{"schema": "kvspec.prove/1"}')
+    assert main(["replay", str(other)]) == exitcodes.USAGE
+    assert "not a kvspec fuzz finding" in capsys.readouterr().err

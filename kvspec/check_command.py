@@ -19,7 +19,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     version = args.vllm or NEWEST_SUPPORTED
     print(f"\n== 2/2  kvspec fuzz: the spec against real vLLM {version} (provisioned on first use)")
     fuzz_args = argparse.Namespace(vllm=[version], vllm_src=None, current=False,
-                                   max_examples=args.max_examples, seed=args.seed, json=args.json,
+                                   max_examples=args.max_examples, seed=args.seed, json=args.json, markdown=None,
                                    findings_dir=args.findings_dir,
                                    database=os.path.join(".kvspec", "examples"))
     fuzzed = cmd_fuzz(fuzz_args)

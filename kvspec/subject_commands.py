@@ -101,6 +101,7 @@ def run_fuzz(specs, max_examples: int, seed: int, findings_dir: Path, progress: 
             for line in _finding_lines(result):
                 _say(line)
             _say(f"  stored: {path}")
+            _say(f"  replay: kvspec replay {path}")
     return results, errors
 
 
@@ -141,9 +142,20 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         results, errors = run_fuzz(specs, args.max_examples, seed, Path(args.findings_dir),
                                    progress=sys.stderr.isatty(), database_dir=args.database)
     finally:
+        # Whatever was found before an error or an interrupt is still written.
+        doc = _fuzz_doc(results, errors, seed, args.max_examples)
         if args.json:
-            Path(args.json).write_text(json.dumps(_fuzz_doc(results, errors, seed, args.max_examples),
-                                                  indent=2, sort_keys=True) + "\n")
+            Path(args.json).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        markdown = None
+        if getattr(args, "markdown", None) or os.environ.get("GITHUB_STEP_SUMMARY"):
+            from kvspec.render_fuzz import render_markdown
+
+            markdown = render_markdown(doc)
+        if getattr(args, "markdown", None):
+            Path(args.markdown).write_text(markdown)
+        if os.environ.get("GITHUB_STEP_SUMMARY"):
+            with open(os.environ["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as summary:
+                summary.write(markdown)
     return _fuzz_exit(results, errors)
 
 
@@ -162,6 +174,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
     fuzz.add_argument("--max-examples", type=int, default=2000, metavar="N")
     fuzz.add_argument("--seed", type=int, default=None, metavar="S", help="printed first when chosen at random")
     fuzz.add_argument("--json", metavar="FILE", help="write the versioned result")
+    fuzz.add_argument("--markdown", metavar="FILE",
+                      help="write a Markdown report (also appended to $GITHUB_STEP_SUMMARY when set)")
     fuzz.add_argument("--findings-dir", default=os.path.join(".kvspec", "findings"), metavar="DIR",
                       help="where every finding is stored for replay (default .kvspec/findings)")
     fuzz.add_argument("--database", default=os.path.join(".kvspec", "examples"), metavar="DIR",
@@ -169,7 +183,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
                            "(default .kvspec/examples; '' for none)")
     fuzz.set_defaults(func=cmd_fuzz)
 
-    from kvspec import check_command, mutants_command
+    from kvspec import check_command, mutants_command, replay_command
 
     check_command.register(sub)
     mutants_command.register(sub)
+    replay_command.register(sub)
