@@ -40,8 +40,6 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
-    import os
-
     check = sub.add_parser("check", help="the main job: prove, then fuzz the newest supported release")
     check.add_argument("--vllm", metavar="VERSION", help="release to fuzz (default: newest supported)")
     check.add_argument("--max-examples", type=int, default=1000, metavar="N")

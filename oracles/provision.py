@@ -57,15 +57,20 @@ def cache_root() -> Path:
 
 def _run(cmd: list[str], what: str, progress: Progress) -> None:
     progress(what)
-    # pip's own progress bar goes to the terminal when there is one.
-    quiet = [] if sys.stderr.isatty() else ["-q"]
-    if len(cmd) > 2 and cmd[1:3] == ["-m", "pip"]:
-        cmd = cmd[:3] + [cmd[3]] + quiet + cmd[4:]
-    proc = subprocess.run(cmd, stdout=sys.stderr if sys.stderr.isatty() else subprocess.PIPE,
+    # On a terminal the tools' own output (pip's progress bar) is shown;
+    # otherwise it is kept and only its tail reported on failure.
+    terminal = sys.stderr.isatty()
+    proc = subprocess.run(cmd, stdout=sys.stderr if terminal else subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
         tail = (proc.stdout or "").strip().splitlines()[-3:]
         raise ProvisionError(f"{what} failed (exit {proc.returncode}): {' | '.join(tail)}")
+
+
+def _pip(python: str | Path, args: list[str], what: str, progress: Progress) -> None:
+    quiet = [] if sys.stderr.isatty() else ["-q"]
+    _run([str(python), "-m", "pip", args[0], "--disable-pip-version-check", *quiet, *args[1:]],
+         what, progress)
 
 
 def _runtime_key() -> str:
@@ -84,10 +89,9 @@ def ensure_runtime(progress: Progress = _stderr) -> Path:
         shutil.rmtree(root)
     progress(f"building the CPU runtime for vLLM subjects in {root} (about a minute, once)")
     _run([sys.executable, "-m", "venv", str(root)], "creating the runtime venv", progress)
-    _run([str(python), "-m", "pip", "install", "--disable-pip-version-check", RUNTIME_TORCH],
-         f"installing {RUNTIME_TORCH} (CPU build)", progress)
-    _run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-deps",
-          "-r", str(DEPS_FILE)], "installing vLLM's pure-Python dependencies", progress)
+    _pip(python, ["install", RUNTIME_TORCH], f"installing {RUNTIME_TORCH} (CPU build)", progress)
+    _pip(python, ["install", "--no-deps", "-r", str(DEPS_FILE)],
+         "installing vLLM's pure-Python dependencies", progress)
     marker.write_text(json.dumps({"torch": RUNTIME_TORCH, "deps": DEPS_FILE.name}))
     return python
 
@@ -106,9 +110,17 @@ def ensure_release(version: str, progress: Progress = _stderr) -> Path:
     if root.exists():
         shutil.rmtree(root)
     with tempfile.TemporaryDirectory(dir=cache_root()) as scratch:
-        _run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-deps",
-              "--only-binary", ":all:", f"vllm=={version}", "-d", scratch],
-             f"downloading the vLLM {version} wheel (~340 MB)", progress)
+        try:
+            _pip(sys.executable, ["download", "--no-deps", "--only-binary", ":all:",
+                                  f"vllm=={version}", "-d", scratch],
+                 f"downloading the vLLM {version} wheel (~340 MB)", progress)
+        except ProvisionError as exc:
+            if "No matching distribution" in str(exc):
+                raise ProvisionError(
+                    f"vLLM {version} is not on the package index; kvspec supports releases "
+                    "0.23.0 to 0.33.0 (or a source tree with --vllm-src)"
+                ) from None
+            raise
         wheels = list(Path(scratch).glob("vllm-*.whl"))
         if not wheels:
             raise ProvisionError(f"pip downloaded no wheel for vllm=={version}")

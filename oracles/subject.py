@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from .provision import ProvisionError, ensure_release, ensure_runtime
+from .provision import ensure_release, ensure_runtime
 
 __all__ = [
     "SubjectSpec",
@@ -58,11 +58,9 @@ def release(version: str) -> SubjectSpec:
 
 def source_tree(path: str) -> SubjectSpec:
     root = Path(path).expanduser().resolve()
-    if (root / "vllm" / "__init__.py").exists():
-        pass
-    elif root.name == "vllm" and (root / "__init__.py").exists():
-        root = root.parent
-    else:
+    if root.name == "vllm" and (root / "__init__.py").exists():
+        root = root.parent  # the package itself was named: use its parent
+    if not (root / "vllm" / "__init__.py").exists():
         raise SubjectError(
             f"no vllm package under {path}: pass a checkout's root or an unpacked wheel "
             "(a directory containing vllm/__init__.py)"
@@ -203,5 +201,3 @@ class SubjectProcess:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-
-__all__ += ["ProvisionError"]
