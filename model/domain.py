@@ -224,10 +224,13 @@ class GroupRegistration:
     group: int
     tokens_to_cache: int
     registered_full_blocks: int
-    cached: int  # the boundary for every group: _align_cacheable(n)
-    finalized: int  # max(0, n - reprefillable)
-    aligned_finalized: int  # _align_cacheable(finalized)
     eagle: bool
+    # The derivation (None when the rule's steps are not known):
+    cached: int | None = None  # the boundary for every group: _align_cacheable(n)
+    finalized: int | None = None  # max(0, n - reprefillable)
+    aligned_finalized: int | None = None  # _align_cacheable(finalized)
+    eagle_bound: int | None = None  # min(finalized, aligned_finalized + block_size)
+    eagle_branch: bool | None = None  # use_eagle and cached > 0
 
     def as_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)

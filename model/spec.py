@@ -18,6 +18,9 @@ from .domain import CoordinatorConfig, GroupRegistration
 __all__ = [
     "BoundaryInputs",
     "RegistrationRule",
+    "RegistrationSteps",
+    "StepsRule",
+    "registration_steps",
     "registration_bound",
     "matchable_prefix",
     "finalized_tokens",
@@ -73,7 +76,24 @@ def matchable_prefix(ar: Arith, x: Any, p: BoundaryInputs) -> Any:
     return ar.round_down(x, registration_unit)
 
 
-def registration_bound(ar: Arith, p: BoundaryInputs) -> Any:
+@attrs.frozen
+class RegistrationSteps:
+    """The named intermediate values of one group's bound: the derivation a
+    report shows beside the number (cached, finalized, aligned(finalized),
+    the EAGLE bound, which branch applies, the bound)."""
+
+    cached: Any
+    finalized: Any
+    aligned_finalized: Any
+    eagle_bound: Any
+    eagle_branch: Any
+    bound: Any
+
+
+StepsRule = Callable[[Arith, BoundaryInputs], RegistrationSteps]
+
+
+def registration_steps(ar: Arith, p: BoundaryInputs) -> RegistrationSteps:
     """How many of the computed tokens this group registers in the hash map.
 
     Intent: register the largest prefix a future hit could match.  An EAGLE
@@ -81,10 +101,18 @@ def registration_bound(ar: Arith, p: BoundaryInputs) -> Any:
     registers that one lookahead block -- but never past the finalized tokens,
     and only once there is a matchable boundary at all.
     """
-    boundary = matchable_prefix(ar, p.n, p)
+    cached = matchable_prefix(ar, p.n, p)
     finalized = finalized_tokens(ar, p)
-    with_lookahead = ar.min(finalized, matchable_prefix(ar, finalized, p) + p.B)
-    return ar.ite(ar.and_(p.eagle, boundary > 0), with_lookahead, boundary)
+    aligned_finalized = matchable_prefix(ar, finalized, p)
+    eagle_bound = ar.min(finalized, aligned_finalized + p.B)
+    eagle_branch = ar.and_(p.eagle, cached > 0)
+    return RegistrationSteps(cached, finalized, aligned_finalized, eagle_bound, eagle_branch,
+                             ar.ite(eagle_branch, eagle_bound, cached))
+
+
+def registration_bound(ar: Arith, p: BoundaryInputs) -> Any:
+    """The specification: the bound of ``registration_steps``."""
+    return registration_steps(ar, p).bound
 
 
 def hashed_tokens(ar: Arith, total_tokens: Any, H: Any) -> Any:
@@ -130,27 +158,36 @@ def evaluate_config(
     total_tokens: int,
     rule: RegistrationRule = registration_bound,
     *,
+    steps: StepsRule | None = None,
     partial: bool | None = None,
     lookahead: int | None = None,
 ) -> tuple[GroupRegistration, ...]:
-    """Per-group registration of ``rule`` at one ``cache_blocks(n)`` call."""
+    """Per-group registration of ``rule`` at one ``cache_blocks(n)`` call.
+
+    The derivation is filled in when the rule's steps are known: the spec's
+    own, or ``steps`` (which then defines the bound and ``rule`` is unused).
+    """
     if not 0 <= n <= total_tokens:
         raise ValueError(f"need 0 <= n <= total_tokens, got n={n}, total={total_tokens}")
+    if steps is None and rule is registration_bound:
+        steps = registration_steps
     results = []
     hashed = hashed_tokens(INT, total_tokens, config.hash_block_size)
     for i, group in enumerate(config.groups):
         p = inputs_for_group(config, i, n, partial=partial, lookahead=lookahead)
-        bound = rule(INT, p)
-        finalized = finalized_tokens(INT, p)
+        derivation = None if steps is None else steps(INT, p)
+        bound = rule(INT, p) if derivation is None else derivation.bound
         results.append(
             GroupRegistration(
                 group=i,
                 tokens_to_cache=bound,
                 registered_full_blocks=registered_full_blocks(INT, bound, hashed, group.block_size),
-                cached=matchable_prefix(INT, n, p),
-                finalized=finalized,
-                aligned_finalized=matchable_prefix(INT, finalized, p),
                 eagle=bool(p.eagle),
+                cached=None if derivation is None else derivation.cached,
+                finalized=None if derivation is None else derivation.finalized,
+                aligned_finalized=None if derivation is None else derivation.aligned_finalized,
+                eagle_bound=None if derivation is None else derivation.eagle_bound,
+                eagle_branch=None if derivation is None else bool(derivation.eagle_branch),
             )
         )
     return tuple(results)
