@@ -67,7 +67,7 @@ def main() -> int:
                 proc.run_many = timed
                 result = fuzz_subject(proc, args.examples, seed)
                 proc.run_many = original
-                assert result.finding is None, result.finding
+                assert result.failure is None, result.failure
                 rates.append(result.cases / result.seconds)
                 worker_share.append(seconds_in_worker[0] / result.seconds)
         print(f"vLLM {version}: {statistics.median(rates):.0f} differential cases/s warm "

@@ -18,11 +18,11 @@ from oracles.subject import SubjectProcess
 from .reduce import reduce_case
 from .strategies import batches
 
-__all__ = ["Finding", "FuzzResult", "fuzz_subject"]
+__all__ = ["Failure", "FuzzResult", "fuzz_subject"]
 
 
 @attrs.frozen
-class Finding:
+class Failure:
     case: Case
     discrepancies: tuple[Discrepancy, ...]
     reply: dict[str, Any]  # the subject's raw observations (or its traceback)
@@ -53,7 +53,7 @@ class FuzzResult:
     cases: int = 0  # differential cases: one request on a fresh manager, compared
     calls: int = 0
     seconds: float = 0.0
-    finding: Finding | None = None
+    failure: Failure | None = None
     examples_to_first_failure: int | None = None
     seconds_to_first_failure: float | None = None
 
@@ -69,8 +69,8 @@ class FuzzResult:
             "examples_to_first_failure": self.examples_to_first_failure,
             "seconds_to_first_failure": None if self.seconds_to_first_failure is None
             else round(self.seconds_to_first_failure, 3),
-            "verdict": "discrepancy" if self.finding else "no discrepancy",
-            "finding": None if self.finding is None else self.finding.as_dict(),
+            "verdict": "discrepancy" if self.failure else "no discrepancy",
+            "failure": None if self.failure is None else self.failure.as_dict(),
         }
 
 
@@ -82,10 +82,10 @@ def fuzz_subject(
     progress: Callable[[int, float], None] | None = None,
     stop_at_first: bool = False,
 ) -> FuzzResult:
-    """Fuzz one live subject; the returned finding is Hypothesis's shrunk minimum."""
+    """Fuzz one live subject; the returned failure is Hypothesis's shrunk minimum."""
     caps = proc.capabilities
     result = FuzzResult(subject=proc.describe(), capabilities=caps, seed=seed)
-    failures: list[Finding] = []
+    failures: list[Failure] = []
     start = time.perf_counter()
 
     phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
@@ -111,24 +111,24 @@ def fuzz_subject(
                 if result.examples_to_first_failure is None:
                     result.examples_to_first_failure = result.cases
                     result.seconds_to_first_failure = time.perf_counter() - start
-                failures.append(Finding(case, tuple(found), reply))
+                failures.append(Failure(case, tuple(found), reply))
                 raise AssertionError(found[0].summary())
 
     try:
         differential()
     except AssertionError:
         # Hypothesis replays its minimal failing batch last.
-        result.finding = failures[-1]
+        result.failure = failures[-1]
     except Flaky:
-        result.finding = attrs.evolve(failures[-1], flaky=True) if failures else None
-    if result.finding is not None and not stop_at_first:
-        result.finding = _minimise(proc, caps, result.finding)
+        result.failure = attrs.evolve(failures[-1], flaky=True) if failures else None
+    if result.failure is not None and not stop_at_first:
+        result.failure = _minimise(proc, caps, result.failure)
     result.seconds = time.perf_counter() - start
     return result
 
 
-def _minimise(proc: SubjectProcess, caps: dict[str, Any], finding: Finding) -> Finding:
-    category = finding.category
+def _minimise(proc: SubjectProcess, caps: dict[str, Any], failure: Failure) -> Failure:
+    category = failure.category
     latest: dict[str, Any] = {}
 
     def still_fails(case: Case) -> bool:
@@ -139,8 +139,8 @@ def _minimise(proc: SubjectProcess, caps: dict[str, Any], finding: Finding) -> F
             return True
         return False
 
-    smallest, _ = reduce_case(finding.case, still_fails)
-    if smallest == finding.case:
-        return finding
+    smallest, _ = reduce_case(failure.case, still_fails)
+    if smallest == failure.case:
+        return failure
     found, reply = latest[smallest]
-    return attrs.evolve(finding, case=smallest, discrepancies=found, reply=reply)
+    return attrs.evolve(failure, case=smallest, discrepancies=found, reply=reply)

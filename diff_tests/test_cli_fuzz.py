@@ -40,7 +40,8 @@ def test_silently_disabled_partial_hits_is_a_regime_mismatch(tmp_path):
     assert code == exitcodes.FINDING
     finding = doc["subjects"][0]["finding"]
     assert finding["category"] == "regime_mismatch"
-    assert "vLLM chose False" in finding["summary"][0]
+    assert "vLLM chose False" in finding["detail"]
+    assert finding["ledger"]["verdict"] == "undetermined"
 
 
 def run(args, tmp_path):
@@ -53,7 +54,7 @@ def run(args, tmp_path):
 def test_clean_release_json(tmp_path):
     code, doc = run(["--vllm", "0.33.0", "--max-examples", "50"], tmp_path)
     assert code == exitcodes.OK
-    assert doc["schema"] == "kvspec.fuzz/1"
+    assert doc["schema"] == "kvspec.fuzz/2"
     (subject,) = doc["subjects"]
     assert subject["verdict"] == "no discrepancy" and subject["cases"] >= 50
     assert subject["capabilities"]["partial_hash_hits"] is True
@@ -65,7 +66,7 @@ def test_vllm_exception_is_a_finding_with_traceback(tmp_path):
     assert code == exitcodes.FINDING
     finding = doc["subjects"][0]["finding"]
     assert finding["category"] == "subject_crash"
-    assert "RuntimeError: planted" in finding["observed"]["traceback"]
+    assert "RuntimeError: planted" in finding["traceback"]
     assert list((tmp_path / "findings").glob("finding-*.json"))
 
 
@@ -76,7 +77,7 @@ def test_worker_death_is_a_finding_and_other_subjects_still_run(tmp_path):
     by_kind = {s["subject"]["kind"]: s for s in doc["subjects"]}
     dead, alive = by_kind["source"], by_kind["release"]
     assert dead["finding"]["category"] == "subject_crash"
-    assert "worker died (exit 3)" in dead["finding"]["summary"][0]
+    assert "worker died (exit 3)" in dead["finding"]["detail"]
     assert alive["verdict"] == "no discrepancy"
 
 
@@ -105,7 +106,8 @@ def test_usage_errors(args, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_finding_renders_and_replays(tmp_path, capsys):
+def test_mutant_finding_report_replay_and_regression_test(tmp_path, capsys):
+    """The issue's acceptance run: the #50062 mutant, Markdown and JSON out."""
     from kvspec.mutants_command import mutant_tree
     from oracles.mutants import mutant
 
@@ -114,19 +116,41 @@ def test_finding_renders_and_replays(tmp_path, capsys):
     code, doc = run(["--vllm-src", str(tree), "--max-examples", "300", "--markdown", str(markdown)],
                     tmp_path)
     assert code == exitcodes.FINDING
+    finding = doc["subjects"][0]["finding"]
+    assert finding["schema"] == "kvspec.finding/1"
+    assert finding["ledger"]["verdict"] == "implementation bug"
+    assert finding["explanation"]["diagnosis"] == "regression_50062"
+    lost = [g for g in finding["groups"] if g["expected_tokens"] != g["observed_tokens"]]
+    assert lost and all(g["eagle"] and g["observed_tokens"] < g["expected_tokens"] for g in lost)
+    # The proved closed form predicts exactly the loss the real code showed.
+    assert finding["explanation"]["loss_predicted"] == finding["explanation"]["loss_observed"] > 0
+    assert {t["status"] for t in finding["explanation"]["theorems"]} == {"PROVED"}
+    # The emitted test fails on the mutant (on its assertion) and passes on 0.33.0.
+    checks = {c["must"]: c for c in finding["regression_test"]["verified"]}
+    assert checks["failed"]["as_expected"] and checks["passed"]["as_expected"], checks
     text = markdown.read_text()
-    assert text.startswith("## kvspec fuzz: DISCREPANCY")
-    assert "**≠**" in text and "under-registration" in text
-    (stored,) = (tmp_path / "findings").glob("finding-*.json")
+    assert text.startswith("## kvspec fuzz: DISCREPANCY (implementation bug)")
+    for expected in ("**Ledger verdict: implementation bug**", "(n-R) mod S - B",
+                     "reachability (PROVED)", "kvspec replay ", "def test_kvspec_regression_50062",
+                     "passed on unmutated"):
+        assert expected in text, expected
+    stored = tmp_path / "findings"
+    (finding_file,) = stored.glob("finding-*.json")
+    (plot,) = stored.glob("finding-*.svg")
+    assert "<polyline" in plot.read_text()
     capsys.readouterr()
-    assert main(["replay", str(stored)]) == exitcodes.FINDING
+    assert main(["replay", str(finding_file)]) == exitcodes.FINDING
     assert "STILL FAILING" in capsys.readouterr().out
-    assert main(["replay", str(stored), "--vllm", "0.33.0"]) == exitcodes.OK
+    assert main(["replay", str(finding_file), "--vllm", "0.33.0"]) == exitcodes.OK
     assert "FIXED" in capsys.readouterr().out
 
 
 def test_replay_rejects_other_files(tmp_path, capsys):
     other = tmp_path / "other.json"
-    other.write_text('{"schema": "kvspec.prove/1"}')
+    other.write_text('{"schema": "something/1"}')
     assert main(["replay", str(other)]) == exitcodes.USAGE
-    assert "not a kvspec fuzz finding" in capsys.readouterr().err
+    assert "is not a kvspec finding or result" in capsys.readouterr().err
+    empty = tmp_path / "prove.json"
+    empty.write_text('{"schema": "kvspec.prove/1", "findings": []}')
+    assert main(["replay", str(empty)]) == exitcodes.USAGE
+    assert "holds no finding" in capsys.readouterr().err

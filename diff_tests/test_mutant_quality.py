@@ -25,7 +25,7 @@ def test_regression_50062_is_found_and_genuine(version):
     tree = mutant_tree(version, mutant("refloor_50062"))
     with SubjectProcess(source_tree(str(tree))) as buggy:
         result = fuzz_subject(buggy, max_examples=500, seed=1)
-    finding = result.finding
+    finding = result.failure
     assert finding is not None, f"#50062 mutant of {version} survived {result.cases} cases"
     assert finding.category == "under_registration"
     d = finding.discrepancies[0]

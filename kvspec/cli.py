@@ -56,7 +56,12 @@ def cmd_prove(args: argparse.Namespace) -> int:
         f"{counts['unknown']} unknown; {counts['unexpected']} not as expected"
     )
     if args.json:
-        _write(args.json, to_json(results, {"timeout_s": args.timeout, "seed": args.seed}))
+        from kvspec.findings import theorem_finding
+        from kvspec.render_proofs import versions
+
+        known = {r.name: r for r in results}
+        findings = [f for f in (theorem_finding(r, versions(), known) for r in results) if f]
+        _write(args.json, to_json(results, {"timeout_s": args.timeout, "seed": args.seed}, findings))
     unexpected = [r for r in results if not r.as_expected and r.status is not Status.UNKNOWN]
     if unexpected:
         return exitcodes.FINDING

@@ -59,15 +59,15 @@ def kill_matrix(version: str, max_examples: int, seed: int, names: list[str] | N
             rows.append(row)
             print(f"  {operator.name}: ERROR {exc}", flush=True)
             continue
-        killed = result.finding is not None
+        killed = result.failure is not None
         row.update(
             status="killed" if killed else ("equivalent" if row["model"] == "equivalent" else "survived"),
             cases_to_kill=result.examples_to_first_failure,
             seconds_to_kill=result.seconds_to_first_failure,
             cases=result.cases,
             wall_seconds=round(time.perf_counter() - started, 2),
-            category=result.finding.category if killed else None,
-            example=result.finding.case.describe() if killed else None,
+            category=result.failure.category if killed else None,
+            example=result.failure.case.describe() if killed else None,
         )
         rows.append(row)
         print(f"  {operator.name}: {row['status']}", flush=True)

@@ -1,42 +1,22 @@
-"""Markdown for a fuzz run: verdict first, one table per finding, details folded."""
+"""Markdown for a fuzz run: verdict first, a row per subject, then each finding."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from model.finding import Finding
 
-def _finding_md(subject: dict[str, Any]) -> list[str]:
-    finding = subject["finding"]
-    lines = [f"**Minimal example:** `{finding['case_text']}`", ""]
-    for d in finding["discrepancies"]:
-        if d["call"] is None:
-            lines.append(f"- {d['category']}: {d['detail']}")
-            continue
-        lines += [
-            f"`cache_blocks` call {d['call']} (n = {d['n']}), {d['category'].replace('_', '-')}:",
-            "",
-            "| group | spec tokens | vLLM tokens | spec blocks | vLLM blocks |",
-            "|---|---|---|---|---|",
-        ]
-        for g, (et, ot, eb, ob) in enumerate(zip(d["expected_tokens"], d["observed_tokens"],
-                                                 d["expected_blocks"], d["observed_blocks"])):
-            mark = "" if et == ot else " **≠**"
-            lines.append(f"| {g} | {et} | {ot}{mark} | {eb} | {ob} |")
-        lines.append("")
-    traceback = finding["observed"].get("traceback")
-    if traceback:
-        lines += ["<details><summary>vLLM traceback</summary>", "", "```", traceback.strip(), "```",
-                  "", "</details>", ""]
-    lines += ["<details><summary>observations (JSON)</summary>", "", "```json",
-              json.dumps(finding["observed"], indent=1)[:20000], "```", "", "</details>", ""]
-    return lines
+from kvspec.render_finding import render_markdown as render_finding_markdown
 
 
 def render_markdown(doc: dict[str, Any]) -> str:
     subjects, errors = doc["subjects"], doc["errors"]
-    failing = [s for s in subjects if s["finding"]]
-    verdict = "DISCREPANCY" if failing else ("ERROR" if errors else "no discrepancy")
+    findings = [Finding.from_dict(s["finding"]) for s in subjects if s.get("finding")]
+    if findings:
+        verdicts = sorted({f.ledger.verdict.value for f in findings if f.ledger})
+        verdict = "DISCREPANCY" + (f" ({', '.join(verdicts)})" if verdicts else "")
+    else:
+        verdict = "ERROR" if errors else "no discrepancy"
     lines = [f"## kvspec fuzz: {verdict}", "",
              f"seed {doc['settings']['seed']}, kvspec {doc['versions']['kvspec']}, "
              f"z3 {doc['versions']['z3']}, hypothesis {doc['versions']['hypothesis']}", "",
@@ -50,7 +30,6 @@ def render_markdown(doc: dict[str, Any]) -> str:
     for e in errors:
         lines.append(f"| {e['subject']['label']} | | error: {e['error']} | | |")
     lines.append("")
-    for s in failing:
-        lines += [f"### {s['subject']['label']}: {s['finding']['category'].replace('_', ' ')}", ""]
-        lines += _finding_md(s)
-    return "\n".join(lines) + "\n"
+    for f in findings:
+        lines.append(render_finding_markdown(f, heading="###", plot_path=f.artifacts.get("plot")))
+    return "\n".join(lines).rstrip("\n") + "\n"

@@ -81,7 +81,8 @@ def versions() -> dict[str, str]:
     }
 
 
-def to_json(results: Iterable[TheoremResult], settings: dict[str, Any]) -> str:
+def to_json(results: Iterable[TheoremResult], settings: dict[str, Any],
+            findings: Iterable[Any] = ()) -> str:
     results = list(results)
     doc = {
         "schema": PROVE_SCHEMA,
@@ -89,5 +90,7 @@ def to_json(results: Iterable[TheoremResult], settings: dict[str, Any]) -> str:
         "settings": settings,
         "summary": summary(results),
         "theorems": [r.as_dict() for r in results],
+        # Refuted theorems comparing the spec with a variant, as kvspec.finding/1.
+        "findings": [f.to_dict() for f in findings],
     }
     return json.dumps(doc, indent=2, sort_keys=True)

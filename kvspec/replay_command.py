@@ -5,16 +5,40 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kvspec import exitcodes
 
+if TYPE_CHECKING:
+    from model.finding import Finding
 
-def _findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """The findings in a stored finding file or a `kvspec fuzz --json` result."""
-    if doc.get("finding"):
-        return [{**doc["finding"], "subject": doc.get("subject", {})}]
-    return [{**s["finding"], "subject": s["subject"]} for s in doc.get("subjects", []) if s.get("finding")]
+
+def load_findings(path: str) -> list["Finding"]:
+    """The findings in a stored finding file, a `kvspec fuzz --json` result or
+    a `kvspec prove --json` result; a UsageError when there are none."""
+    from kvspec.cli import UsageError
+    from model.finding import FINDING_SCHEMA, Finding
+
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read finding {path}: {exc}") from None
+    schema = str(doc.get("schema", ""))
+    if schema == FINDING_SCHEMA:
+        raw = [doc]
+    elif schema == "kvspec.fuzz/2":
+        raw = [s["finding"] for s in doc.get("subjects", []) if s.get("finding")]
+    elif schema.startswith("kvspec.prove/"):
+        raw = doc.get("findings", [])
+    else:
+        raise UsageError(f"{path} is not a kvspec finding or result (schema {schema!r}); "
+                         "findings are stored under .kvspec/findings by `kvspec fuzz`")
+    if not raw:
+        raise UsageError(f"{path} holds no finding")
+    try:
+        return [Finding.from_dict(d) for d in raw]
+    except (TypeError, ValueError, KeyError) as exc:
+        raise UsageError(f"{path}: malformed finding ({exc})") from None
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -24,28 +48,26 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from oracles.oracle import compare
     from oracles.subject import SubjectError, SubjectProcess, SubjectSpec
 
-    try:
-        doc = json.loads(Path(args.finding).read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read finding {args.finding}: {exc}") from None
-    if not str(doc.get("schema", "")).startswith("kvspec.fuzz/"):
-        raise UsageError(f"{args.finding} is not a kvspec fuzz finding (schema {doc.get('schema')!r})")
-    findings = _findings(doc)
+    findings = [f for f in load_findings(args.finding) if f.source == "fuzz"]
     if not findings:
-        raise UsageError(f"{args.finding} holds no finding")
+        raise UsageError(f"{args.finding} holds no fuzz finding to replay (proof findings "
+                         "replay with `kvspec prove --theorem NAME`)")
     try:
         specs = _subject_specs(args)
     except SubjectError as exc:
         raise UsageError(str(exc)) from None
     still_failing = False
     for finding in findings:
-        case = Case.from_dict(finding["case"])
-        stored = finding["subject"]
+        case = Case.from_dict(finding.inputs)
+        stored = finding.compared["subject"]
         subject_specs = specs or [SubjectSpec(stored["kind"], stored["label"],
                                               version=stored.get("version"), path=stored.get("path"))]
         for spec in subject_specs:
-            with SubjectProcess(spec) as proc:
-                found = compare(case, proc.capabilities, proc.run(case.to_worker()))
+            try:
+                with SubjectProcess(spec) as proc:
+                    found = compare(case, proc.capabilities, proc.run(case.to_worker()))
+            except SubjectError as exc:
+                raise UsageError(str(exc)) from None
             print(f"{spec.label}: {case.describe()}")
             if found:
                 still_failing = True
@@ -53,7 +75,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 for d in found:
                     print(f"  {d.summary()}")
             else:
-                print(f"  FIXED (was {finding['category']}; now agrees with the spec)")
+                print(f"  FIXED (was {finding.category.title}; now agrees with the spec)")
     return exitcodes.FINDING if still_failing else exitcodes.OK
 
 

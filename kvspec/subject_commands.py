@@ -8,13 +8,12 @@ import json
 import os
 import random
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from kvspec import exitcodes
 
-FUZZ_SCHEMA = "kvspec.fuzz/1"
+FUZZ_SCHEMA = "kvspec.fuzz/2"
 NEWEST_SUPPORTED = "0.33.0"
 
 
@@ -32,46 +31,21 @@ def _subject_specs(args: argparse.Namespace):
     return specs
 
 
-def _finding_lines(result) -> list[str]:
-    finding = result.finding
-    lines = [f"  minimal example: {finding.case.describe()}"]
-    for d in finding.discrepancies:
-        if d.call is None:
-            lines.append(f"  {d.category}: {d.detail}")
-        else:
-            lines.append(f"  {d.category} at cache_blocks call {d.call} (n={d.n}):")
-            lines.append(f"    tokens per group: expected {list(d.expected_tokens)} vs observed "
-                         f"{list(d.observed_tokens)}")
-            lines.append(f"    blocks per group: expected {list(d.expected_blocks)} vs observed "
-                         f"{list(d.observed_blocks)}")
-    traceback = finding.reply.get("traceback")
-    if traceback:
-        lines.append("  vLLM traceback (last lines):")
-        lines += ["    " + l for l in traceback.strip().splitlines()[-6:]]
-    if finding.flaky:
-        lines.append("  note: the failure did not reproduce reliably (flaky)")
-    return lines
-
-
-def _store_finding(directory: Path, result) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    label = (result.subject.get("version") or Path(result.subject.get("path") or "current").name)
-    path = directory / f"finding-{label}-{result.finding.category}-{stamp}.json"
-    path.write_text(json.dumps({"schema": FUZZ_SCHEMA, **result.as_dict()}, indent=2, sort_keys=True))
-    return path
-
-
 def run_fuzz(specs, max_examples: int, seed: int, findings_dir: Path, progress: bool,
-             database_dir: str | None = None):
-    """Fuzz each subject in its own worker; returns (results, errors)."""
+             database_dir: str | None = None, verify_test: bool = True):
+    """Fuzz each subject in its own worker; returns (outcomes, errors), an
+    outcome being a fuzz result and its completed finding (or None)."""
     from hypothesis.database import DirectoryBasedExampleDatabase
 
     from diff_tests.fuzz import fuzz_subject
     from oracles.provision import ProvisionError
     from oracles.subject import SubjectError, SubjectProcess
 
-    results, errors = [], []
+    from kvspec.fuzz_report import complete_finding
+    from kvspec.render_finding import render_text
+    from kvspec.render_proofs import versions
+
+    outcomes, errors = [], []
     for spec in specs:
         _say(f"{spec.label}: starting (seed {seed}, up to {max_examples} examples)")
         try:
@@ -83,42 +57,45 @@ def run_fuzz(specs, max_examples: int, seed: int, findings_dir: Path, progress: 
                 # Failing examples from earlier runs are replayed first.
                 database = DirectoryBasedExampleDatabase(database_dir) if database_dir else None
                 result = fuzz_subject(proc, max_examples, seed, database=database, progress=tick)
+                finding = path = None
+                if result.failure is not None:
+                    _say(f"{spec.label}: DISCREPANCY ({result.failure.category}) found after "
+                         f"{result.examples_to_first_failure} cases, "
+                         f"{result.seconds_to_first_failure:.2f} s; shrunk in {result.seconds:.1f} s; "
+                         "explaining, sweeping and emitting a regression test")
+                    finding, path = complete_finding(proc, result, findings_dir, versions(),
+                                                     verify=verify_test)
         except (SubjectError, ProvisionError) as exc:
             errors.append({"subject": spec.as_dict(), "error": str(exc)})
             _say(f"{spec.label}: ERROR {exc}")
             continue
-        results.append(result)
+        outcomes.append((result, finding))
         rate = result.cases / result.seconds if result.seconds else 0.0
-        if result.finding is None:
+        if finding is None:
             _say(f"{spec.label}: no discrepancy in {result.cases} differential cases "
                  f"({result.examples} Hypothesis examples, {result.calls} cache_blocks calls, "
                  f"{result.seconds:.1f} s, {rate:.0f} cases/s)")
         else:
-            path = _store_finding(findings_dir, result)
-            _say(f"{spec.label}: DISCREPANCY ({result.finding.category}) found after "
-                 f"{result.examples_to_first_failure} cases, {result.seconds_to_first_failure:.2f} s; "
-                 f"shrunk in {result.seconds:.1f} s")
-            for line in _finding_lines(result):
-                _say(line)
+            _say(render_text(finding))
             _say(f"  stored: {path}")
-            _say(f"  replay: kvspec replay {path}")
-    return results, errors
+    return outcomes, errors
 
 
-def _fuzz_doc(results, errors, seed: int, max_examples: int) -> dict[str, Any]:
+def _fuzz_doc(outcomes, errors, seed: int, max_examples: int) -> dict[str, Any]:
     from kvspec.render_proofs import versions
 
     return {
         "schema": FUZZ_SCHEMA,
         "versions": versions(),
         "settings": {"seed": seed, "max_examples": max_examples},
-        "subjects": [r.as_dict() for r in results],
+        "subjects": [{**r.as_dict(), "finding": None if f is None else f.to_dict()}
+                     for r, f in outcomes],
         "errors": errors,
     }
 
 
-def _fuzz_exit(results, errors) -> int:
-    if any(r.finding is not None for r in results):
+def _fuzz_exit(outcomes, errors) -> int:
+    if any(f is not None for _, f in outcomes):
         return exitcodes.FINDING
     if errors:
         return exitcodes.USAGE
@@ -140,7 +117,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     results, errors = [], []
     try:
         results, errors = run_fuzz(specs, args.max_examples, seed, Path(args.findings_dir),
-                                   progress=sys.stderr.isatty(), database_dir=args.database)
+                                   progress=sys.stderr.isatty(), database_dir=args.database,
+                                   verify_test=not getattr(args, "no_verify_test", False))
     finally:
         # Whatever was found before an error or an interrupt is still written.
         doc = _fuzz_doc(results, errors, seed, args.max_examples)
@@ -178,13 +156,16 @@ def register(sub: "argparse._SubParsersAction") -> None:
                       help="write a Markdown report (also appended to $GITHUB_STEP_SUMMARY when set)")
     fuzz.add_argument("--findings-dir", default=os.path.join(".kvspec", "findings"), metavar="DIR",
                       help="where every finding is stored for replay (default .kvspec/findings)")
+    fuzz.add_argument("--no-verify-test", action="store_true",
+                      help="do not run the emitted regression test against the subject")
     fuzz.add_argument("--database", default=os.path.join(".kvspec", "examples"), metavar="DIR",
                       help="Hypothesis example database; failures in it are replayed first "
                            "(default .kvspec/examples; '' for none)")
     fuzz.set_defaults(func=cmd_fuzz)
 
-    from kvspec import check_command, mutants_command, replay_command
+    from kvspec import check_command, mutants_command, replay_command, report_command
 
     check_command.register(sub)
     mutants_command.register(sub)
     replay_command.register(sub)
+    report_command.register(sub)

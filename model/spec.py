@@ -160,6 +160,7 @@ def evaluate_config(
     *,
     steps: StepsRule | None = None,
     partial: bool | None = None,
+    eagle: tuple[bool, ...] | None = None,
     lookahead: int | None = None,
 ) -> tuple[GroupRegistration, ...]:
     """Per-group registration of ``rule`` at one ``cache_blocks(n)`` call.
@@ -174,7 +175,8 @@ def evaluate_config(
     results = []
     hashed = hashed_tokens(INT, total_tokens, config.hash_block_size)
     for i, group in enumerate(config.groups):
-        p = inputs_for_group(config, i, n, partial=partial, lookahead=lookahead)
+        p = inputs_for_group(config, i, n, partial=partial, lookahead=lookahead,
+                             eagle=None if eagle is None else eagle[i])
         derivation = None if steps is None else steps(INT, p)
         bound = rule(INT, p) if derivation is None else derivation.bound
         results.append(

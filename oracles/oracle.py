@@ -14,11 +14,11 @@ from typing import Any
 import attrs
 
 from model.domain import CoordinatorConfig, derive_partial_hash_hits
-from model.spec import RegistrationRule, evaluate_config, registration_bound
+from model.spec import RegistrationRule, StepsRule, evaluate_config, registration_bound
 
 from .case import Case
 
-__all__ = ["ExpectedRegime", "Discrepancy", "expected_regime", "compare"]
+__all__ = ["ExpectedRegime", "Discrepancy", "expected_regime", "expected_calls", "compare"]
 
 
 @attrs.frozen
@@ -64,8 +64,10 @@ class Discrepancy:
         return attrs.asdict(self)
 
 
-def _expected_calls(case: Case, regime: ExpectedRegime, observed: list[dict], rule: RegistrationRule):
-    """Per call: the spec's per-group tokens and (running) registered blocks.
+def expected_calls(case: Case, regime: ExpectedRegime, observed: list[dict],
+                   rule: RegistrationRule = registration_bound, steps: StepsRule | None = None):
+    """Per call: the rule's per-group tokens, (running) registered blocks and
+    per-group registrations (with their derivation when the steps are known).
 
     The call's ``n`` and hashed-token count are inputs of the unit under test
     (what ``KVCacheManager`` hands the coordinator), taken from the record.
@@ -76,8 +78,9 @@ def _expected_calls(case: Case, regime: ExpectedRegime, observed: list[dict], ru
     for call in observed:
         n, hashed = call["n"], call["hashed_tokens"]
         regs = evaluate_config(
-            config, n, max(n, hashed), rule,
-            partial=regime.partial_hash_hits, lookahead=regime.num_prefill_lookahead,
+            config, n, max(n, hashed), rule, steps=steps,
+            partial=regime.partial_hash_hits, eagle=regime.eagle,
+            lookahead=regime.num_prefill_lookahead,
         )
         tokens = tuple(r.tokens_to_cache for r in regs)
         # A manager's registered count only grows: it skips a call that would
@@ -115,7 +118,7 @@ def compare(case: Case, capabilities: dict[str, Any], reply: dict[str, Any],
     if len(calls) != len(case.steps):
         return [Discrepancy("call_mismatch", None, None,
                             detail=f"{len(calls)} cache_blocks calls for {len(case.steps)} steps")]
-    for index, (call, (tokens, blocks, _)) in enumerate(zip(calls, _expected_calls(case, regime, calls, rule))):
+    for index, (call, (tokens, blocks, _)) in enumerate(zip(calls, expected_calls(case, regime, calls, rule))):
         seen_tokens = tuple(call["num_tokens"])
         seen_blocks = tuple(call["registered_blocks"])
         if seen_tokens != tokens:

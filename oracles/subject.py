@@ -20,6 +20,7 @@ import attrs
 from .provision import ensure_release, ensure_runtime
 
 __all__ = [
+    "run_pytest",
     "SubjectSpec",
     "SubjectError",
     "SubjectUnsupported",
@@ -82,31 +83,55 @@ def _supported(capabilities: dict[str, Any]) -> str | None:
     return None
 
 
+def _resolve(spec: SubjectSpec) -> tuple[str, str | None]:
+    """The interpreter and the tree to put first on PYTHONPATH (provisioned on first use)."""
+    if spec.kind == "release":
+        return str(ensure_runtime()), str(ensure_release(spec.version))
+    if spec.kind == "source":
+        return str(ensure_runtime()), spec.path
+    return sys.executable, None
+
+
+def _subject_env(root: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    if root is not None:
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    env["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"
+    return env
+
+
+def run_pytest(spec: SubjectSpec, test_file: str, timeout: float = 600) -> dict[str, Any]:
+    """Run one pytest file against a subject's vLLM: passed, failed or error."""
+    python, root = _resolve(spec)
+    test_file = os.path.abspath(test_file)
+    try:
+        out = subprocess.run(
+            [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:warnings", test_file],
+            capture_output=True, text=True, timeout=timeout, env=_subject_env(root),
+            cwd=os.path.dirname(test_file))
+    except subprocess.TimeoutExpired:
+        return {"against": spec.label, "outcome": "error", "returncode": None,
+                "summary": f"timed out after {timeout:.0f} s"}
+    lines = (out.stdout + out.stderr).strip().splitlines()
+    outcome = {0: "passed", 1: "failed"}.get(out.returncode, "error")
+    return {"against": spec.label, "outcome": outcome, "returncode": out.returncode,
+            "summary": lines[-1] if lines else "", "output": "\n".join(lines[-80:])}
+
+
 class SubjectProcess:
     """A live worker for one subject; restarts itself after a crash."""
 
     def __init__(self, spec: SubjectSpec):
         self.spec = spec
-        if spec.kind == "release":
-            self.root = str(ensure_release(spec.version))
-            self.python = str(ensure_runtime())
-        elif spec.kind == "source":
-            self.root = spec.path
-            self.python = str(ensure_runtime())
-        else:
-            self.root = None
-            self.python = sys.executable
+        self.python, self.root = _resolve(spec)
         self.capabilities: dict[str, Any] = {}
         self._proc: subprocess.Popen | None = None
         self._stderr = tempfile.TemporaryFile(mode="w+")
         self._start()
 
     def _start(self) -> None:
-        env = dict(os.environ)
-        if self.root is not None:
-            env["PYTHONPATH"] = self.root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        env.setdefault("VLLM_TARGET_DEVICE", "cpu")
-        env["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"
+        env = _subject_env(self.root)
         self._stderr.seek(0)
         self._stderr.truncate()
         self._proc = subprocess.Popen(

@@ -80,6 +80,7 @@ class Driver:
             "fine_grained_lookup_fallback": hasattr(stm, "supports_fine_grained_hash_lookup"),
             "get_num_cacheable_tokens": hasattr(hybrid, "get_num_cacheable_tokens"),
             "manager_keywords": sorted(self.manager_params - {"self"}),
+            "request_keywords": sorted(self.request_params - {"self"}),
             "git_commit": _git_commit(os.path.dirname(os.path.abspath(vllm.__file__))),
         }
 

@@ -1,7 +1,6 @@
 """The whole catalog through `kvspec prove`: verdicts, vacuity, JSON, snapshot."""
 
 import json
-import os
 import re
 
 import pytest
@@ -10,7 +9,7 @@ from kvspec import exitcodes
 from kvspec.cli import main
 from model.variants import VARIANTS, Verdict
 
-SNAPSHOT = os.path.join(os.path.dirname(__file__), "snapshots", "prove_table.txt")
+from .snapshot import assert_snapshot
 
 
 @pytest.fixture(scope="module")
@@ -75,12 +74,7 @@ def normalise(text: str) -> str:
 
 
 def test_table_snapshot(prove_run):
-    table = normalise(prove_run[1])
-    if os.environ.get("KVSPEC_UPDATE_SNAPSHOTS"):
-        with open(SNAPSHOT, "w") as handle:
-            handle.write(table)
-    with open(SNAPSHOT) as handle:
-        assert table == handle.read()
+    assert_snapshot("prove_table.txt", normalise(prove_run[1]))
 
 
 def test_unknown_theorem_is_usage_error(capsys):

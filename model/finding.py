@@ -1,0 +1,237 @@
+"""One finding model for every source (a proof, a fuzz run): plain values.
+
+A finding says what was compared, the verdict, a category, the minimal inputs
+in vLLM's vocabulary, one row per KV-cache group (expected vs observed, in
+tokens and in blocks, with both derivations), what the proofs know about it
+(``Explanation``) and which pair of the three legs -- the spec evaluated by
+Z3, the executable oracle, the subject -- disagrees (``Ledger``).  Producers
+live in ``proofs`` and ``kvspec.findings``; renderers only read these values.
+The JSON form (``to_dict``/``from_dict``) is versioned by ``FINDING_SCHEMA``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import attrs
+
+__all__ = [
+    "FINDING_SCHEMA",
+    "Category",
+    "LedgerVerdict",
+    "Ledger",
+    "ledger_verdict",
+    "Derivation",
+    "GroupRow",
+    "TheoremRef",
+    "Explanation",
+    "Finding",
+]
+
+FINDING_SCHEMA = "kvspec.finding/1"
+
+
+class Category(str, enum.Enum):
+    # The subject registers fewer tokens than the spec: prefix-cache hits lost.
+    UNDER_REGISTRATION = "under_registration"
+    # The subject registers more than the spec: tokens that are not finalized
+    # or that no lookup can match (a safety problem, not a performance one).
+    OVER_REGISTRATION = "over_registration"
+    # Same token bounds, different registered full blocks.
+    BLOCK_MISMATCH = "block_mismatch"
+    # The subject chose another regime (partial hits, EAGLE flags) than the model derives.
+    REGIME_MISMATCH = "regime_mismatch"
+    # The subject raised while driving a configuration both sides accept.
+    SUBJECT_CRASH = "subject_crash"
+    # The subject rejects a configuration the model accepts.
+    PRECONDITION = "precondition"
+    # The subject called cache_blocks a different number of times than steps taken.
+    CALL_MISMATCH = "call_mismatch"
+
+    @property
+    def meaning(self) -> str:
+        return _MEANINGS[self]
+
+    @property
+    def title(self) -> str:
+        return self.value.replace("_", "-")
+
+
+_MEANINGS = {
+    Category.UNDER_REGISTRATION: "hit-rate loss: fewer tokens registered than the spec allows",
+    Category.OVER_REGISTRATION: "safety: tokens registered that are not finalized or cannot be matched",
+    Category.BLOCK_MISMATCH: "the registered full blocks differ though the bounds agree",
+    Category.REGIME_MISMATCH: "vLLM chose another regime than the model derives from the configuration",
+    Category.SUBJECT_CRASH: "vLLM raised on a configuration both sides accept",
+    Category.PRECONDITION: "vLLM rejects a configuration the model accepts",
+    Category.CALL_MISMATCH: "cache_blocks was not called once per allocate_slots step",
+}
+
+
+class LedgerVerdict(str, enum.Enum):
+    # Z3 and the oracle agree on the spec's values; the subject differs.
+    IMPLEMENTATION_BUG = "implementation bug"
+    # Z3 (the spec as terms) and the subject agree; the executable oracle differs.
+    ORACLE_BUG = "oracle bug"
+    # The spec itself is at fault: it violates one of its own theorems, or its
+    # preconditions admit a configuration vLLM rightly rejects.
+    SPEC_BUG = "spec bug"
+    # A leg is missing or all three differ: a person has to look.
+    UNDETERMINED = "undetermined"
+    AGREE = "no disagreement"
+
+
+def ledger_verdict(z3_spec: Any, oracle: Any, subject: Any) -> LedgerVerdict:
+    """Which pair disagrees, from the three legs' values (None: leg not run)."""
+    if z3_spec is None or oracle is None or subject is None:
+        return LedgerVerdict.UNDETERMINED
+    if z3_spec == oracle == subject:
+        return LedgerVerdict.AGREE
+    if z3_spec == oracle:
+        return LedgerVerdict.IMPLEMENTATION_BUG
+    if z3_spec == subject:
+        return LedgerVerdict.ORACLE_BUG
+    return LedgerVerdict.UNDETERMINED
+
+
+def _tuple(value: Any) -> Any:
+    return None if value is None else tuple(value)
+
+
+@attrs.frozen
+class Ledger:
+    z3_spec: tuple[Any, ...] | None = attrs.field(converter=_tuple)
+    oracle: tuple[Any, ...] | None = attrs.field(converter=_tuple)
+    subject: tuple[Any, ...] | None = attrs.field(converter=_tuple)
+    subject_label: str
+    verdict: LedgerVerdict = attrs.field(converter=LedgerVerdict)
+    note: str = ""
+
+
+@attrs.frozen
+class Derivation:
+    """One side's derivation of one group's bound (None: not known)."""
+
+    rule: str  # "spec", a model variant's name, ...
+    cached: int | None = None
+    finalized: int | None = None
+    aligned_finalized: int | None = None
+    eagle_bound: int | None = None
+    eagle_branch: bool | None = None
+    bound: int | None = None
+
+
+@attrs.frozen
+class GroupRow:
+    group: int
+    kind: str
+    block_size: int
+    eagle: bool
+    expected_tokens: int | None
+    observed_tokens: int | None
+    expected_blocks: int | None
+    observed_blocks: int | None
+    spec: Derivation | None = None
+    subject: Derivation | None = None  # the model variant the subject behaves like
+
+    @property
+    def differs(self) -> bool:
+        return (self.expected_tokens, self.expected_blocks) != (self.observed_tokens, self.observed_blocks)
+
+    @property
+    def token_gap(self) -> int | None:
+        """Spec minus subject: positive means lost registrations."""
+        if self.expected_tokens is None or self.observed_tokens is None:
+            return None
+        return self.expected_tokens - self.observed_tokens
+
+
+@attrs.frozen
+class TheoremRef:
+    name: str
+    statement: str
+    status: str  # PROVED / REFUTED / UNKNOWN, as this run found it
+    as_expected: bool
+    seconds: float
+
+
+@attrs.frozen
+class Explanation:
+    """What the solver knows about a finding."""
+
+    # The model variant the subject matches at every call (None: none does).
+    diagnosis: str | None
+    diagnosis_summary: str
+    # "regression" (the subject loses what the spec keeps), "intended" (a drop
+    # the spec itself makes, e.g. the EAGLE lookahead), "safety", "other".
+    nature: str
+    loss_formula: str | None = None
+    loss_predicted: int | None = None  # the proved formula at this finding's inputs
+    loss_observed: int | None = None  # spec minus subject at this call
+    worst_case: str | None = None
+    reachability: str | None = None
+    reachable_here: bool | None = None  # the condition evaluated at this finding's inputs
+    theorems: tuple[TheoremRef, ...] = attrs.field(default=(), converter=tuple)
+    knobs: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    intended_drop: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+
+
+@attrs.frozen
+class Finding:
+    source: str  # "fuzz" or "prove"
+    verdict: str  # one line, first in every report
+    category: Category = attrs.field(converter=Category)
+    compared: dict[str, Any]  # spec rule, subject (kind, label, version, path, git commit), versions
+    inputs: dict[str, Any]  # the minimal inputs in vLLM's vocabulary
+    call: int | None = None  # the cache_blocks call that differs
+    n: int | None = None  # num_computed_tokens at that call
+    hashed_tokens: int | None = None
+    groups: tuple[GroupRow, ...] = attrs.field(default=(), converter=tuple)
+    explanation: Explanation | None = None
+    ledger: Ledger | None = None
+    detail: str = ""
+    traceback: str | None = None
+    replay: str | None = None
+    regression_test: dict[str, Any] | None = None  # code, file name, verification
+    sweep: dict[str, Any] | None = None  # registered vs n over a range (for the plot)
+    observations: dict[str, Any] | None = None  # the subject's raw record (or its traceback)
+    artifacts: dict[str, str] = attrs.field(factory=dict)  # stored files: finding, plot, test
+    run: dict[str, Any] = attrs.field(factory=dict)  # seed, examples, cases, seconds
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": FINDING_SCHEMA, **attrs.asdict(self, value_serializer=_serialize)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Finding":
+        if data.get("schema") != FINDING_SCHEMA:
+            raise ValueError(f"not a {FINDING_SCHEMA} finding (schema {data.get('schema')!r})")
+        d = {k: v for k, v in data.items() if k != "schema"}
+        d["groups"] = tuple(_group_row(g) for g in d.get("groups", ()))
+        if d.get("explanation") is not None:
+            e = dict(d["explanation"])
+            e["theorems"] = tuple(TheoremRef(**t) for t in e.get("theorems", ()))
+            d["explanation"] = Explanation(**e)
+        if d.get("ledger") is not None:
+            d["ledger"] = Ledger(**d["ledger"])
+        return cls(**d)
+
+    @property
+    def differing_groups(self) -> tuple[GroupRow, ...]:
+        return tuple(g for g in self.groups if g.differs)
+
+
+def _group_row(data: dict[str, Any]) -> GroupRow:
+    d = dict(data)
+    for side in ("spec", "subject"):
+        if d.get(side) is not None:
+            d[side] = Derivation(**d[side])
+    return GroupRow(**d)
+
+
+def _serialize(instance: Any, field: Any, value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple):
+        return list(value)
+    return value

@@ -1,0 +1,155 @@
+"""What the solver knows about a finding: loss, worst case, reachability, knobs.
+
+A finding's subject is first *diagnosed*: the model variant (if any) that
+reproduces its observations at every call.  For a diagnosed variant the
+catalog's theorems about it are run now (a verdict is never assumed), and
+their conditions and closed forms -- the very functions Z3 proved -- are
+evaluated at the finding's inputs, so the report can say "the proved formula
+predicts 4 tokens lost here, 4 were lost".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from model.domain import CoordinatorConfig
+from model.finding import Category, Explanation, GroupRow, TheoremRef
+from model.spec import reprefillable_tokens, inputs_for_group
+from model.arith import INT
+from model.variants import variant
+
+from .catalog import theorem
+from .concrete import group_vars
+from .runner import run_theorem
+
+__all__ = ["ExplanationSpec", "EXPLAINED", "explain", "intended_drops"]
+
+
+@attrs.frozen
+class ExplanationSpec:
+    """The catalog's theorems about one wrong variant, and what they map to."""
+
+    variant: str
+    reachability: str  # iff-theorem: the variant differs from the spec exactly when ...
+    block_reachability: str | None = None
+    loss: str | None = None  # closed form of spec - variant
+    worst_case: str | None = None
+    knobs: tuple[str, ...] = ()
+
+
+KNOBS_50062 = (
+    "partial hash hits on (P): a hybrid model with a Mamba layer in mamba_cache_mode='align', "
+    "prefix caching enabled, dcp_world_size == 1, hash_block_size smaller than the Mamba block "
+    "(from 0.28 also: every sliding-window group's block equal to the hash block)",
+    "EAGLE on the group (E): a speculative method of the EAGLE family (eagle, eagle3, mtp, DSpark) "
+    "-- vLLM's is_eagle_group",
+    "R = max(0, num_prefill_lookahead - 1): non-zero only with multi-module MTP",
+    "(n - R) mod S > B: the scheduler block (vLLM sizes it to the Mamba page) spans at least two "
+    "attention blocks, so most prompt lengths qualify",
+)
+
+EXPLAINED: dict[str, ExplanationSpec] = {
+    "regression_50062": ExplanationSpec(
+        "regression_50062",
+        reachability="reachability.regression_tokens",
+        block_reachability="reachability.regression_blocks",
+        loss="loss.regression_closed_form",
+        worst_case="loss.regression_worst_case",
+        knobs=KNOBS_50062,
+    ),
+}
+
+
+def _ref(name: str, timeout_ms: int, known: dict[str, Any] | None) -> TheoremRef:
+    """The theorem's verdict: from this run's results when it has them, else run now."""
+    result = (known or {}).get(name) or run_theorem(theorem(name), timeout_ms=timeout_ms)
+    return TheoremRef(name, result.statement, result.status.value, result.as_expected,
+                      round(result.seconds, 3))
+
+
+def intended_drops(config: CoordinatorConfig, n: int, rows: tuple[GroupRow, ...], *,
+                   partial: bool, lookahead: int) -> tuple[str, ...]:
+    """Where the spec itself registers fewer than the n computed tokens, and why."""
+    out = []
+    for row in rows:
+        if row.expected_tokens is None or row.expected_tokens >= n:
+            continue
+        p = inputs_for_group(config, row.group, n, partial=partial, eagle=row.eagle,
+                             lookahead=lookahead)
+        R = reprefillable_tokens(INT, p)
+        reasons = []
+        if not partial:
+            reasons.append(f"without partial hash hits, hits land on multiples of S = "
+                           f"{config.scheduler_block_size}")
+        if row.eagle and R:
+            reasons.append(f"R = {R} reprefillable tokens are not final (multi-module MTP)")
+        out.append(f"group {row.group}: the spec registers {row.expected_tokens} of {n} computed "
+                   f"tokens by design ({'; '.join(reasons) or 'EAGLE lookahead clamp'})")
+    return tuple(out)
+
+
+def explain(
+    config: CoordinatorConfig,
+    n: int | None,
+    total_tokens: int | None,
+    rows: tuple[GroupRow, ...],
+    category: Category,
+    diagnosis: str | None,
+    *,
+    partial: bool,
+    lookahead: int,
+    timeout_ms: int = 20_000,
+    known: dict[str, Any] | None = None,
+) -> Explanation:
+    nature = {Category.UNDER_REGISTRATION: "regression",
+              Category.OVER_REGISTRATION: "safety"}.get(category, "other")
+    if diagnosis and variant(diagnosis).restriction_text:
+        nature = f"historical: right only when {variant(diagnosis).restriction_text}"
+    summary = variant(diagnosis).summary if diagnosis else (
+        "no model variant reproduces the subject's observations")
+    drops = () if n is None else intended_drops(config, n, rows, partial=partial, lookahead=lookahead)
+    if diagnosis is None or n is None:
+        return Explanation(diagnosis, summary, nature, intended_drop=drops)
+    spec = EXPLAINED.get(diagnosis)
+    if spec is None:
+        # No closed form in the catalog: the refuted conformance theorem and
+        # the loss measured at this call are what we know.
+        gap = next((r.token_gap for r in rows if r.differs and r.token_gap is not None), None)
+        return Explanation(
+            diagnosis, summary, nature, loss_observed=gap,
+            theorems=(_ref(f"conformance.{diagnosis}", timeout_ms, known),), intended_drop=drops)
+
+    row = next(r for r in rows if r.differs and r.token_gap is not None)
+    v = group_vars(config, row.group, n, total_tokens, partial=partial, eagle=row.eagle,
+                   lookahead=lookahead)
+    reach = theorem(spec.reachability)
+    reachable = bool(reach.subject.fn(INT, v))
+    R = reprefillable_tokens(INT, inputs_for_group(config, row.group, n, lookahead=lookahead,
+                                                    partial=partial, eagle=row.eagle))
+    tail = (n - R) % config.scheduler_block_size
+    reach_text = (
+        f"{reach.statement}. Here (group {row.group}): partial hits {'on' if partial else 'off'}, "
+        f"EAGLE {'yes' if row.eagle else 'no'}, n = {n} > R = {R}: {n > R}, "
+        f"(n - R) mod S = {tail} > B = {row.block_size}: {tail > row.block_size} -- "
+        f"{'reachable' if reachable else 'not reachable'}"
+    )
+    theorems = [_ref(spec.reachability, timeout_ms, known)]
+    if spec.block_reachability:
+        theorems.append(_ref(spec.block_reachability, timeout_ms, known))
+    loss_formula = loss_predicted = worst = None
+    if spec.loss:
+        loss = theorem(spec.loss)
+        loss_formula = f"{loss.subject.name} tokens per call where reachable, 0 elsewhere"
+        loss_predicted = int(loss.subject.fn(INT, v))
+        theorems.append(_ref(spec.loss, timeout_ms, known))
+    if spec.worst_case:
+        worst = theorem(spec.worst_case).statement
+        theorems.append(_ref(spec.worst_case, timeout_ms, known))
+    return Explanation(
+        diagnosis, summary, nature,
+        loss_formula=loss_formula, loss_predicted=loss_predicted, loss_observed=row.token_gap,
+        worst_case=worst, reachability=reach_text, reachable_here=reachable,
+        theorems=tuple(theorems), knobs=spec.knobs, intended_drop=drops,
+    )
