@@ -188,7 +188,7 @@ def theorem_finding(result, versions: dict[str, str], known: dict[str, Any] | No
     call = cx.domain["calls"][0]
     others = [k for k in call if isinstance(call[k], dict) and k != "spec"]
     if not others:
-        return None
+        return _spec_property_finding(result, versions)
     name = others[0]
     shape = variant(name)
     config = decode_geometry(cx.values)
@@ -225,5 +225,50 @@ def theorem_finding(result, versions: dict[str, str], known: dict[str, Any] | No
         ledger=Ledger(z3_spec, oracle, subject, label, ledger_verdict(z3_spec, oracle, subject),
                       "the variant plays the implementation; its values are the solver's model, "
                       "replayed on integers"),
+        detail=result.detail, run={"seconds": round(result.seconds, 3)},
+    )
+
+
+_PROPERTY_CATEGORY = {"safety": Category.OVER_REGISTRATION, "no-loss": Category.UNDER_REGISTRATION}
+
+
+def _spec_property_finding(result, versions: dict[str, str]) -> Finding | None:
+    """A theorem about the spec itself, refuted: the spec is at fault (or, when
+    the refutation is expected, there is nothing to report)."""
+    from model.spec import evaluate_config
+    from proofs.concrete import z3_bounds
+    from proofs.encoding import decode_geometry
+
+    if result.as_expected:
+        return None
+    cx = result.counterexample
+    config = decode_geometry(cx.values)
+    rows, legs = [], None
+    for call in cx.domain["calls"]:
+        n, total = call["num_computed_tokens"], call["total_tokens"]
+        regs = evaluate_config(config, n, total)
+        z3_spec = z3_bounds(config, n, total, partial=config.partial_hash_hits,
+                            eagle=config.effective_eagle, lookahead=config.num_prefill_lookahead)
+        legs = legs or (z3_spec, tuple(r.tokens_to_cache for r in regs))
+        if not rows:
+            rows = _rows(config, (call["spec"]["tokens"], call["spec"]["blocks"]),
+                         [None] * len(regs), [None] * len(regs), regs, None, None)
+    first = cx.domain["calls"][0]
+    z3_spec, oracle = legs
+    note = (f"the spec violates its own theorem {result.name}: {result.statement}"
+            + ("" if z3_spec == oracle else "; and Z3 and the oracle disagree on its values"))
+    return Finding(
+        source="prove",
+        verdict=f"REFUTED (NOT as expected): {result.name}: {result.statement}",
+        category=_PROPERTY_CATEGORY.get(result.category, Category.PROPERTY_VIOLATION),
+        compared={"spec_rule": SPEC_RULE, "subject": {"kind": "theorem", "label": result.name},
+                  "versions": versions, "mutant": None},
+        inputs={"config": cx.domain["config"], "values": cx.values, "minimal": cx.minimal,
+                "describe": cx.domain["config"],
+                "calls": [c["num_computed_tokens"] for c in cx.domain["calls"]]},
+        n=first["num_computed_tokens"],
+        hashed_tokens=(first["total_tokens"] // config.hash_block_size) * config.hash_block_size,
+        groups=rows,
+        ledger=Ledger(z3_spec, oracle, None, "the spec's own theorem", LedgerVerdict.SPEC_BUG, note),
         detail=result.detail, run={"seconds": round(result.seconds, 3)},
     )

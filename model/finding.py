@@ -48,6 +48,8 @@ class Category(str, enum.Enum):
     PRECONDITION = "precondition"
     # The subject called cache_blocks a different number of times than steps taken.
     CALL_MISMATCH = "call_mismatch"
+    # The spec violates one of its own theorems (safety, no-loss, monotonicity).
+    PROPERTY_VIOLATION = "property_violation"
 
     @property
     def meaning(self) -> str:
@@ -66,6 +68,7 @@ _MEANINGS = {
     Category.SUBJECT_CRASH: "vLLM raised on a configuration both sides accept",
     Category.PRECONDITION: "vLLM rejects a configuration the model accepts",
     Category.CALL_MISMATCH: "cache_blocks was not called once per allocate_slots step",
+    Category.PROPERTY_VIOLATION: "the spec violates one of its own theorems",
 }
 
 

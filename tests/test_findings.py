@@ -76,3 +76,45 @@ def test_the_stored_fixture_round_trips():
 def test_a_finding_of_another_schema_is_refused():
     with pytest.raises(ValueError, match="not a kvspec.finding/1"):
         Finding.from_dict({"schema": "kvspec.finding/0"})
+
+
+def test_a_spec_that_breaks_its_own_theorem_is_a_spec_bug():
+    # Put a wrong rule in the spec's place: the safety theorem must now fail,
+    # and the finding must blame the spec, not an implementation.
+    import attrs
+
+    from model.variants import variant
+    from proofs.theorem import Subject
+
+    broken = attrs.evolve(theorem("safety.at_most_computed"),
+                          subject=Subject("spec", variant("lookahead_unclamped").rule))
+    result = run_theorem(broken, vacuity=False)
+    assert not result.as_expected
+    finding = theorem_finding(result, VERSIONS)
+    assert finding.ledger.verdict is LedgerVerdict.SPEC_BUG
+    assert finding.category is Category.OVER_REGISTRATION
+    assert finding.verdict.startswith("REFUTED (NOT as expected): safety.at_most_computed")
+
+
+def test_an_oracle_that_disagrees_with_z3_and_the_subject_is_an_oracle_bug():
+    # A recorded reply that agrees with the spec, and an oracle claim that does
+    # not: the ledger must blame the oracle (Z3 and the subject agree).
+    from diff_tests.fuzz import Failure, FuzzResult
+    from oracles.case import Case, prefill
+    from oracles.oracle import Discrepancy
+    from kvspec.findings import fuzz_finding
+
+    seed = corpus_case("seed_52419")
+    case = Case(seed.config, 22, (prefill(22),))
+    reply = {"ok": True, "regime": {"partial_hash_hits": True, "use_eagle": [True, False]},
+             "calls": [{"n": 22, "hashed_tokens": 22, "num_tokens": [22, 22],
+                        "registered_blocks": [11, 2]}]}
+    claim = Discrepancy("over_registration", 0, 22, expected_tokens=(18, 22),
+                        observed_tokens=(22, 22), expected_blocks=(9, 2), observed_blocks=(11, 2))
+    caps = {"partial_hash_hits": True, "per_group_eagle": True, "reprefillable_tokens": True,
+            "fine_grained_lookup_fallback": True}
+    result = FuzzResult(subject={"label": "recorded reply"}, capabilities=caps, seed=0,
+                        failure=Failure(case, (claim,), reply))
+    finding = fuzz_finding(result, VERSIONS, explain=False)
+    assert finding.ledger.z3_spec == (22, 22) and finding.ledger.oracle == (18, 22)
+    assert finding.ledger.verdict is LedgerVerdict.ORACLE_BUG

@@ -82,3 +82,29 @@ def test_emitted_regression_test(finding):
     assert "eos_token_id" not in code  # this Request takes no such keyword
     assert len(code.splitlines()) < 100  # reviewers reject bloated tests
     assert_snapshot("regression_test.py.txt", code)
+
+
+def test_report_command_writes_every_form(tmp_path, monkeypatch):
+    from kvspec import exitcodes
+    from kvspec.cli import main
+
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    out, plot, test = tmp_path / "r.md", tmp_path / "p.svg", tmp_path / "test_x.py"
+    code = main(["report", str(FIXTURE), "--format", "markdown", "--output", str(out),
+                 "--plot", str(plot), "--emit-test", str(test)])
+    assert code == exitcodes.OK
+    assert out.read_text() == summary.read_text()
+    assert out.read_text().startswith("## DISCREPANCY: under-registration")
+    assert plot.read_text().startswith("<svg")
+    ast.parse(test.read_text())
+
+
+def test_report_of_a_file_without_findings_is_a_usage_error(tmp_path, capsys):
+    from kvspec import exitcodes
+    from kvspec.cli import main
+
+    empty = tmp_path / "prove.json"
+    empty.write_text('{"schema": "kvspec.prove/1", "findings": []}')
+    assert main(["report", str(empty)]) == exitcodes.USAGE
+    assert "holds no finding" in capsys.readouterr().err
