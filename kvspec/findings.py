@@ -96,8 +96,12 @@ def _verdict_line(category: Category, label: str, rows: tuple[GroupRow, ...], n:
         return f"DISCREPANCY: {category.title} ({category.meaning}) in {label}"
     r = differing[0]
     return (f"DISCREPANCY: {category.title} ({category.meaning}) in {label}: at n = {n}, group "
-            f"{r.group} registers {r.observed_tokens} tokens where the spec registers "
+            f"{r.group} registers {_tokens(r.observed_tokens)} where the spec registers "
             f"{r.expected_tokens}")
+
+
+def _tokens(count: Any) -> str:
+    return f"{count} token" + ("" if count == 1 else "s")
 
 
 def fuzz_finding(result, versions: dict[str, str], *, explain: bool = True,

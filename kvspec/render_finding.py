@@ -115,6 +115,20 @@ def _explanation_lines(f: Finding) -> list[str]:
     return out
 
 
+def sweep_line(f: Finding) -> str | None:
+    """How widespread the difference is over the sweep's single prefills."""
+    sweep = f.sweep
+    if not sweep:
+        return None
+    ns, differing = sweep["n"], sweep["differing_n"]
+    lost = sum(s - o for g in range(len(sweep["spec"]))
+               for s, o in zip(sweep["spec"][g], sweep["subject"][g]) if s is not None and o is not None)
+    shown = ", ".join(map(str, differing[:8])) + (", ..." if len(differing) > 8 else "")
+    return (f"sweep of single prefills n = {ns[0]}..{ns[-1]}: the subject differs at "
+            f"{len(differing)} of {len(ns)} lengths" + (f" (n = {shown})" if differing else "")
+            + f"; net tokens lost over the sweep: {lost}")
+
+
 def _test_line(f: Finding) -> str | None:
     t = f.regression_test
     if not t:
@@ -144,7 +158,7 @@ def render_text(f: Finding) -> str:
         out.append(f"  {_per_group(f)}")
         out.append("  derivation:")
         out += _aligned(*derivation_table(f), indent="    ")
-    for line in (_ledger_line(f), _test_line(f)):
+    for line in (_ledger_line(f), sweep_line(f), _test_line(f)):
         if line:
             out.append(f"  {line}")
     out += [f"  {line}" for line in _explanation_lines(f)]
@@ -197,6 +211,8 @@ def render_markdown(f: Finding, heading: str = "###", plot_path: str | None = No
     test_line = _test_line(f)
     if test_line:
         out += [test_line[0].upper() + test_line[1:], ""]
+    if sweep_line(f):
+        out += [sweep_line(f)[0].upper() + sweep_line(f)[1:] + ".", ""]
     if plot_path:
         out += [f"Plot of registered vs computed tokens: `{plot_path}`", ""]
     if f.groups:
