@@ -27,20 +27,28 @@ from oracles.subject import SubjectProcess, release, source_tree  # noqa: E402
 
 
 def cold_time_to_counterexample(tree: str, seed: int) -> float:
-    """Seconds from starting `kvspec fuzz` until it prints the discrepancy."""
+    """Seconds from starting `kvspec fuzz` until it reports the first
+    counterexample (printed as soon as it is found, before shrinking)."""
     start = time.perf_counter()
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvspec", "fuzz", "--vllm-src", tree, "--seed", str(seed),
-         "--max-examples", "2000", "--findings-dir", os.path.join(ROOT, ".kvspec", "bench")],
+         "--max-examples", "2000", "--no-verify-test", "--findings-dir", os.path.join(ROOT, ".kvspec", "bench")],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
     for line in proc.stdout:
-        if "DISCREPANCY" in line:
+        if "first counterexample" in line:
             elapsed = time.perf_counter() - start
+            proc.kill()  # shrinking and the report are not part of this figure
             proc.wait()
             return elapsed
     proc.wait()
     raise RuntimeError("the mutant was not found")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> int:
@@ -54,25 +62,30 @@ def main() -> int:
         started = time.perf_counter()
         with SubjectProcess(release(version)) as proc:
             startup = time.perf_counter() - started
-            rates, worker_share = [], []
+            rates, worker_share, per_cpu = [], [], []
             for seed in args.seeds:
                 seconds_in_worker = [0.0]
-                original = proc.run_many
+                original = proc.stream
 
                 def timed(cases, original=original, acc=seconds_in_worker):
-                    replies = original(cases)
-                    acc[0] += sum(r.get("seconds", 0.0) for r in replies)
-                    return replies
+                    for reply in original(cases):
+                        acc[0] += reply.get("seconds", 0.0)
+                        yield reply
 
-                proc.run_many = timed
+                proc.stream = timed
+                cpu_before = time.process_time() + _cpu_seconds(proc._proc.pid)
                 result = fuzz_subject(proc, args.examples, seed)
-                proc.run_many = original
+                cpu = time.process_time() + _cpu_seconds(proc._proc.pid) - cpu_before
+                proc.stream = original
+                per_cpu.append(result.cases / cpu)
                 assert result.failure is None, result.failure
                 rates.append(result.cases / result.seconds)
                 worker_share.append(seconds_in_worker[0] / result.seconds)
         print(f"vLLM {version}: {statistics.median(rates):.0f} differential cases/s warm "
               f"(median of seeds {args.seeds}, {args.examples} Hypothesis examples each; "
               f"vLLM itself {statistics.median(worker_share):.0%} of the time); "
+              f"{statistics.median(per_cpu):.0f} cases per CPU-second (kvspec and worker "
+              f"processes together); "
               f"worker start-up {startup:.1f} s")
         tree = str(mutant_tree(version, mutant("refloor_50062")))
         colds = [cold_time_to_counterexample(tree, seed) for seed in args.seeds]

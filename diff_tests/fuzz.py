@@ -81,6 +81,7 @@ def fuzz_subject(
     database: ExampleDatabase | None = None,
     progress: Callable[[int, float], None] | None = None,
     stop_at_first: bool = False,
+    on_first_failure: Callable[["FuzzResult"], None] | None = None,
 ) -> FuzzResult:
     """Fuzz one live subject; the returned failure is Hypothesis's shrunk minimum."""
     caps = proc.capabilities
@@ -100,10 +101,15 @@ def fuzz_subject(
     @given(batch=batches(caps))
     def differential(batch: tuple[Case, ...]) -> None:
         result.examples += 1
-        replies = proc.run_many([case.to_worker() for case in batch])
         if progress is not None and result.examples % 100 == 0:
             progress(result.cases, time.perf_counter() - start)
-        for case, reply in zip(batch, replies):
+        failed = None
+        # Replies stream in: case i is compared while the worker drives case i + 1.
+        # (Iterate the stream itself, never zip it: it must run to its end marker.)
+        for index, reply in enumerate(proc.stream([case.to_worker() for case in batch])):
+            case = batch[index]
+            if failed is not None:
+                continue  # drain the stream; the first failure is the example's
             result.cases += 1
             result.calls += len(reply.get("calls", ()))
             found = compare(case, caps, reply)
@@ -111,8 +117,12 @@ def fuzz_subject(
                 if result.examples_to_first_failure is None:
                     result.examples_to_first_failure = result.cases
                     result.seconds_to_first_failure = time.perf_counter() - start
-                failures.append(Failure(case, tuple(found), reply))
-                raise AssertionError(found[0].summary())
+                    if on_first_failure is not None:
+                        on_first_failure(result)
+                failed = Failure(case, tuple(found), reply)
+        if failed is not None:
+            failures.append(failed)
+            raise AssertionError(failed.discrepancies[0].summary())
 
     try:
         differential()

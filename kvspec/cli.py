@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import Sequence
 
 from kvspec import exitcodes
+
+
+# When this command started (as near as kvspec can tell): progress lines say
+# how long the user has waited, not just how long the fuzzer ran.
+STARTED = time.perf_counter()
 
 
 class UsageError(Exception):

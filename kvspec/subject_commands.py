@@ -8,6 +8,7 @@ import json
 import os
 import random
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,53 +32,88 @@ def _subject_specs(args: argparse.Namespace):
     return specs
 
 
+def _launch(spec):
+    """Start a subject's worker without waiting for it (or the error that stops it)."""
+    from oracles.provision import ProvisionError
+    from oracles.subject import SubjectError, SubjectProcess
+
+    try:
+        return SubjectProcess(spec, wait=False)
+    except (SubjectError, ProvisionError) as exc:
+        return exc
+
+
 def run_fuzz(specs, max_examples: int, seed: int, findings_dir: Path, progress: bool,
-             database_dir: str | None = None, verify_test: bool = True):
+             database_dir: str | None = None, verify_test: bool = True,
+             started: float | None = None):
     """Fuzz each subject in its own worker; returns (outcomes, errors), an
-    outcome being a fuzz result and its completed finding (or None)."""
+    outcome being a fuzz result and its completed finding (or None).
+
+    Workers start ahead: the first before kvspec's own imports, the next while
+    the current one is fuzzed, so vLLM's import time overlaps other work."""
+    started = time.perf_counter() if started is None else started
+    launched = {0: _launch(specs[0])} if specs else {}
+
     from hypothesis.database import DirectoryBasedExampleDatabase
 
     from diff_tests.fuzz import fuzz_subject
     from oracles.provision import ProvisionError
-    from oracles.subject import SubjectError, SubjectProcess
+    from oracles.subject import SubjectError
 
     from kvspec.fuzz_report import complete_finding
     from kvspec.render_finding import render_text
     from kvspec.render_proofs import versions
 
     outcomes, errors = [], []
-    for spec in specs:
-        _say(f"{spec.label}: starting (seed {seed}, up to {max_examples} examples)")
-        try:
-            with SubjectProcess(spec) as proc:
-                tick = None
-                if progress:
-                    def tick(n: int, seconds: float, label=spec.label) -> None:
-                        print(f"  {label}: {n} cases, {seconds:.1f} s", file=sys.stderr, flush=True)
-                # Failing examples from earlier runs are replayed first.
-                database = DirectoryBasedExampleDatabase(database_dir) if database_dir else None
-                result = fuzz_subject(proc, max_examples, seed, database=database, progress=tick)
-                finding = path = None
-                if result.failure is not None:
-                    _say(f"{spec.label}: DISCREPANCY ({result.failure.category}) found after "
-                         f"{result.examples_to_first_failure} cases, "
-                         f"{result.seconds_to_first_failure:.2f} s; shrunk in {result.seconds:.1f} s; "
-                         "explaining, sweeping and emitting a regression test")
-                    finding, path = complete_finding(proc, result, findings_dir, versions(),
-                                                     verify=verify_test)
-        except (SubjectError, ProvisionError) as exc:
-            errors.append({"subject": spec.as_dict(), "error": str(exc)})
-            _say(f"{spec.label}: ERROR {exc}")
-            continue
-        outcomes.append((result, finding))
-        rate = result.cases / result.seconds if result.seconds else 0.0
-        if finding is None:
-            _say(f"{spec.label}: no discrepancy in {result.cases} differential cases "
-                 f"({result.examples} Hypothesis examples, {result.calls} cache_blocks calls, "
-                 f"{result.seconds:.1f} s, {rate:.0f} cases/s)")
-        else:
-            _say(render_text(finding))
-            _say(f"  stored: {path}")
+    try:
+        for index, spec in enumerate(specs):
+            _say(f"{spec.label}: starting (seed {seed}, up to {max_examples} examples)")
+            proc = launched.pop(index)
+            try:
+                if isinstance(proc, Exception):
+                    raise proc
+                with proc.ready():
+                    if index + 1 < len(specs):
+                        launched[index + 1] = _launch(specs[index + 1])
+                    tick = None
+                    if progress:
+                        def tick(n: int, seconds: float, label=spec.label) -> None:
+                            print(f"  {label}: {n} cases, {seconds:.1f} s", file=sys.stderr, flush=True)
+
+                    def first(result, label=spec.label) -> None:
+                        _say(f"{label}: first counterexample after {result.examples_to_first_failure} "
+                             f"cases, {time.perf_counter() - started:.1f} s after kvspec started; "
+                             "shrinking")
+
+                    # Failing examples from earlier runs are replayed first.
+                    database = DirectoryBasedExampleDatabase(database_dir) if database_dir else None
+                    result = fuzz_subject(proc, max_examples, seed, database=database, progress=tick,
+                                          on_first_failure=first)
+                    finding = path = None
+                    if result.failure is not None:
+                        _say(f"{spec.label}: DISCREPANCY ({result.failure.category}) found after "
+                             f"{result.examples_to_first_failure} cases, "
+                             f"{result.seconds_to_first_failure:.2f} s; shrunk in {result.seconds:.1f} s; "
+                             "explaining, sweeping and emitting a regression test")
+                        finding, path = complete_finding(proc, result, findings_dir, versions(),
+                                                         verify=verify_test)
+            except (SubjectError, ProvisionError) as exc:
+                errors.append({"subject": spec.as_dict(), "error": str(exc)})
+                _say(f"{spec.label}: ERROR {exc}")
+                continue
+            outcomes.append((result, finding))
+            rate = result.cases / result.seconds if result.seconds else 0.0
+            if finding is None:
+                _say(f"{spec.label}: no discrepancy in {result.cases} differential cases "
+                     f"({result.examples} Hypothesis examples, {result.calls} cache_blocks calls, "
+                     f"{result.seconds:.1f} s, {rate:.0f} cases/s)")
+            else:
+                _say(render_text(finding))
+                _say(f"  stored: {path}")
+    finally:
+        for proc in launched.values():  # started ahead, never reached (an interrupt)
+            if not isinstance(proc, Exception):
+                proc.close()
     return outcomes, errors
 
 
@@ -103,7 +139,7 @@ def _fuzz_exit(outcomes, errors) -> int:
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
-    from kvspec.cli import UsageError
+    from kvspec.cli import STARTED, UsageError
     from oracles.subject import SubjectError
 
     try:
@@ -118,7 +154,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     try:
         results, errors = run_fuzz(specs, args.max_examples, seed, Path(args.findings_dir),
                                    progress=sys.stderr.isatty(), database_dir=args.database,
-                                   verify_test=not getattr(args, "no_verify_test", False))
+                                   verify_test=not getattr(args, "no_verify_test", False),
+                                   started=STARTED)
     finally:
         # Whatever was found before an error or an interrupt is still written.
         doc = _fuzz_doc(results, errors, seed, args.max_examples)

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import attrs
 
@@ -122,15 +122,25 @@ def run_pytest(spec: SubjectSpec, test_file: str, timeout: float = 600) -> dict[
 class SubjectProcess:
     """A live worker for one subject; restarts itself after a crash."""
 
-    def __init__(self, spec: SubjectSpec):
+    def __init__(self, spec: SubjectSpec, *, wait: bool = True):
+        """Provision and start the worker; with ``wait=False`` return while it
+        is still importing vLLM (``ready()`` waits), so start-up can overlap
+        other work."""
         self.spec = spec
         self.python, self.root = _resolve(spec)
         self.capabilities: dict[str, Any] = {}
         self._proc: subprocess.Popen | None = None
         self._stderr = tempfile.TemporaryFile(mode="w+")
-        self._start()
+        self._handshake_pending = False
+        self._spawn()
+        if wait:
+            self.ready()
 
     def _start(self) -> None:
+        self._spawn()
+        self.ready()
+
+    def _spawn(self) -> None:
         env = _subject_env(self.root)
         self._stderr.seek(0)
         self._stderr.truncate()
@@ -138,6 +148,13 @@ class SubjectProcess:
             [self.python, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=self._stderr, text=True, bufsize=1, env=env,
         )
+        self._handshake_pending = True
+
+    def ready(self) -> "SubjectProcess":
+        """Wait for the worker's hello; SubjectError if vLLM cannot be imported."""
+        if not self._handshake_pending:
+            return self
+        self._handshake_pending = False
         hello = self._read()
         if hello is None or not hello.get("ok"):
             cause = (hello or {}).get("error") or self._stderr_tail()
@@ -151,6 +168,7 @@ class SubjectProcess:
                 f"{self.spec.label} (vLLM {self.capabilities.get('vllm_version')}) is unsupported, "
                 f"because {reason}; kvspec supports 0.23.0 and later"
             )
+        return self
 
     def _stderr_tail(self, lines: int = 6) -> str:
         self._stderr.flush()
@@ -166,6 +184,8 @@ class SubjectProcess:
         return json.loads(line)
 
     def _exchange(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        if self._handshake_pending:
+            self.ready()
         if self._proc is None or self._proc.poll() is not None:
             self._start()
         assert self._proc is not None and self._proc.stdin is not None
@@ -203,6 +223,56 @@ class SubjectProcess:
             if replies[-1].get("crashed"):
                 break
         return replies
+
+    def stream(self, cases: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """Replies one by one as the worker finishes them (the caller's work on
+        a reply overlaps the worker's on the next).  If the worker dies, the
+        case in flight gets the crash reply, the rest of the batch is dropped
+        and a fresh worker is started on next use.  A caller that stops early
+        still leaves the protocol in step: the rest is drained on close."""
+        if not cases:
+            return
+        if not self._exchange_send({"op": "stream", "cases": cases}):
+            yield self._crash_reply()
+            return
+        pending = len(cases) + 1  # the replies, then the end marker
+        try:
+            for _ in cases:
+                reply = self._read_or_none()
+                pending -= 1
+                if reply is None:
+                    pending = 0
+                    yield self._crash_reply()
+                    return
+                yield reply
+            pending -= 1
+            if self._read_or_none() is None:  # died after its last reply: restart on next use
+                self._crash_reply()
+        finally:
+            while pending > 0 and self._proc is not None:
+                pending -= 1
+                if self._read_or_none() is None:
+                    self._crash_reply()
+                    break
+
+    def _exchange_send(self, message: dict[str, Any]) -> bool:
+        if self._handshake_pending:
+            self.ready()
+        if self._proc is None or self._proc.poll() is not None:
+            self._start()
+        assert self._proc is not None and self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(json.dumps(message) + "\n")
+            self._proc.stdin.flush()
+            return True
+        except (BrokenPipeError, OSError):
+            return False
+
+    def _read_or_none(self) -> dict[str, Any] | None:
+        try:
+            return self._read()
+        except (OSError, ValueError):
+            return None
 
     def describe(self) -> dict[str, Any]:
         caps = self.capabilities

@@ -262,6 +262,12 @@ def main():
             break
         if request.get("op") == "run_many":
             _send({"ok": True, "replies": [_run_one(driver, case) for case in request["cases"]]})
+        elif request.get("op") == "stream":
+            # One line per case as soon as it is done, so the caller compares
+            # case i while this process drives case i + 1; then an end marker.
+            for case in request["cases"]:
+                _send(_run_one(driver, case))
+            _send({"ok": True, "done": True})
         else:
             _send(_run_one(driver, request["case"]))
     return 0
