@@ -12,11 +12,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     from kvspec.cli import cmd_prove
     from kvspec.subject_commands import NEWEST_SUPPORTED, cmd_fuzz
 
-    print("== 1/2  kvspec prove: the theorem catalog over unbounded integers")
-    prove_args = argparse.Namespace(theorem=None, list=False, json=None, timeout=args.timeout,
-                                    seed=0, quiet=args.quiet)
-    proved = cmd_prove(prove_args)
     version = args.vllm or NEWEST_SUPPORTED
+    print("== 1/2  kvspec prove: the theorem catalog over unbounded integers, and vLLM "
+          f"{version}'s own registration code symbolically")
+    prove_args = argparse.Namespace(theorem=None, list=False, json=None, timeout=args.timeout,
+                                    seed=0, quiet=args.quiet, vllm=[version], vllm_src=None,
+                                    current=False)
+    proved = cmd_prove(prove_args)
     print(f"\n== 2/2  kvspec fuzz: the spec against real vLLM {version} (provisioned on first use)")
     fuzz_args = argparse.Namespace(vllm=[version], vllm_src=None, current=False,
                                    max_examples=args.max_examples, seed=args.seed, json=args.json, markdown=None,

@@ -61,19 +61,60 @@ def cmd_prove(args: argparse.Namespace) -> int:
         f"\n{counts['theorems']} theorems: {counts['proved']} proved, {counts['refuted']} refuted, "
         f"{counts['unknown']} unknown; {counts['unexpected']} not as expected"
     )
+    real_code = _real_code_verdicts(args)
     if args.json:
         from kvspec.findings import theorem_finding
         from kvspec.render_proofs import versions
 
         known = {r.name: r for r in results}
         findings = [f for f in (theorem_finding(r, versions(), known) for r in results) if f]
-        _write(args.json, to_json(results, {"timeout_s": args.timeout, "seed": args.seed}, findings))
+        _write(args.json, to_json(results, {"timeout_s": args.timeout, "seed": args.seed}, findings,
+                                  real_code=[v.as_dict() for v in real_code]))
     unexpected = [r for r in results if not r.as_expected and r.status is not Status.UNKNOWN]
-    if unexpected:
+    statuses = {v.status.value for v in real_code}
+    if unexpected or "REFUTED" in statuses:
         return exitcodes.FINDING
-    if any(r.status is Status.UNKNOWN for r in results):
+    if "UNSUPPORTED" in statuses:
+        return exitcodes.USAGE
+    if any(r.status is Status.UNKNOWN for r in results) or "INCONCLUSIVE" in statuses:
         return exitcodes.UNKNOWN
     return exitcodes.OK
+
+
+def _real_code_verdicts(args: argparse.Namespace) -> list:
+    """The symbolic leg: vLLM's own registration code against the spec."""
+    from kvspec.subject_commands import _subject_specs
+    from oracles.provision import ProvisionError
+    from oracles.subject import SubjectError
+
+    try:
+        specs = _subject_specs(args)
+    except SubjectError as exc:
+        raise UsageError(str(exc)) from None
+    if not specs:
+        return []
+    from oracles.symbolic import symbolic_check
+
+    print("\nreal code, symbolically (CrossHair, unbounded integers): vLLM's own method vs the spec")
+    verdicts = []
+    for spec in specs:
+        try:
+            verdict = symbolic_check(spec, timeout=args.timeout * 3)
+        except (SubjectError, ProvisionError) as exc:
+            raise UsageError(str(exc)) from None
+        verdicts.append(verdict)
+        print(f"  {spec.label}: {verdict.status.value} {verdict.target} ({verdict.detail}; "
+              f"{verdict.paths} paths, {verdict.seconds:.1f} s symbolic, {verdict.wall_seconds:.1f} s "
+              "in all)")
+        cx = verdict.counterexample
+        if cx:
+            args_text = ", ".join(f"{k}={v}" for k, v in cx["args"].items())
+            print(f"    counterexample: {args_text}: vLLM {cx['real']}, spec {cx['spec']}")
+            if cx["replay"].get("case"):
+                print(f"    replayed as: {cx['replay']['case']}")
+        for note in verdict.abstracted:
+            print(f"    abstracted: {note}")
+    return verdicts
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     prove.set_defaults(func=cmd_prove)
 
     from kvspec import subject_commands
+
+    subject_commands.add_subject_arguments(prove)  # the real code, checked symbolically
 
     subject_commands.register(sub)
     return parser

@@ -38,7 +38,25 @@ def mutant_tree(version: str, operator) -> Path:
     return dest
 
 
-def kill_matrix(version: str, max_examples: int, seed: int, names: list[str] | None = None):
+def _symbolic_cell(tree: Path, operator, version: str) -> dict[str, Any]:
+    """The symbolic leg on one mutant; out of scope when the mutation lies in
+    code the harness abstracts (it would be 'verified' for the wrong reason)."""
+    from oracles.provision import ensure_release
+    from oracles.subject import source_tree
+    from oracles.symbolic import SymbolicStatus, symbolic_check
+
+    original = (ensure_release(version) / operator.target_file).read_text(encoding="utf-8")
+    method = operator.mutated_method(original)
+    verdict = symbolic_check(source_tree(str(tree)))
+    status = verdict.status.value
+    if verdict.target and method != verdict.target and verdict.status is SymbolicStatus.VERIFIED:
+        status = "out of scope"
+    return {"symbolic": status, "symbolic_seconds": round(verdict.seconds, 2),
+            "mutated_method": method, "symbolic_detail": verdict.detail}
+
+
+def kill_matrix(version: str, max_examples: int, seed: int, names: list[str] | None = None,
+                symbolic: bool = False):
     from diff_tests.fuzz import fuzz_subject
     from oracles.mutants import MUTANTS, MutationError
     from oracles.subject import SubjectError, SubjectProcess, source_tree
@@ -69,19 +87,27 @@ def kill_matrix(version: str, max_examples: int, seed: int, names: list[str] | N
             category=result.failure.category if killed else None,
             example=result.failure.case.describe() if killed else None,
         )
+        if symbolic:
+            row.update(_symbolic_cell(tree, operator, version))
         rows.append(row)
-        print(f"  {operator.name}: {row['status']}", flush=True)
+        print(f"  {operator.name}: {row['status']}"
+              + (f", symbolic {row['symbolic']}" if symbolic else ""), flush=True)
     return rows
 
 
 def render_matrix(rows: list[dict[str, Any]]) -> str:
+    """One column per technique: the proof (model), fuzzing, and symbolic when run."""
     width = max(len(r["mutant"]) for r in rows)
-    out = [f"{'mutant':<{width}}  {'model':<14} {'fuzzing':<10} {'cases':>6} {'s to kill':>9}  category"]
+    symbolic = any("symbolic" in r for r in rows)
+    head = f"{'mutant':<{width}}  {'proof':<14} {'fuzzing':<10} {'cases':>6} {'s to kill':>9}"
+    out = [head + (f"  {'symbolic':<14} {'s':>5}" if symbolic else "") + "  category"]
     for r in rows:
         cases = "" if r.get("cases_to_kill") is None else str(r["cases_to_kill"])
         secs = "" if r.get("seconds_to_kill") is None else f"{r['seconds_to_kill']:.2f}"
-        out.append(f"{r['mutant']:<{width}}  {r['model']:<14} {r['status']:<10} {cases:>6} {secs:>9}  "
-                   f"{r.get('category') or r.get('error') or ''}")
+        line = f"{r['mutant']:<{width}}  {r['model']:<14} {r['status']:<10} {cases:>6} {secs:>9}"
+        if symbolic:
+            line += f"  {r.get('symbolic', ''):<14} {r.get('symbolic_seconds', ''):>5}"
+        out.append(line + f"  {r.get('category') or r.get('error') or ''}")
     return "\n".join(out)
 
 
@@ -95,7 +121,7 @@ def cmd_mutants(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown mutant {unknown[0]!r}; known: {', '.join(sorted(known))}")
     print(f"kvspec mutants: vLLM {args.vllm}, seed {args.seed}, up to {args.max_examples} examples each")
     started = time.perf_counter()
-    rows = kill_matrix(args.vllm, args.max_examples, args.seed, args.mutant)
+    rows = kill_matrix(args.vllm, args.max_examples, args.seed, args.mutant, symbolic=args.symbolic)
     total = time.perf_counter() - started
     print(render_matrix(rows))
     killed = sum(r["status"] == "killed" for r in rows)
@@ -123,4 +149,6 @@ def register(sub: "argparse._SubParsersAction") -> None:
     mutants.add_argument("--max-examples", type=int, default=1000, metavar="N")
     mutants.add_argument("--seed", type=int, default=0)
     mutants.add_argument("--json", metavar="FILE")
+    mutants.add_argument("--symbolic", action="store_true",
+                         help="add the symbolic column: each mutant's real code checked with CrossHair")
     mutants.set_defaults(func=cmd_mutants)

@@ -82,7 +82,7 @@ def versions() -> dict[str, str]:
 
 
 def to_json(results: Iterable[TheoremResult], settings: dict[str, Any],
-            findings: Iterable[Any] = ()) -> str:
+            findings: Iterable[Any] = (), real_code: Iterable[dict[str, Any]] = ()) -> str:
     results = list(results)
     doc = {
         "schema": PROVE_SCHEMA,
@@ -92,5 +92,7 @@ def to_json(results: Iterable[TheoremResult], settings: dict[str, Any],
         "theorems": [r.as_dict() for r in results],
         # Refuted theorems comparing the spec with a variant, as kvspec.finding/1.
         "findings": [f.to_dict() for f in findings],
+        # The symbolic verdicts on real vLLM code (kvspec prove --vllm / --vllm-src).
+        "real_code": list(real_code),
     }
     return json.dumps(doc, indent=2, sort_keys=True)

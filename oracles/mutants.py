@@ -551,6 +551,14 @@ class MutationOperator:
     rewrite: Rewrite = attrs.field(repr=False, eq=False)
     target_file: str = COORDINATOR_FILE  # relative to a tree root
 
+    def mutated_method(self, source: str) -> str:
+        """The qualified name of the one method this operator rewrites in ``source``."""
+        try:
+            qualname, _ = self.rewrite(_Source(source))
+        except _Missing as e:
+            raise MutationTargetNotFound(f"{self.name}: {self.target_file}: {e}") from None
+        return qualname
+
     def apply(self, source: str) -> str:
         """The mutated text of ``target_file``.
 

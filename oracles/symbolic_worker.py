@@ -1,0 +1,128 @@
+"""Symbolic conformance of vLLM's own registration code (runs in a vLLM runtime).
+
+Started by ``oracles.symbolic`` as ``python symbolic_worker.py OPTIONS_JSON``
+with the subject tree and kvspec's root on ``PYTHONPATH``.  vLLM is imported
+normally first (CrossHair forbids side effects during analysis), then
+CrossHair executes ``real`` and ``spec`` on symbolic unbounded integers and
+booleans and looks for an input where they differ.
+
+``real`` calls vLLM's unmodified ``HybridKVCacheCoordinator.get_num_cacheable_tokens``
+on an instance made without its constructor: the attributes the method reads
+are set directly, and the group manager is a stand-in holding ``use_eagle``
+and ``block_size``.  ``spec`` is kvspec's ``registration_bound`` on the integer
+backend.  Both return -1 outside the well-formed geometry (the proofs' own
+``well_formed``), so only well-formed inputs can differ.  One JSON line on
+stdout is the answer.
+"""
+
+import json
+import os
+import sys
+import time
+from collections import Counter
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+
+from vllm.v1.core import kv_cache_coordinator  # noqa: E402  (before any analysis)
+
+from model.arith import INT  # noqa: E402
+from model.spec import BoundaryInputs, registration_bound  # noqa: E402
+from proofs.encoding import Vars, well_formed  # noqa: E402
+
+TARGET = "HybridKVCacheCoordinator.get_num_cacheable_tokens"
+ABSTRACTED = (
+    "HybridKVCacheCoordinator.__init__ is not run: the instance is made with object.__new__ and "
+    "given enable_partial_hash_hits = partial, scheduler_block_size = S, hash_block_size = H, "
+    "num_reprefillable_tokens = max(0, L - 1)",
+    "single_type_managers = [a stand-in group manager with use_eagle = eagle, block_size = B]",
+    "inputs restricted to the proofs' well_formed geometry (both sides return -1 elsewhere)",
+)
+
+
+class GroupManagerStandIn:
+    """What get_num_cacheable_tokens reads of a group manager, and nothing else."""
+
+    def __init__(self, use_eagle, block_size):
+        self.use_eagle = use_eagle
+        self.block_size = block_size
+
+
+def _well_formed(n, S, H, B, L, eagle, partial):
+    if H < 1 or B < 1:
+        return False
+    v = Vars(n=n, t=n, S=S, H=H, B=B, L=L, m=B // H, k=S // B, E=eagle, P=partial)
+    return bool(well_formed(INT, v))
+
+
+def real(n: int, S: int, H: int, B: int, L: int, eagle: bool, partial: bool) -> int:
+    if not _well_formed(n, S, H, B, L, eagle, partial):
+        return -1
+    coordinator = object.__new__(kv_cache_coordinator.HybridKVCacheCoordinator)
+    coordinator.enable_partial_hash_hits = partial
+    coordinator.scheduler_block_size = S
+    coordinator.hash_block_size = H
+    coordinator.num_reprefillable_tokens = max(0, L - 1)
+    coordinator.single_type_managers = [GroupManagerStandIn(eagle, B)]
+    return coordinator.get_num_cacheable_tokens(n, 0)
+
+
+def spec(n: int, S: int, H: int, B: int, L: int, eagle: bool, partial: bool) -> int:
+    if not _well_formed(n, S, H, B, L, eagle, partial):
+        return -1
+    return registration_bound(INT, BoundaryInputs(n, S, H, B, L, eagle, partial))
+
+
+def main():
+    options = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+    hybrid = getattr(kv_cache_coordinator, "HybridKVCacheCoordinator", None)
+    if hybrid is None or not hasattr(hybrid, "get_num_cacheable_tokens"):
+        print(json.dumps({"status": "UNSUPPORTED", "target": TARGET,
+                          "reason": "this vLLM has no HybridKVCacheCoordinator.get_num_cacheable_tokens "
+                                    "(added in 0.32); the symbolic check of cache_blocks itself for "
+                                    "older releases is not built yet"}))
+        return 0
+    from crosshair.core_and_libs import standalone_statespace  # noqa: F401  (registers the libraries)
+    from crosshair.diff_behavior import diff_behavior
+    from crosshair.fnutil import FunctionInfo
+    from crosshair.options import DEFAULT_OPTIONS, AnalysisOptionSet
+
+    analysis = DEFAULT_OPTIONS.overlay(AnalysisOptionSet(
+        per_condition_timeout=float(options.get("timeout", 60.0)),
+        per_path_timeout=float(options.get("per_path_timeout", 10.0))))
+    analysis.stats = Counter()
+    started = time.perf_counter()
+    diffs = diff_behavior(FunctionInfo.from_fn(real), FunctionInfo.from_fn(spec), analysis)
+    seconds = time.perf_counter() - started
+    if isinstance(diffs, str):
+        print(json.dumps({"status": "ERROR", "target": TARGET, "reason": diffs}))
+        return 0
+    out = []
+    for d in diffs:
+        out.append({"args": {k: _value(v) for k, v in d.args.items()},
+                    "real": d.result1.describe(set()), "spec": d.result2.describe(set())})
+    print(json.dumps({
+        "status": "DIFFERS" if out else "NO_DIFFERENCE",
+        # CrossHair runs both orderings; "exhausted" means every path of both was explored.
+        "exhausted": analysis.stats["exhaustion"] >= 2,
+        "paths": analysis.stats["num_paths"],
+        "seconds": round(seconds, 3),
+        "target": TARGET,
+        "abstracted": list(ABSTRACTED),
+        "diffs": out,
+    }))
+    return 0
+
+
+def _value(text):
+    """CrossHair reports arguments as repr strings: back to ints and bools."""
+    if text in ("True", "False"):
+        return text == "True"
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+if __name__ == "__main__":
+    sys.exit(main())
