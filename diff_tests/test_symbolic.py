@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from kvspec import exitcodes
 from kvspec.cli import main
 from kvspec.mutants_command import mutant_tree
@@ -12,14 +14,24 @@ from oracles.subject import release, source_tree
 from oracles.symbolic import SymbolicStatus, symbolic_check
 
 
-def test_release_code_is_verified_against_the_spec():
-    verdict = symbolic_check(release("0.33.0"))
+from .conftest import SUPPORTED_IN_CI
+
+# 0.32+ keep the rule in get_num_cacheable_tokens, 0.28-0.31 inline in cache_blocks.
+TARGETS = {"0.33.0": "HybridKVCacheCoordinator.get_num_cacheable_tokens",
+           "0.28.0": "HybridKVCacheCoordinator.cache_blocks"}
+
+
+@pytest.mark.parametrize("version", SUPPORTED_IN_CI)
+def test_release_code_is_verified_against_the_spec(version):
+    verdict = symbolic_check(release(version))
     assert verdict.status is SymbolicStatus.VERIFIED, verdict
+    assert verdict.target == TARGETS[version]
     assert verdict.paths > 0 and verdict.abstracted  # what was abstracted is stated
 
 
-def test_the_50062_mutant_is_refuted_and_the_counterexample_replays():
-    tree = mutant_tree("0.33.0", mutant("refloor_50062"))
+@pytest.mark.parametrize("version", SUPPORTED_IN_CI)
+def test_the_50062_mutant_is_refuted_and_the_counterexample_replays(version):
+    tree = mutant_tree(version, mutant("refloor_50062"))
     verdict = symbolic_check(source_tree(str(tree)))
     assert verdict.status is SymbolicStatus.REFUTED, verdict
     cx = verdict.counterexample
@@ -39,7 +51,27 @@ def test_prove_gains_the_real_code_rows_and_exit_codes(tmp_path, capsys):
     assert row["status"] == "REFUTED"
 
 
-def test_a_release_without_the_method_is_unsupported_with_the_reason(capsys):
-    code = main(["prove", "--quiet", "--theorem", "lemma.div_bounds", "--vllm", "0.28.0"])
+def test_a_coordinator_without_the_52419_shape_is_unsupported_with_the_reason(tmp_path, capsys):
+    # A stand-in package (not vLLM's algorithm): a coordinator with none of the
+    # code the harness drives must get "unsupported", never a verdict.
+    core = tmp_path / "vllm" / "v1" / "core"
+    core.mkdir(parents=True)
+    for package in (tmp_path / "vllm", tmp_path / "vllm" / "v1", core):
+        (package / "__init__.py").write_text("")
+    (core / "kv_cache_coordinator.py").write_text("class HybridKVCacheCoordinator:\n    pass\n")
+    verdict = symbolic_check(source_tree(str(tmp_path)))
+    assert verdict.status is SymbolicStatus.UNSUPPORTED and "_align_cacheable" in verdict.detail
+    code = main(["prove", "--quiet", "--theorem", "lemma.div_bounds", "--vllm-src", str(tmp_path)])
     assert code == exitcodes.USAGE
     assert "UNSUPPORTED" in capsys.readouterr().out
+
+
+def test_a_mutation_outside_the_harness_is_out_of_scope_not_verified():
+    # reprefillable_off_by_one rewrites __init__, which the symbolic harness
+    # never runs: "verified" there would be for the wrong reason.
+    from kvspec.mutants_command import kill_matrix
+
+    (row,) = kill_matrix("0.33.0", max_examples=300, seed=0, names=["reprefillable_off_by_one"],
+                         symbolic=True)
+    assert row["status"] == "killed"  # fuzzing still kills it
+    assert row["symbolic"] == "out of scope" and row["mutated_method"].endswith("__init__")

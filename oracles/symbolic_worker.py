@@ -55,16 +55,46 @@ def _well_formed(n, S, H, B, L, eagle, partial):
     return bool(well_formed(INT, v))
 
 
-def real(n: int, S: int, H: int, B: int, L: int, eagle: bool, partial: bool) -> int:
-    if not _well_formed(n, S, H, B, L, eagle, partial):
-        return -1
+class RecordingGroupManager(GroupManagerStandIn):
+    """For releases whose rule is inline in cache_blocks: records the bound it receives."""
+
+    enable_caching = True
+    received = None
+
+    def cache_blocks(self, request, num_tokens, *args, **kwargs):
+        self.received = num_tokens
+
+
+class RequestStandIn:
+    def __init__(self, n):
+        self.num_prompt_tokens = n
+        self.num_tokens = n
+
+
+def _coordinator(S, H, L, partial, manager):
     coordinator = object.__new__(kv_cache_coordinator.HybridKVCacheCoordinator)
     coordinator.enable_partial_hash_hits = partial
     coordinator.scheduler_block_size = S
     coordinator.hash_block_size = H
     coordinator.num_reprefillable_tokens = max(0, L - 1)
-    coordinator.single_type_managers = [GroupManagerStandIn(eagle, B)]
+    coordinator.retention_interval = None
+    coordinator.single_type_managers = [manager]
+    return coordinator
+
+
+def real(n: int, S: int, H: int, B: int, L: int, eagle: bool, partial: bool) -> int:
+    if not _well_formed(n, S, H, B, L, eagle, partial):
+        return -1
+    coordinator = _coordinator(S, H, L, partial, GroupManagerStandIn(eagle, B))
     return coordinator.get_num_cacheable_tokens(n, 0)
+
+
+def real_cache_blocks(n: int, S: int, H: int, B: int, L: int, eagle: bool, partial: bool) -> int:
+    if not _well_formed(n, S, H, B, L, eagle, partial):
+        return -1
+    manager = RecordingGroupManager(eagle, B)
+    _coordinator(S, H, L, partial, manager).cache_blocks(RequestStandIn(n), n)
+    return manager.received
 
 
 def spec(n: int, S: int, H: int, B: int, L: int, eagle: bool, partial: bool) -> int:
@@ -76,12 +106,20 @@ def spec(n: int, S: int, H: int, B: int, L: int, eagle: bool, partial: bool) -> 
 def main():
     options = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
     hybrid = getattr(kv_cache_coordinator, "HybridKVCacheCoordinator", None)
-    if hybrid is None or not hasattr(hybrid, "get_num_cacheable_tokens"):
-        print(json.dumps({"status": "UNSUPPORTED", "target": TARGET,
-                          "reason": "this vLLM has no HybridKVCacheCoordinator.get_num_cacheable_tokens "
-                                    "(added in 0.32); the symbolic check of cache_blocks itself for "
-                                    "older releases is not built yet"}))
+    if hybrid is None or not hasattr(hybrid, "_align_cacheable"):
+        print(json.dumps({"status": "UNSUPPORTED", "target": "",
+                          "reason": "this vLLM's HybridKVCacheCoordinator has no _align_cacheable "
+                                    "(the #52419 shape, 0.28+): its registration rule predates the "
+                                    "one the symbolic harness drives"}))
         return 0
+    if hasattr(hybrid, "get_num_cacheable_tokens"):
+        target, subject, abstracted = TARGET, real, ABSTRACTED
+    else:  # 0.28-0.31: the rule is inline in cache_blocks
+        target, subject = "HybridKVCacheCoordinator.cache_blocks", real_cache_blocks
+        abstracted = ABSTRACTED[:1] + (
+            "single_type_managers = [a recording stand-in: use_eagle = eagle, block_size = B, "
+            "enable_caching; its cache_blocks records the bound it receives], retention_interval = "
+            "None, the request a stand-in",) + ABSTRACTED[2:]
     from crosshair.core_and_libs import standalone_statespace  # noqa: F401  (registers the libraries)
     from crosshair.diff_behavior import diff_behavior
     from crosshair.fnutil import FunctionInfo
@@ -92,10 +130,10 @@ def main():
         per_path_timeout=float(options.get("per_path_timeout", 10.0))))
     analysis.stats = Counter()
     started = time.perf_counter()
-    diffs = diff_behavior(FunctionInfo.from_fn(real), FunctionInfo.from_fn(spec), analysis)
+    diffs = diff_behavior(FunctionInfo.from_fn(subject), FunctionInfo.from_fn(spec), analysis)
     seconds = time.perf_counter() - started
     if isinstance(diffs, str):
-        print(json.dumps({"status": "ERROR", "target": TARGET, "reason": diffs}))
+        print(json.dumps({"status": "ERROR", "target": target, "reason": diffs}))
         return 0
     out = []
     for d in diffs:
@@ -107,8 +145,8 @@ def main():
         "exhausted": analysis.stats["exhaustion"] >= 2,
         "paths": analysis.stats["num_paths"],
         "seconds": round(seconds, 3),
-        "target": TARGET,
-        "abstracted": list(ABSTRACTED),
+        "target": target,
+        "abstracted": list(abstracted),
         "diffs": out,
     }))
     return 0
