@@ -200,9 +200,10 @@ def register(sub: "argparse._SubParsersAction") -> None:
                            "(default .kvspec/examples; '' for none)")
     fuzz.set_defaults(func=cmd_fuzz)
 
-    from kvspec import check_command, mutants_command, replay_command, report_command
+    from kvspec import check_command, exhaust_command, mutants_command, replay_command, report_command
 
     check_command.register(sub)
+    exhaust_command.register(sub)
     mutants_command.register(sub)
     replay_command.register(sub)
     report_command.register(sub)

@@ -96,7 +96,14 @@ class Case:
         return cls(CoordinatorConfig(**cfg), data["prompt_len"], tuple(Step(**s) for s in data["steps"]))
 
     def describe(self) -> str:
-        steps = "; ".join(s.label() for s in self.steps)
+        # Runs of the same step are written once with a count ("prefill 1 x16").
+        runs: list[list] = []
+        for step in self.steps:
+            if runs and runs[-1][0] == step:
+                runs[-1][1] += 1
+            else:
+                runs.append([step, 1])
+        steps = "; ".join(s.label() + (f" x{n}" if n > 1 else "") for s, n in runs)
         return f"{self.config.describe()} prompt={self.prompt_len} steps=[{steps}]"
 
 
