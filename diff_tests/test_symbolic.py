@@ -75,3 +75,19 @@ def test_a_mutation_outside_the_harness_is_out_of_scope_not_verified():
                          symbolic=True)
     assert row["status"] == "killed"  # fuzzing still kills it
     assert row["symbolic"] == "out of scope" and row["mutated_method"].endswith("__init__")
+
+
+def test_the_ledgers_fourth_leg_locates_a_bug_outside_the_method(tmp_path):
+    # Fuzzing finds the off-by-one in __init__; the symbolic leg verifies the
+    # method itself, so the report can say the bug is in the code around it.
+    from diff_tests.fuzz import fuzz_subject
+    from kvspec.fuzz_report import complete_finding
+    from oracles.subject import SubjectProcess
+
+    tree = mutant_tree("0.33.0", mutant("reprefillable_off_by_one"))
+    with SubjectProcess(source_tree(str(tree))) as proc:
+        result = fuzz_subject(proc, max_examples=300, seed=0)
+        finding, _ = complete_finding(proc, result, tmp_path, {"kvspec": "test"}, verify=False)
+    assert finding.ledger.verdict.value == "implementation bug"
+    assert finding.ledger.real_code["status"] == "VERIFIED"
+    assert "the code around it" in finding.ledger.real_code_reading

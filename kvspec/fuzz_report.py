@@ -47,6 +47,17 @@ def verify_test(test_path: Path, subject_spec, marker: dict[str, Any] | None) ->
     return checks
 
 
+def _real_code(spec) -> dict[str, Any]:
+    """The ledger's fourth leg: the subject's registration method, symbolically."""
+    from oracles.symbolic import symbolic_check
+
+    verdict = symbolic_check(spec)
+    return {"status": verdict.status.value, "target": verdict.target, "detail": verdict.detail,
+            "counterexample": verdict.counterexample and {
+                k: verdict.counterexample[k] for k in ("args", "real", "spec")},
+            "seconds": verdict.seconds}
+
+
 def complete_finding(proc, result, findings_dir: Path, versions: dict[str, str],
                      verify: bool = True) -> tuple[Finding, Path]:
     from oracles.sweep import sweep, sweep_range
@@ -67,6 +78,8 @@ def complete_finding(proc, result, findings_dir: Path, versions: dict[str, str],
         plot = findings_dir / f"{stem}.svg"
         plot.write_text(render_svg(finding))
         artifacts["plot"] = str(plot)
+    if finding.ledger is not None and finding.category in _SWEPT:
+        finding = attrs.evolve(finding, ledger=attrs.evolve(finding.ledger, real_code=_real_code(proc.spec)))
     code = emit_test(finding, proc.capabilities)
     if code is not None:
         test_dir = findings_dir / stem

@@ -38,6 +38,12 @@ def mutant_tree(version: str, operator) -> Path:
     return dest
 
 
+def _exhaustive_scope():
+    from diff_tests.exhaustive import Scope
+
+    return Scope(max_groups=2)
+
+
 def _symbolic_cell(tree: Path, operator, version: str) -> dict[str, Any]:
     """The symbolic leg on one mutant; out of scope when the mutation lies in
     code the harness abstracts (it would be 'verified' for the wrong reason)."""
@@ -57,10 +63,12 @@ def _symbolic_cell(tree: Path, operator, version: str) -> dict[str, Any]:
 
 def kill_matrix(version: str, max_examples: int, seed: int, names: list[str] | None = None,
                 symbolic: bool = False):
+    from diff_tests.exhaustive import exhaust
     from diff_tests.fuzz import fuzz_subject
     from oracles.mutants import MUTANTS, MutationError
     from oracles.subject import SubjectError, SubjectProcess, source_tree
 
+    exhaustive_scope = _exhaustive_scope()
     rows: list[dict[str, Any]] = []
     for operator in MUTANTS:
         if names and operator.name not in names:
@@ -72,6 +80,7 @@ def kill_matrix(version: str, max_examples: int, seed: int, names: list[str] | N
             tree = mutant_tree(version, operator)
             with SubjectProcess(source_tree(str(tree))) as proc:
                 result = fuzz_subject(proc, max_examples, seed, stop_at_first=True)
+                swept = exhaust([proc], exhaustive_scope)
         except (MutationError, SubjectError) as exc:
             row.update(status="error", error=str(exc))
             rows.append(row)
@@ -86,6 +95,10 @@ def kill_matrix(version: str, max_examples: int, seed: int, names: list[str] | N
             wall_seconds=round(time.perf_counter() - started, 2),
             category=result.failure.category if killed else None,
             example=result.failure.case.describe() if killed else None,
+            exhaustive="killed" if swept["failing_cases"] else (
+                "equivalent" if row["model"] == "equivalent" else "survived"),
+            exhaustive_failing=f"{swept['failing_cases']}/{swept['cases']}",
+            exhaustive_seconds=swept["seconds"],
         )
         if symbolic:
             row.update(_symbolic_cell(tree, operator, version))
@@ -96,15 +109,19 @@ def kill_matrix(version: str, max_examples: int, seed: int, names: list[str] | N
 
 
 def render_matrix(rows: list[dict[str, Any]]) -> str:
-    """One column per technique: the proof (model), fuzzing, and symbolic when run."""
+    """One column per technique: the proof (model), fuzzing, the exhaustive
+    two-group scope, and symbolic when run."""
     width = max(len(r["mutant"]) for r in rows)
     symbolic = any("symbolic" in r for r in rows)
-    head = f"{'mutant':<{width}}  {'proof':<14} {'fuzzing':<10} {'cases':>6} {'s to kill':>9}"
+    head = (f"{'mutant':<{width}}  {'proof':<14} {'fuzzing':<10} {'cases':>6} {'s to kill':>9}  "
+            f"{'exhaustive':<10} {'failing':>9} {'s':>5}")
     out = [head + (f"  {'symbolic':<14} {'s':>5}" if symbolic else "") + "  category"]
     for r in rows:
         cases = "" if r.get("cases_to_kill") is None else str(r["cases_to_kill"])
         secs = "" if r.get("seconds_to_kill") is None else f"{r['seconds_to_kill']:.2f}"
-        line = f"{r['mutant']:<{width}}  {r['model']:<14} {r['status']:<10} {cases:>6} {secs:>9}"
+        line = (f"{r['mutant']:<{width}}  {r['model']:<14} {r['status']:<10} {cases:>6} {secs:>9}  "
+                f"{r.get('exhaustive', ''):<10} {r.get('exhaustive_failing', ''):>9} "
+                f"{r.get('exhaustive_seconds', ''):>5}")
         if symbolic:
             line += f"  {r.get('symbolic', ''):<14} {r.get('symbolic_seconds', ''):>5}"
         out.append(line + f"  {r.get('category') or r.get('error') or ''}")

@@ -81,7 +81,16 @@ def _ledger_line(f: Finding) -> str | None:
     legs = (f"Z3 spec {list(led.z3_spec) if led.z3_spec is not None else '-'}, "
             f"oracle {list(led.oracle) if led.oracle is not None else '-'}, "
             f"{led.subject_label} {list(led.subject) if led.subject is not None else '-'}")
-    return f"ledger: {legs} -> {led.verdict.value}" + (f" ({led.note})" if led.note else "")
+    line = f"ledger: {legs} -> {led.verdict.value}" + (f" ({led.note})" if led.note else "")
+    rc = led.real_code
+    if rc:
+        line += f"; real code, symbolically: {rc['status']}"
+        cx = rc.get("counterexample")
+        if cx:
+            line += " at " + ", ".join(f"{k}={v}" for k, v in cx["args"].items()) + \
+                f" (vLLM {cx['real']}, spec {cx['spec']})"
+        line += f" -- {led.real_code_reading}"
+    return line
 
 
 def _explanation_lines(f: Finding) -> list[str]:

@@ -110,6 +110,25 @@ class Ledger:
     subject_label: str
     verdict: LedgerVerdict = attrs.field(converter=LedgerVerdict)
     note: str = ""
+    # The fourth leg: the subject's real code checked symbolically (status,
+    # target method, detail, counterexample), when it was run.
+    real_code: dict[str, Any] | None = None
+
+    @property
+    def real_code_reading(self) -> str | None:
+        """What the symbolic leg adds to the verdict."""
+        rc = self.real_code
+        if not rc:
+            return None
+        status, target = rc.get("status"), rc.get("target") or "the registration method"
+        if status == "REFUTED":
+            return f"{target} itself is wrong (symbolic counterexample, replayed)"
+        if status == "VERIFIED" and self.verdict is LedgerVerdict.IMPLEMENTATION_BUG:
+            return (f"{target} is right for every input: the difference comes from the code "
+                    "around it (the constructor's derived attributes, the group managers)")
+        if status == "VERIFIED":
+            return f"{target} is right for every input"
+        return f"symbolic leg {status}: {rc.get('detail', '')}"
 
 
 @attrs.frozen
