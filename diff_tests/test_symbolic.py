@@ -66,15 +66,21 @@ def test_a_coordinator_without_the_52419_shape_is_unsupported_with_the_reason(tm
     assert "UNSUPPORTED" in capsys.readouterr().out
 
 
-def test_a_mutation_outside_the_harness_is_out_of_scope_not_verified():
-    # reprefillable_off_by_one rewrites __init__, which the symbolic harness
-    # never runs: "verified" there would be for the wrong reason.
+def test_kill_matrix_columns_for_an_equivalent_and_an_out_of_scope_mutant():
     from kvspec.mutants_command import kill_matrix
 
-    (row,) = kill_matrix("0.33.0", max_examples=300, seed=0, names=["reprefillable_off_by_one"],
-                         symbolic=True)
-    assert row["status"] == "killed"  # fuzzing still kills it
-    assert row["symbolic"] == "out of scope" and row["mutated_method"].endswith("__init__")
+    rows = {r["mutant"]: r for r in kill_matrix(
+        "0.33.0", max_examples=300, seed=0,
+        names=["clamp_as_conditional", "reprefillable_off_by_one"], symbolic=True)}
+    # An equivalent rewrite: every technique agrees it is equivalent, none kills it.
+    eq = rows["clamp_as_conditional"]
+    assert (eq["model"], eq["status"], eq["exhaustive"], eq["symbolic"]) == (
+        "equivalent", "equivalent", "equivalent", "verified-equivalent")
+    # reprefillable_off_by_one rewrites __init__, which the symbolic harness
+    # never runs: "verified" there would be for the wrong reason.
+    out = rows["reprefillable_off_by_one"]
+    assert out["status"] == "killed" and out["exhaustive"] == "killed"
+    assert out["symbolic"] == "out of scope" and out["mutated_method"].endswith("__init__")
 
 
 def test_the_ledgers_fourth_leg_locates_a_bug_outside_the_method(tmp_path):

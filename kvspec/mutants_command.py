@@ -44,7 +44,7 @@ def _exhaustive_scope():
     return Scope(max_groups=2)
 
 
-def _symbolic_cell(tree: Path, operator, version: str) -> dict[str, Any]:
+def _symbolic_cell(tree: Path, operator, version: str, model: str) -> dict[str, Any]:
     """The symbolic leg on one mutant; out of scope when the mutation lies in
     code the harness abstracts (it would be 'verified' for the wrong reason)."""
     from oracles.provision import ensure_release
@@ -57,6 +57,8 @@ def _symbolic_cell(tree: Path, operator, version: str) -> dict[str, Any]:
     status = verdict.status.value
     if verdict.target and method != verdict.target and verdict.status is SymbolicStatus.VERIFIED:
         status = "out of scope"
+    elif verdict.status is SymbolicStatus.VERIFIED and model == "equivalent":
+        status = "verified-equivalent"  # the real code, not just the model, is equivalent
     return {"symbolic": status, "symbolic_seconds": round(verdict.seconds, 2),
             "mutated_method": method, "symbolic_detail": verdict.detail}
 
@@ -101,7 +103,7 @@ def kill_matrix(version: str, max_examples: int, seed: int, names: list[str] | N
             exhaustive_seconds=swept["seconds"],
         )
         if symbolic:
-            row.update(_symbolic_cell(tree, operator, version))
+            row.update(_symbolic_cell(tree, operator, version, row["model"]))
         rows.append(row)
         print(f"  {operator.name}: {row['status']}"
               + (f", symbolic {row['symbolic']}" if symbolic else ""), flush=True)

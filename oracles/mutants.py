@@ -426,6 +426,15 @@ def _drop_clamp_at_zero(a: _RuleAnatomy) -> list[_Edit]:
 
 
 @_on_rule
+def _clamp_as_conditional(a: _RuleAnatomy) -> list[_Edit]:
+    # max(0, n - R) written as a conditional: the same value everywhere, so an
+    # equivalent mutant every technique must *not* kill.
+    sub = a.finalized_sub
+    left, right = a.src.segment(sub.left), a.src.segment(sub.right)
+    return [a.src.replace(a.finalized_call, f"({left} - {right} if {left} > {right} else 0)")]
+
+
+@_on_rule
 def _unclamp_lookahead(a: _RuleAnatomy) -> list[_Edit]:
     return [a.src.replace(a.bound_min, f"({a.src.segment(a.lookahead_add)})")]
 
@@ -622,6 +631,10 @@ MUTANTS: tuple[MutationOperator, ...] = (
         "missing_clamp_at_zero",
         "finalized = num_computed_tokens - num_reprefillable_tokens, without max(0, ...)",
         "missing_clamp_at_zero", _drop_clamp_at_zero),
+    MutationOperator(
+        "clamp_as_conditional",
+        "finalized = n - R if n > R else 0 instead of max(0, n - R): equivalent, must survive",
+        "cacheable_tokens_032", _clamp_as_conditional),
     MutationOperator(
         "lookahead_unclamped",
         "EAGLE bound = aligned finalized + manager.block_size, without min(finalized, ...)",
