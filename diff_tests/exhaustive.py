@@ -28,7 +28,7 @@ class Scope:
     hash_blocks: tuple[int, ...] = (1, 2, 4)
     scheduler_multiples: tuple[int, ...] = (1, 2, 3, 4)  # S = H * k
     max_groups: int = 3
-    lookaheads: tuple[int, ...] = (0, 1, 2)
+    lookaheads: tuple[int, ...] = (0, 1, 2, 3)  # 3: R = 2 exceeds n = 1, where the clamp at 0 matters
     max_prompt: int = 48  # prompt = min(4 * S, max_prompt) tokens, one per step
 
     def describe(self) -> str:

@@ -14,7 +14,7 @@ def test_scope_is_valid_distinct_and_covers_every_declared_dimension():
     assert len(set(configs)) == len(configs)
     seen = {(c.hash_block_size, c.scheduler_block_size // c.hash_block_size) for c in configs}
     assert seen == set(itertools.product((1, 2, 4), (1, 2, 3, 4)))
-    assert {c.num_prefill_lookahead for c in configs} == {0, 1, 2}
+    assert {c.num_prefill_lookahead for c in configs} == {0, 1, 2, 3}
     # Every EAGLE pattern of a pair of attention groups appears.
     patterns = {tuple(g.eagle for g in c.groups) for c in configs
                 if all(g.kind is not GroupKind.MAMBA_ALIGN for g in c.groups)}
