@@ -60,7 +60,7 @@ def test_a_coordinator_without_the_52419_shape_is_unsupported_with_the_reason(tm
         (package / "__init__.py").write_text("")
     (core / "kv_cache_coordinator.py").write_text("class HybridKVCacheCoordinator:\n    pass\n")
     verdict = symbolic_check(source_tree(str(tmp_path)))
-    assert verdict.status is SymbolicStatus.UNSUPPORTED and "_align_cacheable" in verdict.detail
+    assert verdict.status is SymbolicStatus.UNSUPPORTED and "cache_blocks" in verdict.detail
     code = main(["prove", "--quiet", "--theorem", "lemma.div_bounds", "--vllm-src", str(tmp_path)])
     assert code == exitcodes.USAGE
     assert "UNSUPPORTED" in capsys.readouterr().out

@@ -48,8 +48,17 @@ class GroupManagerStandIn:
         self.block_size = block_size
 
 
+# The release's era, found by introspection in main(): inputs it cannot express
+# (partial hash hits before 0.26, reprefillable tokens before 0.28) are excluded.
+ERA = {"partial_hash_hits": True, "reprefillable_tokens": True}
+
+
 def _well_formed(n, S, H, B, L, eagle, partial):
     if H < 1 or B < 1:
+        return False
+    if partial and not ERA["partial_hash_hits"]:
+        return False
+    if L > 1 and not ERA["reprefillable_tokens"]:
         return False
     v = Vars(n=n, t=n, S=S, H=H, B=B, L=L, m=B // H, k=S // B, E=eagle, P=partial)
     return bool(well_formed(INT, v))
@@ -106,20 +115,31 @@ def spec(n: int, S: int, H: int, B: int, L: int, eagle: bool, partial: bool) -> 
 def main():
     options = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
     hybrid = getattr(kv_cache_coordinator, "HybridKVCacheCoordinator", None)
-    if hybrid is None or not hasattr(hybrid, "_align_cacheable"):
+    if hybrid is None or not hasattr(hybrid, "cache_blocks"):
         print(json.dumps({"status": "UNSUPPORTED", "target": "",
-                          "reason": "this vLLM's HybridKVCacheCoordinator has no _align_cacheable "
-                                    "(the #52419 shape, 0.28+): its registration rule predates the "
-                                    "one the symbolic harness drives"}))
+                          "reason": "this vLLM has no HybridKVCacheCoordinator.cache_blocks for the "
+                                    "symbolic harness to drive"}))
         return 0
+    import inspect
+
+    source = inspect.getsource(hybrid)
+    ERA["partial_hash_hits"] = "enable_partial_hash_hits" in source
+    ERA["reprefillable_tokens"] = "num_reprefillable_tokens" in inspect.getsource(kv_cache_coordinator)
+    era = []
+    if not ERA["partial_hash_hits"]:
+        era.append("no partial hash hits (this release has none)")
+    if not ERA["reprefillable_tokens"]:
+        era.append("num_prefill_lookahead <= 1 (this release has no reprefillable tokens)")
     if hasattr(hybrid, "get_num_cacheable_tokens"):
         target, subject, abstracted = TARGET, real, ABSTRACTED
-    else:  # 0.28-0.31: the rule is inline in cache_blocks
+    else:  # 0.23-0.31: the rule is inline in cache_blocks
         target, subject = "HybridKVCacheCoordinator.cache_blocks", real_cache_blocks
         abstracted = ABSTRACTED[:1] + (
             "single_type_managers = [a recording stand-in: use_eagle = eagle, block_size = B, "
             "enable_caching; its cache_blocks records the bound it receives], retention_interval = "
             "None, the request a stand-in",) + ABSTRACTED[2:]
+    if era:
+        abstracted = abstracted + ("inputs restricted to the release's era: " + "; ".join(era),)
     from crosshair.core_and_libs import standalone_statespace  # noqa: F401  (registers the libraries)
     from crosshair.diff_behavior import diff_behavior
     from crosshair.fnutil import FunctionInfo
