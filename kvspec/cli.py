@@ -87,10 +87,7 @@ def _real_code_verdicts(args: argparse.Namespace) -> list:
     from oracles.provision import ProvisionError
     from oracles.subject import SubjectError
 
-    try:
-        specs = _subject_specs(args)
-    except SubjectError as exc:
-        raise UsageError(str(exc)) from None
+    specs = _subject_specs(args)
     if not specs:
         return []
     from oracles.symbolic import symbolic_check

@@ -17,10 +17,7 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
     from oracles.provision import ProvisionError
     from oracles.subject import SubjectError, SubjectProcess
 
-    try:
-        specs = _subject_specs(args)
-    except SubjectError as exc:
-        raise UsageError(str(exc)) from None
+    specs = _subject_specs(args)
     if len(specs) != 1:
         raise UsageError("name exactly one subject: --vllm VERSION, --vllm-src PATH or --current")
     if args.jobs < 1:

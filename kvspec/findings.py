@@ -144,11 +144,9 @@ def fuzz_finding(result, versions: dict[str, str], *, explain: bool = True,
     inputs["expected_calls"] = [list(tokens) for tokens, _, _ in predicted]
     matches = diagnose(case, caps, reply)
     subject_regs = None
-    if matches:
+    if matches and variant(matches[0]).steps is not None:  # the diagnosed shape's derivation
         shape = variant(matches[0])
-        subject_regs = expected_calls(case, regime, calls, rule=shape.rule, steps=shape.steps)[-1][2]
-        if shape.steps is None:
-            subject_regs = None
+        subject_regs = expected_calls(case, regime, calls, steps=shape.steps)[-1][2]
     rows = _rows(case.config, (spec_tokens, spec_blocks), first.observed_tokens,
                  first.observed_blocks, spec_regs, subject_regs, matches[0] if matches else None)
     z3_leg = z3_bounds(case.config, n, max(n, hashed), partial=regime.partial_hash_hits,

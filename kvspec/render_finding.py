@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from model.finding import Finding, GroupRow
+from model.finding import Finding
 
 __all__ = ["group_table", "derivation_table", "subject_line", "render_text", "render_markdown"]
 

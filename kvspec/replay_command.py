@@ -52,10 +52,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if not findings:
         raise UsageError(f"{args.finding} holds no fuzz finding to replay (proof findings "
                          "replay with `kvspec prove --theorem NAME`)")
-    try:
-        specs = _subject_specs(args)
-    except SubjectError as exc:
-        raise UsageError(str(exc)) from None
+    specs = _subject_specs(args)
     still_failing = False
     for finding in findings:
         case = Case.from_dict(finding.inputs)

@@ -23,10 +23,15 @@ def _say(message: str) -> None:
 
 
 def _subject_specs(args: argparse.Namespace):
-    from oracles.subject import current_environment, release, source_tree
+    """The subjects named on the command line; a bad one is a UsageError."""
+    from kvspec.cli import UsageError
+    from oracles.subject import SubjectError, current_environment, release, source_tree
 
-    specs = [release(v) for v in args.vllm or []]
-    specs += [source_tree(p) for p in args.vllm_src or []]
+    try:
+        specs = [release(v) for v in args.vllm or []]
+        specs += [source_tree(p) for p in args.vllm_src or []]
+    except SubjectError as exc:
+        raise UsageError(str(exc)) from None
     if args.current:
         specs.append(current_environment())
     return specs
@@ -140,12 +145,8 @@ def _fuzz_exit(outcomes, errors) -> int:
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
     from kvspec.cli import STARTED, UsageError
-    from oracles.subject import SubjectError
 
-    try:
-        specs = _subject_specs(args)
-    except SubjectError as exc:
-        raise UsageError(str(exc)) from None
+    specs = _subject_specs(args)
     if not specs:
         raise UsageError("name a subject: --vllm VERSION, --vllm-src PATH or --current")
     seed = args.seed if args.seed is not None else random.randrange(2**32)

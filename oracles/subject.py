@@ -184,17 +184,8 @@ class SubjectProcess:
         return json.loads(line)
 
     def _exchange(self, message: dict[str, Any]) -> dict[str, Any] | None:
-        if self._handshake_pending:
-            self.ready()
-        if self._proc is None or self._proc.poll() is not None:
-            self._start()
-        assert self._proc is not None and self._proc.stdin is not None
-        try:
-            self._proc.stdin.write(json.dumps(message) + "\n")
-            self._proc.stdin.flush()
-            return self._read()
-        except (BrokenPipeError, OSError):
-            return None
+        """One request, one reply (None if the worker died)."""
+        return self._read_or_none() if self._exchange_send(message) else None
 
     def _crash_reply(self) -> dict[str, Any]:
         assert self._proc is not None

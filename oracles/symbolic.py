@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -84,7 +85,8 @@ def _replay(spec: SubjectSpec, args: dict[str, Any]) -> dict[str, Any]:
 def symbolic_check(spec: SubjectSpec, timeout: float = 60.0) -> SymbolicVerdict:
     python, root = _resolve(spec)
     env = _subject_env(root)
-    env["PYTHONPATH"] = env["PYTHONPATH"] + ":" + str(KVSPEC_ROOT) if root else str(KVSPEC_ROOT)
+    # kvspec's own model and proofs are imported by the symbolic worker too.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (env.get("PYTHONPATH"), str(KVSPEC_ROOT))))
     started = time.perf_counter()
     try:
         out = subprocess.run([python, "-W", "ignore", str(SYMBOLIC_WORKER), json.dumps({"timeout": timeout})],

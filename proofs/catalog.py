@@ -299,8 +299,6 @@ def _hash_rounding_hints(ar: Arith, v: Vars) -> list:
 
 def _build() -> tuple[Theorem, ...]:
     theorems: list[Theorem] = [_lemma_theorem(l) for l in LEMMAS]
-    wrong = tuple(Subject(v.name, v.rule) for v in VARIANTS if v.verdict is Verdict.WRONG)
-
     for v in VARIANTS:
         if v.verdict is Verdict.HISTORICAL:
             theorems.append(_geometry(
@@ -388,7 +386,7 @@ def _build() -> tuple[Theorem, ...]:
                   f"over S <= {WORST_CASE_S_MAX}, #50062 loses at most S_max - 2 = "
                   f"{WORST_CASE_S_MAX - 2} tokens per call",
                   _worst_case_claim, Subject("S_max - 2", _worst_case_value),
-                  refuters=(Subject(f"S_max - 3 (so S_max - 2 is attained)",
+                  refuters=(Subject("S_max - 3 (so S_max - 2 is attained)",
                                     _just_below_worst_case),),
                   extra_assume=_declared_bounds, extra_text=f"S <= {WORST_CASE_S_MAX}"),
         _geometry("observability.hash_rounding_blocks", "observability",

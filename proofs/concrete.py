@@ -10,8 +10,6 @@ backend, which is the oracle's leg).
 
 from __future__ import annotations
 
-from typing import Any
-
 import z3
 
 from model.arith import Z3Arith
