@@ -56,6 +56,8 @@ class FuzzResult:
     failure: Failure | None = None
     examples_to_first_failure: int | None = None
     seconds_to_first_failure: float | None = None
+    jobs: int = 1  # parallel runs merged into this result (diff_tests/parallel.py)
+    other_failures: tuple[Failure, ...] = ()  # distinct from `failure`, found by other jobs
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -71,6 +73,8 @@ class FuzzResult:
             else round(self.seconds_to_first_failure, 3),
             "verdict": "discrepancy" if self.failure else "no discrepancy",
             "failure": None if self.failure is None else self.failure.as_dict(),
+            "jobs": self.jobs,
+            "other_failures": [f.as_dict() for f in self.other_failures],
         }
 
 
@@ -93,11 +97,13 @@ def fuzz_subject(
     if not stop_at_first:
         phases.append(Phase.shrink)
 
-    @hypothesis_seed(seed)
+    # @settings goes outside @seed: @seed alone turns the database off, and a
+    # seeded run must still replay (and save) the failures of earlier runs.
     @settings(
         max_examples=max_examples, deadline=None, database=database, verbosity=Verbosity.quiet,
         suppress_health_check=list(HealthCheck), phases=phases, report_multiple_bugs=False,
     )
+    @hypothesis_seed(seed)
     @given(batch=batches(caps))
     def differential(batch: tuple[Case, ...]) -> None:
         result.examples += 1

@@ -17,11 +17,11 @@ from oracles.mutants import mutant
 from oracles.oracle import compare
 from oracles.subject import SubjectProcess, source_tree
 
-from .conftest import SUPPORTED_IN_CI, live_subject
+from .conftest import SUPPORTED_IN_CI
 
 
 @pytest.mark.parametrize("version", SUPPORTED_IN_CI)
-def test_regression_50062_is_found_and_genuine(version):
+def test_regression_50062_is_found_and_genuine(version, kvspec_release):
     tree = mutant_tree(version, mutant("refloor_50062"))
     with SubjectProcess(source_tree(str(tree))) as buggy:
         result = fuzz_subject(buggy, max_examples=500, seed=1)
@@ -31,7 +31,7 @@ def test_regression_50062_is_found_and_genuine(version):
     d = finding.discrepancies[0]
     assert list(d.observed_tokens) != list(d.expected_tokens)
 
-    fixed = live_subject(version)
+    fixed = kvspec_release(version)
     fixed_reply = fixed.run(finding.case.to_worker())
     assert compare(finding.case, fixed.capabilities, fixed_reply) == []
     fixed_tokens = fixed_reply["calls"][d.call]["num_tokens"]

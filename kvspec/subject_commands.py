@@ -4,6 +4,7 @@ so the CLI stays thin and ``kvspec prove`` never imports the subject side."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -49,19 +50,21 @@ def _launch(spec):
 
 
 def run_fuzz(specs, max_examples: int, seed: int, findings_dir: Path, progress: bool,
-             database_dir: str | None = None, verify_test: bool = True,
-             started: float | None = None):
-    """Fuzz each subject in its own worker; returns (outcomes, errors), an
-    outcome being a fuzz result and its completed finding (or None).
+             database: str = "", verify_test: bool = True,
+             started: float | None = None, jobs: int = 1):
+    """Fuzz each subject in its own worker (``jobs`` of them at once); returns
+    (outcomes, errors), an outcome being a fuzz result and its completed
+    finding (or None).
 
-    Workers start ahead: the first before kvspec's own imports, the next while
-    the current one is fuzzed, so vLLM's import time overlaps other work."""
+    With one job, workers start ahead: the first before kvspec's own imports,
+    the next while the current one is fuzzed, so vLLM's import time overlaps
+    other work."""
     started = time.perf_counter() if started is None else started
-    launched = {0: _launch(specs[0])} if specs else {}
+    launched = {0: _launch(specs[0])} if specs and jobs == 1 else {}
 
-    from hypothesis.database import DirectoryBasedExampleDatabase
-
+    from diff_tests.database import example_database
     from diff_tests.fuzz import fuzz_subject
+    from diff_tests.parallel import fuzz_parallel
     from oracles.provision import ProvisionError
     from oracles.subject import SubjectError
 
@@ -72,28 +75,23 @@ def run_fuzz(specs, max_examples: int, seed: int, findings_dir: Path, progress: 
     outcomes, errors = [], []
     try:
         for index, spec in enumerate(specs):
-            _say(f"{spec.label}: starting (seed {seed}, up to {max_examples} examples)")
-            proc = launched.pop(index)
+            in_parallel = f", {jobs} jobs" if jobs > 1 else ""
+            _say(f"{spec.label}: starting (seed {seed}, up to {max_examples} examples{in_parallel})")
             try:
+                if jobs > 1:
+                    result = fuzz_parallel(spec, jobs, max_examples, seed, database)
+                    proc = _launch(spec) if result.failure is not None else None
+                else:
+                    proc = launched.pop(index)
+                    result = None
                 if isinstance(proc, Exception):
                     raise proc
-                with proc.ready():
-                    if index + 1 < len(specs):
+                with (proc.ready() if proc is not None else contextlib.nullcontext()):
+                    if jobs == 1 and index + 1 < len(specs):
                         launched[index + 1] = _launch(specs[index + 1])
-                    tick = None
-                    if progress:
-                        def tick(n: int, seconds: float, label=spec.label) -> None:
-                            print(f"  {label}: {n} cases, {seconds:.1f} s", file=sys.stderr, flush=True)
-
-                    def first(result, label=spec.label) -> None:
-                        _say(f"{label}: first counterexample after {result.examples_to_first_failure} "
-                             f"cases, {time.perf_counter() - started:.1f} s after kvspec started; "
-                             "shrinking")
-
-                    # Failing examples from earlier runs are replayed first.
-                    database = DirectoryBasedExampleDatabase(database_dir) if database_dir else None
-                    result = fuzz_subject(proc, max_examples, seed, database=database, progress=tick,
-                                          on_first_failure=first)
+                    if result is None:
+                        result = _fuzz_one(proc, spec.label, max_examples, seed, database,
+                                           progress, started, fuzz_subject, example_database)
                     finding = path = None
                     if result.failure is not None:
                         _say(f"{spec.label}: DISCREPANCY ({result.failure.category}) found after "
@@ -111,15 +109,34 @@ def run_fuzz(specs, max_examples: int, seed: int, findings_dir: Path, progress: 
             if finding is None:
                 _say(f"{spec.label}: no discrepancy in {result.cases} differential cases "
                      f"({result.examples} Hypothesis examples, {result.calls} cache_blocks calls, "
-                     f"{result.seconds:.1f} s, {rate:.0f} cases/s)")
+                     f"{result.seconds:.1f} s, {rate:.0f} cases/s{in_parallel})")
             else:
                 _say(render_text(finding))
                 _say(f"  stored: {path}")
+                if result.other_failures:
+                    _say(f"  {len(result.other_failures)} other distinct failure(s) found by other jobs: "
+                         + "; ".join(f.case.describe() for f in result.other_failures))
     finally:
         for proc in launched.values():  # started ahead, never reached (an interrupt)
             if not isinstance(proc, Exception):
                 proc.close()
     return outcomes, errors
+
+
+def _fuzz_one(proc, label: str, max_examples: int, seed: int, database: str, progress: bool,
+              started: float, fuzz_subject, example_database):
+    tick = None
+    if progress:
+        def tick(n: int, seconds: float) -> None:
+            print(f"  {label}: {n} cases, {seconds:.1f} s", file=sys.stderr, flush=True)
+
+    def first(result) -> None:
+        _say(f"{label}: first counterexample after {result.examples_to_first_failure} "
+             f"cases, {time.perf_counter() - started:.1f} s after kvspec started; shrinking")
+
+    # Failing examples from earlier runs are replayed first.
+    return fuzz_subject(proc, max_examples, seed, database=example_database(database),
+                        progress=tick, on_first_failure=first)
 
 
 def _fuzz_doc(outcomes, errors, seed: int, max_examples: int) -> dict[str, Any]:
@@ -149,12 +166,21 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     specs = _subject_specs(args)
     if not specs:
         raise UsageError("name a subject: --vllm VERSION, --vllm-src PATH or --current")
+    if args.jobs < 1:
+        raise UsageError(f"--jobs {args.jobs}: give at least 1 (this machine has {os.cpu_count()} cores)")
+    from diff_tests.database import DatabaseError, example_database
+
+    try:
+        example_database(args.database)  # an unreachable server stops here, before any fuzzing
+    except DatabaseError as exc:
+        raise UsageError(str(exc)) from None
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     _say(f"kvspec fuzz: seed {seed} (rerun with --seed {seed})")
     results, errors = [], []
     try:
         results, errors = run_fuzz(specs, args.max_examples, seed, Path(args.findings_dir),
-                                   progress=sys.stderr.isatty(), database_dir=args.database,
+                                   progress=sys.stderr.isatty(), database=args.database,
+                                   jobs=args.jobs,
                                    verify_test=not getattr(args, "no_verify_test", False),
                                    started=STARTED)
     finally:
@@ -196,9 +222,13 @@ def register(sub: "argparse._SubParsersAction") -> None:
                       help="where every finding is stored for replay (default .kvspec/findings)")
     fuzz.add_argument("--no-verify-test", action="store_true",
                       help="do not run the emitted regression test against the subject")
-    fuzz.add_argument("--database", default=os.path.join(".kvspec", "examples"), metavar="DIR",
-                      help="Hypothesis example database; failures in it are replayed first "
-                           "(default .kvspec/examples; '' for none)")
+    fuzz.add_argument("--database", default=os.path.join(".kvspec", "examples"),
+                      metavar="DIR|redis://HOST:PORT[/DB]",
+                      help="Hypothesis example database; failures in it are replayed first: a directory "
+                           "(default .kvspec/examples; '' for none) or a Redis server shared by a fleet")
+    fuzz.add_argument("--jobs", type=int, default=1, metavar="N",
+                      help="independent Hypothesis runs at once, each with its own vLLM worker "
+                           "(seeds S..S+N-1, the budget split between them); findings merged")
     fuzz.set_defaults(func=cmd_fuzz)
 
     from kvspec import check_command, exhaust_command, mutants_command, replay_command, report_command

@@ -20,6 +20,8 @@ import attrs
 from .provision import ensure_release, ensure_runtime
 
 __all__ = [
+    "resolve_subject",
+    "subject_env",
     "run_pytest",
     "SubjectSpec",
     "SubjectError",
@@ -83,7 +85,7 @@ def _supported(capabilities: dict[str, Any]) -> str | None:
     return None
 
 
-def _resolve(spec: SubjectSpec) -> tuple[str, str | None]:
+def resolve_subject(spec: SubjectSpec) -> tuple[str, str | None]:
     """The interpreter and the tree to put first on PYTHONPATH (provisioned on first use)."""
     if spec.kind == "release":
         return str(ensure_runtime()), str(ensure_release(spec.version))
@@ -92,7 +94,7 @@ def _resolve(spec: SubjectSpec) -> tuple[str, str | None]:
     return sys.executable, None
 
 
-def _subject_env(root: str | None) -> dict[str, str]:
+def subject_env(root: str | None) -> dict[str, str]:
     env = dict(os.environ)
     if root is not None:
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -103,12 +105,12 @@ def _subject_env(root: str | None) -> dict[str, str]:
 
 def run_pytest(spec: SubjectSpec, test_file: str, timeout: float = 600) -> dict[str, Any]:
     """Run one pytest file against a subject's vLLM: passed, failed or error."""
-    python, root = _resolve(spec)
+    python, root = resolve_subject(spec)
     test_file = os.path.abspath(test_file)
     try:
         out = subprocess.run(
             [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:warnings", test_file],
-            capture_output=True, text=True, timeout=timeout, env=_subject_env(root),
+            capture_output=True, text=True, timeout=timeout, env=subject_env(root),
             cwd=os.path.dirname(test_file))
     except subprocess.TimeoutExpired:
         return {"against": spec.label, "outcome": "error", "returncode": None,
@@ -127,7 +129,7 @@ class SubjectProcess:
         is still importing vLLM (``ready()`` waits), so start-up can overlap
         other work."""
         self.spec = spec
-        self.python, self.root = _resolve(spec)
+        self.python, self.root = resolve_subject(spec)
         self.capabilities: dict[str, Any] = {}
         self._proc: subprocess.Popen | None = None
         self._stderr = tempfile.TemporaryFile(mode="w+")
@@ -141,7 +143,7 @@ class SubjectProcess:
         self.ready()
 
     def _spawn(self) -> None:
-        env = _subject_env(self.root)
+        env = subject_env(self.root)
         self._stderr.seek(0)
         self._stderr.truncate()
         self._proc = subprocess.Popen(

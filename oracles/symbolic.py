@@ -19,7 +19,7 @@ from typing import Any
 
 import attrs
 
-from .subject import SubjectSpec, _resolve, _subject_env
+from .subject import SubjectSpec, resolve_subject, subject_env
 
 __all__ = ["SymbolicStatus", "SymbolicVerdict", "symbolic_check", "case_for"]
 
@@ -83,8 +83,8 @@ def _replay(spec: SubjectSpec, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def symbolic_check(spec: SubjectSpec, timeout: float = 60.0) -> SymbolicVerdict:
-    python, root = _resolve(spec)
-    env = _subject_env(root)
+    python, root = resolve_subject(spec)
+    env = subject_env(root)
     # kvspec's own model and proofs are imported by the symbolic worker too.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (env.get("PYTHONPATH"), str(KVSPEC_ROOT))))
     started = time.perf_counter()

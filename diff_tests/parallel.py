@@ -1,0 +1,80 @@
+"""Fuzzing one subject on several cores: ``kvspec fuzz --jobs N``.
+
+Each job is an independent Hypothesis run in its own process with its own
+vLLM worker (so 2N processes: the Hypothesis engine and the oracle on one
+side, vLLM on the other), seeded ``seed + i`` and given an equal share of the
+budget. All jobs share the example database, so a failure one job saves is
+replayed by every later run. Results are merged: counts are summed, the
+failures deduplicated by (category, minimal case), and the smallest reported
+as the subject's finding.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from concurrent.futures import ProcessPoolExecutor
+from oracles.subject import SubjectSpec
+
+from .fuzz import Failure, FuzzResult
+
+__all__ = ["fuzz_parallel", "merge_results", "job_shares"]
+
+
+def job_shares(max_examples: int, jobs: int) -> list[int]:
+    """The budget split as evenly as it goes (the first jobs take the remainder)."""
+    base, extra = divmod(max_examples, jobs)
+    return [base + (1 if i < extra else 0) for i in range(jobs)]
+
+
+def _job(spec: SubjectSpec, max_examples: int, seed: int, database: str) -> FuzzResult:
+    from .database import example_database
+    from .fuzz import fuzz_subject
+    from oracles.subject import SubjectProcess
+
+    with SubjectProcess(spec) as proc:
+        return fuzz_subject(proc, max_examples, seed, database=example_database(database))
+
+
+def _size(failure: Failure) -> tuple[int, ...]:
+    case = failure.case
+    return (len(case.config.groups), len(case.steps), case.prompt_len,
+            sum(s.drafts for s in case.steps), len(case.describe()))
+
+
+def merge_results(results: list[FuzzResult], seconds: float) -> FuzzResult:
+    """One result for the subject; ``failures`` lists every distinct one found."""
+    first = results[0]
+    distinct: dict[tuple[str, str], Failure] = {}
+    for result in results:
+        if result.failure is not None:
+            distinct.setdefault((result.failure.category, result.failure.case.describe()), result.failure)
+    ordered = sorted(distinct.values(), key=_size)
+    times = [r.seconds_to_first_failure for r in results if r.seconds_to_first_failure is not None]
+    counts = [r.examples_to_first_failure for r in results if r.examples_to_first_failure is not None]
+    return FuzzResult(
+        subject=first.subject, capabilities=first.capabilities, seed=first.seed,
+        examples=sum(r.examples for r in results), cases=sum(r.cases for r in results),
+        calls=sum(r.calls for r in results), seconds=seconds,
+        failure=ordered[0] if ordered else None,
+        examples_to_first_failure=min(counts) if counts else None,
+        seconds_to_first_failure=min(times) if times else None,
+        jobs=len(results), other_failures=tuple(ordered[1:]),
+    )
+
+
+def fuzz_parallel(spec: SubjectSpec, jobs: int, max_examples: int, seed: int,
+                  database: str = "") -> FuzzResult:
+    """``jobs`` independent runs of ``spec`` at once; SubjectError if one cannot start."""
+    from oracles.subject import resolve_subject
+
+    start = time.perf_counter()
+    resolve_subject(spec)  # provision here, once, not in N jobs racing for the cache
+    shares = [(i, n) for i, n in enumerate(job_shares(max_examples, jobs)) if n > 0]
+    # spawn, not fork: the parent may hold threads and open pipes to other workers.
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=len(shares), mp_context=context) as pool:
+        futures = [pool.submit(_job, spec, n, seed + i, database) for i, n in shares]
+        results = [future.result() for future in futures]
+    return merge_results(results, time.perf_counter() - start)
+

@@ -1,0 +1,213 @@
+"""kvspec's pytest plugin (entry point ``pytest11: kvspec``).
+
+A vLLM contributor runs kvspec's differential tests against their own vLLM
+with plain pytest::
+
+    pytest --pyargs diff_tests.test_differential --kvspec-vllm-src ~/vllm \\
+           --kvspec-profile nightly --junitxml=kvspec.xml
+
+The plugin is loaded by every pytest run in an environment where kvspec is
+installed, vLLM's own suite included, so it stays import-light (pytest and the
+standard library only) and changes nothing unless a kvspec option is given or
+a test asks for a ``kvspec_*`` fixture: the Hypothesis profile is loaded only
+on ``--kvspec-profile`` (or ``KVSPEC_PROFILE``), and subjects start only when
+a test uses ``kvspec_subject``.
+
+Statistics (subject, examples, differential cases, cache_blocks calls,
+discrepancies, profile) go into each test's ``user_properties``, which
+pytest's JUnit XML writes as ``<property>`` elements.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+# The releases the differential tests use when no subject option is given
+# (kvspec's own CI provisions exactly these).
+DEFAULT_RELEASES = ("0.28.0", "0.33.0")
+PROFILES = {"dev": 200, "ci": 2000, "nightly": 50_000}  # max_examples per profile
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kvspec", "kvspec differential tests against real vLLM")
+    group.addoption("--kvspec-vllm", action="append", default=[], metavar="VERSION",
+                    help="a vLLM release from PyPI as the subject (repeatable; provisioned on first use)")
+    group.addoption("--kvspec-vllm-src", action="append", default=[], metavar="PATH",
+                    help="a directory holding the vllm package: a checkout or PR tree (repeatable)")
+    group.addoption("--kvspec-current", action="store_true",
+                    help="the vLLM importable in this environment as the subject")
+    group.addoption("--kvspec-profile", choices=sorted(PROFILES), default=None,
+                    help="Hypothesis profile for this run: dev (200 examples), ci (2000), "
+                         "nightly (50000); default $KVSPEC_PROFILE, else Hypothesis's own settings")
+    group.addoption("--kvspec-database", default=None, metavar="DIR|redis://HOST:PORT[/DB]",
+                    help="Hypothesis example database shared with `kvspec fuzz` runs: a directory, "
+                         "or a Redis server for a fleet")
+
+
+class _State:
+    """What this run chose, resolved once at configure time."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.releases = list(config.getoption("kvspec_vllm"))
+        self.trees = list(config.getoption("kvspec_vllm_src"))
+        self.current = bool(config.getoption("kvspec_current"))
+        self.profile = config.getoption("kvspec_profile") or os.environ.get("KVSPEC_PROFILE") or None
+        if self.profile is not None and self.profile not in PROFILES:
+            raise pytest.UsageError(
+                f"KVSPEC_PROFILE={self.profile!r} is not a kvspec profile; use one of {', '.join(sorted(PROFILES))}")
+        self.database = config.getoption("kvspec_database")
+        self.live: dict[str, Any] = {}  # subject label -> SubjectProcess
+
+    @property
+    def subject_ids(self) -> list[str]:
+        ids = [f"vllm-{v}" for v in self.releases] + [f"src:{p}" for p in self.trees]
+        if self.current:
+            ids.append("current")
+        return ids or [f"vllm-{v}" for v in DEFAULT_RELEASES]
+
+
+_STATE_KEY = pytest.StashKey[_State]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    state = _State(config)
+    config.stash[_STATE_KEY] = state
+    config.addinivalue_line("markers", "vllm: drives a real vLLM subject (provisioned on first use)")
+    if state.profile is not None or state.database is not None:
+        # Only on request: a plain pytest run of vLLM's own suite is untouched.
+        load_profile(state.profile or "dev", state.database)
+
+
+def load_profile(name: str, database: str | None = None) -> None:
+    """Register kvspec's profiles and make ``name`` Hypothesis's default."""
+    from hypothesis import HealthCheck, settings
+
+    extra: dict[str, Any] = {}
+    if database is not None:
+        from diff_tests.database import DatabaseError, example_database
+
+        try:
+            extra["database"] = example_database(database)
+        except DatabaseError as exc:
+            raise pytest.UsageError(f"--kvspec-database: {exc}") from None
+    # Real vLLM calls are slow by Hypothesis's standards and kvspec_stats is
+    # function-scoped on purpose (one count per test); nested_given stays on,
+    # which coverage-guided engines (HypoFuzz) require.
+    quiet = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large,
+             HealthCheck.filter_too_much, HealthCheck.large_base_example]
+    for profile, examples in PROFILES.items():
+        settings.register_profile(f"kvspec-{profile}", max_examples=examples, deadline=None,
+                                  suppress_health_check=quiet, print_blob=True, **extra)
+    settings.load_profile(f"kvspec-{name}")
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    state = config.stash.get(_STATE_KEY, None)
+    if state is None:
+        return None
+    profile = state.profile or "hypothesis defaults"
+    return f"kvspec: profile {profile}; subjects {', '.join(state.subject_ids)}"
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "kvspec_subject" in metafunc.fixturenames:
+        ids = metafunc.config.stash[_STATE_KEY].subject_ids
+        metafunc.parametrize("kvspec_subject", ids, ids=ids, indirect=True, scope="session")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Hypothesis keys a parametrized test's database by node id (as HypoFuzz
+    # always does) only when it sees a parametrize marker; the subject
+    # parametrization comes from the hook above, so say so on the item. Then a
+    # failure either engine saves is the other's first replay.
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "kvspec_subject" in callspec.params:
+            item.add_marker(pytest.mark.parametrize(
+                "kvspec_subject", [callspec.params["kvspec_subject"]], indirect=True))
+
+
+def _spec(subject_id: str):
+    from oracles.subject import current_environment, release, source_tree
+
+    if subject_id == "current":
+        return current_environment()
+    if subject_id.startswith("src:"):
+        return source_tree(subject_id[len("src:"):])
+    return release(subject_id[len("vllm-"):])
+
+
+def _live(config: pytest.Config, subject_id: str):
+    """One worker per subject for the whole session, started on first use."""
+    from oracles.subject import SubjectError, SubjectProcess
+
+    state = config.stash[_STATE_KEY]
+    if subject_id not in state.live:
+        try:
+            state.live[subject_id] = SubjectProcess(_spec(subject_id))
+        except SubjectError as exc:
+            # A setup error, stated once: the tests must not pass without a subject.
+            pytest.fail(f"kvspec: subject {subject_id}: {exc}", pytrace=False)
+    return state.live[subject_id]
+
+
+@pytest.fixture(scope="session")
+def kvspec_subject(request: pytest.FixtureRequest):
+    """A live worker driving the chosen vLLM (one per subject for the session)."""
+    return _live(request.config, request.param)
+
+
+@pytest.fixture(scope="session")
+def kvspec_release(request: pytest.FixtureRequest):
+    """``kvspec_release("0.33.0")``: the session's live worker for that release."""
+    return lambda version: _live(request.config, f"vllm-{version}")
+
+
+@pytest.fixture
+def kvspec_stats(request: pytest.FixtureRequest, kvspec_subject):
+    """Counters a differential test fills in; written to the JUnit XML.
+
+    On a Hypothesis test that passed, the fixture also checks that every
+    example of the budget really ran (``examples`` counted by the test), so a
+    property that returned early or drew nothing cannot pass vacuously."""
+    stats = {"examples": 0, "cases": 0, "cache_blocks_calls": 0, "discrepancies": 0}
+    yield stats
+    state = request.config.stash[_STATE_KEY]
+    properties = request.node.user_properties
+    properties.append(("kvspec_subject", kvspec_subject.spec.label))
+    properties.append(("kvspec_vllm_version", kvspec_subject.capabilities.get("vllm_version")))
+    properties.append(("kvspec_profile", state.profile or "hypothesis defaults"))
+    for key, value in stats.items():
+        properties.append((f"kvspec_{key}", value))
+    report = request.node.stash.get(_CALL_REPORT, None)
+    if report is not None and report.passed and hasattr(request.node.obj, "hypothesis"):
+        from hypothesis import settings
+
+        budget = (getattr(request.node.obj, "_hypothesis_internal_use_settings", None)
+                  or settings()).max_examples
+        if stats["examples"] < budget or stats["cases"] < stats["examples"]:
+            pytest.fail(f"kvspec: the property ran {stats['examples']} of {budget} examples "
+                        f"({stats['cases']} cases): it did not exercise the subject", pytrace=False)
+
+
+_CALL_REPORT = pytest.StashKey[pytest.TestReport]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = yield
+    if report.when == "call":
+        item.stash[_CALL_REPORT] = report
+    return report
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    state = session.config.stash.get(_STATE_KEY, None)
+    if state is None:
+        return
+    for proc in state.live.values():
+        proc.close()
+    state.live.clear()

@@ -1,0 +1,114 @@
+"""kvspec's pytest plugin: registered, import-light, inert unless asked, and
+its statistics and budget check (the real-vLLM run is in diff_tests)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from importlib.metadata import entry_points
+
+pytest_plugins = ["pytester"]
+
+HEAVY = ("hypothesis", "z3", "attrs", "model", "proofs", "oracles", "diff_tests", "vllm", "torch")
+
+
+def test_registered_through_the_pytest11_entry_point():
+    (plugin,) = [e for e in entry_points(group="pytest11") if e.name == "kvspec"]
+    assert plugin.value == "kvspec.pytest_plugin"
+
+
+def test_loading_the_plugin_imports_nothing_heavy():
+    code = ("import sys, json, kvspec.pytest_plugin; "
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
+    loaded = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                       check=True).stdout)
+    assert not set(HEAVY) & set(loaded), set(HEAVY) & set(loaded)
+
+
+# A stand-in for the subject fixture: these tests check the plugin's own
+# mechanics (statistics, budget), not vLLM, and must run without it.
+FAKE_SUBJECT = """
+import pytest
+
+class FakeSubject:
+    class spec:
+        label = "fake subject"
+    capabilities = {"vllm_version": "0.0.test"}
+
+@pytest.fixture(scope="session")
+def kvspec_subject():
+    return FakeSubject()
+"""
+
+PROPERTY = """
+from hypothesis import given, strategies as st
+
+@given(st.integers())
+def test_property(kvspec_subject, kvspec_stats, x):
+    kvspec_stats["examples"] += 1
+    kvspec_stats["cases"] += {cases}
+"""
+
+
+def _properties(xml_path) -> dict[str, str]:
+    case = ET.parse(xml_path).getroot().find(".//testcase")
+    return {p.get("name"): p.get("value") for p in case.iter("property")}
+
+
+def test_statistics_reach_the_junit_xml(pytester):
+    pytester.makeconftest(FAKE_SUBJECT)
+    pytester.makepyfile(PROPERTY.format(cases=3))
+    xml = pytester.path / "out.xml"
+    result = pytester.runpytest_subprocess("--kvspec-vllm", "0.33.0", "--kvspec-profile", "dev",
+                                           f"--junitxml={xml}", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    props = _properties(xml)
+    assert props["kvspec_subject"] == "fake subject"
+    assert props["kvspec_profile"] == "dev"
+    assert int(props["kvspec_examples"]) >= 200  # the dev profile's budget
+    assert int(props["kvspec_cases"]) == 3 * int(props["kvspec_examples"])
+
+
+def test_a_property_that_never_reaches_the_subject_fails(pytester):
+    pytester.makeconftest(FAKE_SUBJECT)
+    pytester.makepyfile(PROPERTY.format(cases=0))
+    result = pytester.runpytest_subprocess("--kvspec-vllm", "0.33.0", "--kvspec-profile", "dev",
+                                           "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*kvspec: the property ran * of 200 examples (0 cases)*"])
+
+
+def test_without_kvspec_options_hypothesis_settings_are_untouched(pytester, monkeypatch):
+    monkeypatch.delenv("KVSPEC_PROFILE", raising=False)
+    pytester.makepyfile("""
+        from hypothesis import settings
+        def test_default_profile():
+            assert settings().max_examples == 100
+            assert settings._current_profile == "default"
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+
+
+def test_subject_options_parametrize_the_subject_fixture(pytester):
+    pytester.makepyfile("""
+        def test_uses(kvspec_subject):
+            pass
+    """)
+    result = pytester.runpytest_subprocess("--collect-only", "-q", "--kvspec-vllm", "0.30.0",
+                                "--kvspec-vllm-src", "/some/checkout", "--kvspec-current")
+    result.stdout.fnmatch_lines(["*test_uses[[]vllm-0.30.0[]]", "*test_uses[[]src:/some/checkout[]]",
+                                 "*test_uses[[]current[]]"])
+
+
+def test_a_bad_profile_or_database_is_a_usage_error(pytester, monkeypatch):
+    monkeypatch.setenv("KVSPEC_PROFILE", "weekly")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    assert result.ret == 4  # pytest's usage-error exit code
+    result.stderr.fnmatch_lines(["*KVSPEC_PROFILE='weekly' is not a kvspec profile*"])
+    monkeypatch.delenv("KVSPEC_PROFILE")
+    result = pytester.runpytest_subprocess("--kvspec-database", "redis://127.0.0.1:1/0", "-p", "no:cacheprovider")
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["*--kvspec-database: cannot reach the example database*"])
