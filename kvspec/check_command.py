@@ -33,7 +33,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise UsageError("check one subject: give --vllm VERSION or --vllm-src PATH, not both")
     releases = [args.vllm or NEWEST_SUPPORTED] if not args.vllm_src else []
     trees = [args.vllm_src] if args.vllm_src else []
-    label = f"vLLM {releases[0]}" if releases else f"the vLLM tree {args.vllm_src}"
+    label = f"vLLM {releases[0]}" if releases else f"the vLLM tree {os.path.abspath(args.vllm_src)}"
     out = Path(args.out) if args.out else None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -73,11 +73,11 @@ def _report(out: Path, proved: int, fuzzed: int, overall: int, label: str) -> st
     if prove_path.exists():
         prove = json.loads(prove_path.read_text())
         s = prove["summary"]
-        lines.append(f"- proofs {VERDICTS[proved]}: {s['theorems']} theorems, {s['proved']} proved, "
+        lines.append(f"- kvspec prove {VERDICTS[proved]}: {s['theorems']} theorems, {s['proved']} proved, "
                      f"{s['refuted']} refuted, {s['unexpected']} not as expected, "
                      f"{s['unknown']} unknown")
         for verdict in prove.get("real_code", []):
-            lines.append(f"- {label}'s own registration code, symbolically: {verdict['status']} "
+            lines.append(f"- the registration code of {label}, symbolically: {verdict['status']} "
                          f"({verdict['detail']})")
     lines.append(f"- differential fuzzing against {label}: {VERDICTS[fuzzed]}")
     lines.append("")
