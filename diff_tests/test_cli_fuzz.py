@@ -46,8 +46,10 @@ def test_silently_disabled_partial_hits_is_a_regime_mismatch(tmp_path):
 
 def run(args, tmp_path):
     out = tmp_path / "fuzz.json"
+    # Each test its own example database: a failure saved by one must not
+    # decide what another reports first.
     code = main(["fuzz", "--seed", "1", "--findings-dir", str(tmp_path / "findings"),
-                 "--json", str(out), *args])
+                 "--database", str(tmp_path / "examples"), "--json", str(out), *args])
     return code, json.loads(out.read_text())
 
 
