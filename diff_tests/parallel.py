@@ -14,6 +14,7 @@ from __future__ import annotations
 import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor
+
 from oracles.subject import SubjectSpec
 
 from .fuzz import Failure, FuzzResult

@@ -62,8 +62,6 @@ def run_fuzz(specs, max_examples: int, seed: int, findings_dir: Path, progress: 
     started = time.perf_counter() if started is None else started
     launched = {0: _launch(specs[0])} if specs and jobs == 1 else {}
 
-    from diff_tests.database import example_database
-    from diff_tests.fuzz import fuzz_subject
     from diff_tests.parallel import fuzz_parallel
     from oracles.provision import ProvisionError
     from oracles.subject import SubjectError
@@ -91,7 +89,7 @@ def run_fuzz(specs, max_examples: int, seed: int, findings_dir: Path, progress: 
                         launched[index + 1] = _launch(specs[index + 1])
                     if result is None:
                         result = _fuzz_one(proc, spec.label, max_examples, seed, database,
-                                           progress, started, fuzz_subject, example_database)
+                                           progress, started)
                     finding = path = None
                     if result.failure is not None:
                         _say(f"{spec.label}: DISCREPANCY ({result.failure.category}) found after "
@@ -124,7 +122,11 @@ def run_fuzz(specs, max_examples: int, seed: int, findings_dir: Path, progress: 
 
 
 def _fuzz_one(proc, label: str, max_examples: int, seed: int, database: str, progress: bool,
-              started: float, fuzz_subject, example_database):
+              started: float):
+    """One job in this process, with progress lines and the first-counterexample line."""
+    from diff_tests.database import example_database
+    from diff_tests.fuzz import fuzz_subject
+
     tick = None
     if progress:
         def tick(n: int, seconds: float) -> None:
