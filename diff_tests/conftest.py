@@ -1,9 +1,5 @@
 """The differential tests' fixtures come from kvspec's pytest plugin
 (``kvspec/pytest_plugin.py``: ``kvspec_subject``, ``kvspec_release``,
 ``kvspec_stats``, the ``--kvspec-*`` options and the Hypothesis profiles), so
-that they work the same from this checkout and with ``pytest --pyargs``."""
-
-from kvspec.pytest_plugin import DEFAULT_RELEASES
-
-# The releases the tests that plant mutants in release trees use.
-SUPPORTED_IN_CI = DEFAULT_RELEASES
+that they work the same from this checkout and with ``pytest --pyargs``.
+The releases CI provisions are the plugin's ``DEFAULT_RELEASES``."""

@@ -17,7 +17,7 @@ from oracles.mutants import mutant
 from oracles.oracle import compare
 from oracles.subject import SubjectProcess, source_tree
 
-from .conftest import SUPPORTED_IN_CI
+from kvspec.pytest_plugin import DEFAULT_RELEASES as SUPPORTED_IN_CI
 
 
 @pytest.mark.parametrize("version", SUPPORTED_IN_CI)

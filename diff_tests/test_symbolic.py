@@ -14,7 +14,7 @@ from oracles.subject import release, source_tree
 from oracles.symbolic import SymbolicStatus, symbolic_check
 
 
-from .conftest import SUPPORTED_IN_CI
+from kvspec.pytest_plugin import DEFAULT_RELEASES as SUPPORTED_IN_CI
 
 # 0.32+ keep the rule in get_num_cacheable_tokens, 0.28-0.31 inline in cache_blocks.
 TARGETS = {"0.33.0": "HybridKVCacheCoordinator.get_num_cacheable_tokens",

@@ -3,7 +3,7 @@
 On a fresh machine it checks the newest supported release; in a vLLM
 checkout's CI, ``kvspec check --vllm-src . --out kvspec-results`` checks the
 PR's own tree and leaves the JSON and a Markdown report for the pipeline to
-post and upload (the recipes in ``ci/``)."""
+post and upload (the recipes in ``kvspec/recipes/``)."""
 
 from __future__ import annotations
 
