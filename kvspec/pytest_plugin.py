@@ -98,8 +98,13 @@ def load_profile(name: str, database: str | None = None) -> None:
     # which coverage-guided engines (HypoFuzz) require.
     quiet = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large,
              HealthCheck.filter_too_much, HealthCheck.large_base_example]
+    # Parent is Hypothesis's "default" profile, not whatever is loaded: on a CI
+    # machine Hypothesis loads its own "ci" profile (derandomize=True, no
+    # database), which would make kvspec-ci replay the same examples on every
+    # run and HypoFuzz refuse the tests. A kvspec profile means the same anywhere.
+    base = settings.get_profile("default")
     for profile, examples in PROFILES.items():
-        settings.register_profile(f"kvspec-{profile}", max_examples=examples, deadline=None,
+        settings.register_profile(f"kvspec-{profile}", parent=base, max_examples=examples, deadline=None,
                                   suppress_health_check=quiet, print_blob=True, **extra)
     settings.load_profile(f"kvspec-{name}")
 

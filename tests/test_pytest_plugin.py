@@ -81,14 +81,36 @@ def test_a_property_that_never_reaches_the_subject_fails(pytester):
 
 
 def test_without_kvspec_options_hypothesis_settings_are_untouched(pytester, monkeypatch):
+    # Compared with the same run with the plugin disabled, because the baseline
+    # itself differs by machine (Hypothesis loads its "ci" profile on CI hosts).
     monkeypatch.delenv("KVSPEC_PROFILE", raising=False)
     pytester.makepyfile("""
+        import os, pathlib
         from hypothesis import settings
-        def test_default_profile():
-            assert settings().max_examples == 100
-            assert settings._current_profile == "default"
+        def test_record_profile():
+            out = pathlib.Path(os.environ["PROFILE_OUT"])
+            out.write_text(settings._current_profile + " " + repr(settings()))
     """)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    profiles = {}
+    for label, extra in (("without", ["-p", "no:kvspec"]), ("with", [])):
+        monkeypatch.setenv("PROFILE_OUT", str(pytester.path / label))
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *extra)
+        result.assert_outcomes(passed=1)
+        profiles[label] = (pytester.path / label).read_text()
+    assert profiles["with"] == profiles["without"]
+    assert not profiles["with"].startswith("kvspec-")
+
+
+def test_kvspec_profiles_do_not_inherit_hypothesis_ci_profile(pytester, monkeypatch):
+    monkeypatch.setenv("CI", "true")  # what makes Hypothesis load its derandomizing "ci" profile
+    pytester.makepyfile("""
+        from hypothesis import settings
+        def test_profile():
+            assert settings._current_profile == "kvspec-ci"
+            assert settings().derandomize is False
+            assert settings().max_examples == 2000
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--kvspec-profile", "ci")
     result.assert_outcomes(passed=1)
 
 
