@@ -26,6 +26,8 @@ from model.finding import (
 __all__ = ["diagnose", "fuzz_finding", "theorem_finding", "mutant_marker", "subject_compared"]
 
 SPEC_RULE = "spec (model.spec.registration_bound)"
+LOOKUP_RULE = "spec (model.spec.registration_bound, then model.lookup.dense_lookup_hit)"
+_LOOKUP_CATEGORIES = (Category.LOOKUP_CONTRACT, Category.HIT_MISMATCH)
 
 
 def _derivation(rule: str, reg: GroupRegistration | None) -> Derivation | None:
@@ -87,6 +89,12 @@ _NO_CALL_LEDGER = {
                                "model.domain.derive_partial_hash_hits with this release"),
     Category.CALL_MISMATCH: (LedgerVerdict.UNDETERMINED,
                              "the driver saw an unexpected number of cache_blocks calls"),
+    Category.LOOKUP_CONTRACT: (LedgerVerdict.UNDETERMINED,
+                               "registration agreed with the spec; the later request's hit breaks a rule "
+                               "every lookup must keep (see the detail): look at find_longest_cache_hit"),
+    Category.HIT_MISMATCH: (LedgerVerdict.UNDETERMINED,
+                            "registration agreed with the spec; the later request's hit differs from "
+                            "model.lookup.dense_lookup_hit: find_longest_cache_hit or the lookup model"),
 }
 
 
@@ -118,6 +126,8 @@ def fuzz_finding(result, versions: dict[str, str], *, explain: bool = True,
     first = failure.discrepancies[0]
     category = Category(first.category)
     compared = subject_compared(result.subject, versions)
+    if category in _LOOKUP_CATEGORIES:
+        compared["spec_rule"] = LOOKUP_RULE
     label = result.subject.get("label", "the subject")
     inputs = {**case.as_dict(), "describe": case.describe()}
     run = {"seed": result.seed, "examples": result.examples, "cases": result.cases,

@@ -50,6 +50,11 @@ class Category(str, enum.Enum):
     CALL_MISMATCH = "call_mismatch"
     # The spec violates one of its own theorems (safety, no-loss, monotonicity).
     PROPERTY_VIOLATION = "property_violation"
+    # A later request's hit breaks the lookup contract: not a landing point,
+    # past what it shares, or needing blocks the writer never registered.
+    LOOKUP_CONTRACT = "lookup_contract"
+    # A later request's hit differs from the spec's (registration agreed).
+    HIT_MISMATCH = "hit_mismatch"
 
     @property
     def meaning(self) -> str:
@@ -69,6 +74,9 @@ _MEANINGS = {
     Category.PRECONDITION: "vLLM rejects a configuration the model accepts",
     Category.CALL_MISMATCH: "cache_blocks was not called once per allocate_slots step",
     Category.PROPERTY_VIOLATION: "the spec violates one of its own theorems",
+    Category.LOOKUP_CONTRACT: "a later request's hit is not one the registered blocks and the lookup rules allow",
+    Category.HIT_MISMATCH: "a later request's hit differs from the spec's: lost hits if shorter, reuse past "
+                           "what is shared or registered if longer",
 }
 
 

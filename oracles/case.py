@@ -8,7 +8,7 @@ import attrs
 
 from model.domain import CoordinatorConfig, GroupKind, KVCacheGroup
 
-__all__ = ["Step", "Case", "prefill", "decode"]
+__all__ = ["Step", "Case", "LookupProbe", "prefill", "decode"]
 
 
 @attrs.frozen
@@ -39,10 +39,29 @@ def decode(drafts: int = 0, accepted: int = 0) -> Step:
 
 
 @attrs.frozen
+class LookupProbe:
+    """A later request that looks up after the writer's steps: its first
+    ``shared`` tokens are the writer's (prompt and output), then ``extra``
+    tokens of its own."""
+
+    shared: int
+    extra: int = 1
+
+    def __attrs_post_init__(self) -> None:
+        if self.shared < 0 or self.extra < 1:
+            raise ValueError(f"need shared >= 0 and extra >= 1, got {self.shared}/{self.extra}")
+
+    @property
+    def total_tokens(self) -> int:
+        return self.shared + self.extra
+
+
+@attrs.frozen
 class Case:
     config: CoordinatorConfig
     prompt_len: int
     steps: tuple[Step, ...] = attrs.field(converter=tuple)
+    probe: LookupProbe | None = None
 
     def __attrs_post_init__(self) -> None:
         chunks = [s.tokens for s in self.steps if s.kind == "prefill"]
@@ -51,6 +70,14 @@ class Case:
         kinds = [s.kind for s in self.steps]
         if "decode" in kinds and "prefill" in kinds[kinds.index("decode"):]:
             raise ValueError("prefill chunks come before decode steps")
+        if self.probe is not None and self.probe.shared > self.writer_tokens:
+            raise ValueError(f"the probe shares {self.probe.shared} tokens, the writer has {self.writer_tokens}")
+
+    @property
+    def writer_tokens(self) -> int:
+        """The writer's tokens after its steps: the prompt, one output token
+        once the prompt is done, one more per decode plus accepted drafts."""
+        return self.prompt_len + 1 + sum(s.accepted + 1 for s in self.steps if s.kind == "decode")
 
     @property
     def max_model_len(self) -> int:
@@ -72,6 +99,7 @@ class Case:
             "max_model_len": self.max_model_len,
             "prompt_len": self.prompt_len,
             "steps": [attrs.asdict(s) for s in self.steps],
+            **({"probe": attrs.asdict(self.probe)} if self.probe else {}),
         }
 
     def as_dict(self) -> dict[str, Any]:
@@ -87,13 +115,16 @@ class Case:
             },
             "prompt_len": self.prompt_len,
             "steps": [attrs.asdict(s) for s in self.steps],
+            **({"probe": attrs.asdict(self.probe)} if self.probe else {}),
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Case":
         cfg = dict(data["config"])
         cfg["groups"] = tuple(KVCacheGroup(**g) for g in cfg["groups"])
-        return cls(CoordinatorConfig(**cfg), data["prompt_len"], tuple(Step(**s) for s in data["steps"]))
+        probe = LookupProbe(**data["probe"]) if data.get("probe") else None
+        return cls(CoordinatorConfig(**cfg), data["prompt_len"], tuple(Step(**s) for s in data["steps"]),
+                   probe)
 
     def describe(self) -> str:
         # Runs of the same step are written once with a count ("prefill 1 x16").
@@ -104,7 +135,10 @@ class Case:
             else:
                 runs.append([step, 1])
         steps = "; ".join(s.label() + (f" x{n}" if n > 1 else "") for s, n in runs)
-        return f"{self.config.describe()} prompt={self.prompt_len} steps=[{steps}]"
+        probe = ""
+        if self.probe is not None:
+            probe = f" then lookup(shared={self.probe.shared}, extra={self.probe.extra})"
+        return f"{self.config.describe()} prompt={self.prompt_len} steps=[{steps}]{probe}"
 
 
 def _enum_value(instance: Any, field: Any, value: Any) -> Any:

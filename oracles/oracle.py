@@ -20,6 +20,10 @@ from .case import Case
 
 __all__ = ["ExpectedRegime", "Discrepancy", "expected_regime", "expected_calls", "compare"]
 
+# Categories whose summary is their detail text (no per-group token vectors).
+DETAIL_CATEGORIES = ("precondition", "regime_mismatch", "subject_crash", "call_mismatch",
+                     "lookup_contract", "hit_mismatch")
+
 
 @attrs.frozen
 class ExpectedRegime:
@@ -42,7 +46,10 @@ def expected_regime(config: CoordinatorConfig, capabilities: dict[str, Any]) -> 
 
 @attrs.frozen
 class Discrepancy:
-    category: str  # precondition | regime_mismatch | under_registration | over_registration | block_mismatch | subject_crash | call_mismatch
+    # precondition | regime_mismatch | under_registration | over_registration |
+    # block_mismatch | subject_crash | call_mismatch; lookup side (oracles.lookup):
+    # lookup_contract | hit_mismatch (expected/observed_tokens hold the hit length)
+    category: str
     call: int | None  # index of the cache_blocks call (None: whole example)
     n: int | None
     expected_tokens: tuple[int, ...] = ()
@@ -52,7 +59,7 @@ class Discrepancy:
     detail: str = ""
 
     def summary(self) -> str:
-        if self.category in ("precondition", "regime_mismatch", "subject_crash", "call_mismatch"):
+        if self.category in DETAIL_CATEGORIES:
             return f"{self.category}: {self.detail}"
         return (
             f"{self.category} at cache_blocks call {self.call} (n={self.n}): per-group tokens "

@@ -130,12 +130,12 @@ class Driver:
             raise Unsupported("this vLLM has no num_prefill_lookahead (added in 0.28)")
         return self.KVCacheManager(**{k: v for k, v in wanted.items() if k in self.manager_params})
 
-    def _request(self, case, token_ids):
+    def _request(self, case, token_ids, request_id="kvspec-0"):
         H = case["hash_block_size"]
         if H not in self.hashers:
             self.hashers[H] = self.utils.get_request_block_hasher(H, self.sha256)
         wanted = {
-            "request_id": "kvspec-0",
+            "request_id": request_id,
             "prompt_token_ids": token_ids,
             "sampling_params": self.SamplingParams(max_tokens=case["max_model_len"]),
             "pooling_params": None,
@@ -228,7 +228,19 @@ class Driver:
             "block_sizes": [m.block_size for m in managers],
             "num_reprefillable_tokens": getattr(coordinator, "num_reprefillable_tokens", 0),
         }
-        return {"calls": calls, "regime": regime}
+        reply = {"calls": calls, "regime": regime}
+        probe = case.get("probe")
+        if probe:
+            # A later request sharing the writer's first tokens looks up while
+            # the writer is still running (its blocks are cached, not freed).
+            writer_tokens = list(request.all_token_ids)
+            shared = writer_tokens[:probe["shared"]]
+            later = self._request(case, shared + [90000 + i for i in range(probe["extra"])],
+                                  request_id="kvspec-1")
+            found = manager.get_computed_blocks(later)
+            reply["probe"] = {"hit": found[1], "writer_tokens": len(writer_tokens),
+                              "later_tokens": later.num_tokens}
+        return reply
 
 
 class Unsupported(Exception):

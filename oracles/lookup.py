@@ -1,0 +1,112 @@
+"""The lookup oracle: what a later request's cache hit may and must be.
+
+After the writer's steps, a later request sharing the writer's first
+``shared`` tokens calls vLLM's ``get_computed_blocks``.  Two kinds of check,
+both from ``model.lookup`` on the integer backend:
+
+* the **contract**, for every layout: the hit is a landing point (a multiple
+  of the hash block under partial hits, of the scheduler block otherwise),
+  never longer than the shared prefix or the later request minus one token,
+  and never needs more of a full-attention or sliding-window group than the
+  writer handed to its ``cache_blocks`` (an EAGLE group also its drop tail).
+  Mamba groups are left out of the last check: their state checkpoints are
+  keyed by their own rules, not by the registration bound alone.
+* the **exact hit**, where the model is complete: layouts of full-attention
+  groups only (no Mamba group, so no partial hits).  Their cached blocks
+  form a prefix, and the hit is ``dense_lookup_hit`` of what the spec says
+  the writer registered.
+
+Sliding-window and Mamba layouts get the contract only: their lookups
+depend on retention masks and checkpoints the model does not describe, and a
+prediction there could raise a false alarm.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from model.arith import INT
+from model.domain import GroupKind
+from model.lookup import dense_lookup_hit, group_reach, hit_alignment, lookup_need
+from model.spec import inputs_for_group
+
+from .case import Case
+from .oracle import Discrepancy, compare, expected_calls, expected_regime
+
+__all__ = ["exact_lookup_applies", "expected_hit", "compare_lookup", "check_case"]
+
+_CONTRACT_KINDS = (GroupKind.FULL_ATTENTION, GroupKind.SLIDING_WINDOW)
+
+
+def exact_lookup_applies(case: Case) -> bool:
+    """Whether the model predicts the hit exactly: full-attention groups only,
+    prefix caching on."""
+    return case.config.enable_caching and all(
+        g.kind is GroupKind.FULL_ATTENTION for g in case.config.groups)
+
+
+def expected_hit(case: Case, capabilities: dict[str, Any], calls: list[dict]) -> int:
+    """The spec's hit for ``case.probe`` given the writer's recorded calls
+    (their ``n`` and hashed tokens are the inputs; what was registered is the
+    spec's, not the subject's)."""
+    config, probe = case.config, case.probe
+    regime = expected_regime(config, capabilities)
+    predicted = expected_calls(case, regime, calls)
+    registered_blocks = predicted[-1][1] if predicted else (0,) * len(config.groups)
+    groups, reaches = [], []
+    for i, group in enumerate(config.groups):
+        p = inputs_for_group(config, i, 0, partial=regime.partial_hash_hits,
+                             eagle=regime.eagle[i], lookahead=regime.num_prefill_lookahead)
+        groups.append(p)
+        reaches.append(group_reach(INT, registered_blocks[i] * group.block_size, probe.shared,
+                                   probe.total_tokens, config.hash_block_size))
+    return dense_lookup_hit(INT, groups, reaches, probe.total_tokens - 1)
+
+
+def compare_lookup(case: Case, capabilities: dict[str, Any], reply: dict[str, Any]) -> list[Discrepancy]:
+    """Discrepancies of the later request's hit (empty if the reply has no
+    probe, e.g. the writer already failed: ``oracle.compare`` reports that)."""
+    if not reply.get("ok") or case.probe is None or "probe" not in reply:
+        return []
+    config, probe = case.config, case.probe
+    hit = reply["probe"]["hit"]
+    regime = expected_regime(config, capabilities)
+    found: list[str] = []
+    p0 = inputs_for_group(config, 0, 0, partial=regime.partial_hash_hits)
+    unit = hit_alignment(INT, p0)
+    if hit % unit:
+        found.append(f"hit {hit} is not a multiple of the hit alignment {unit}")
+    if hit > probe.shared:
+        found.append(f"hit {hit} is past the {probe.shared} shared tokens")
+    if hit > probe.total_tokens - 1:
+        found.append(f"hit {hit} leaves no token of the {probe.total_tokens}-token request to compute")
+    handed = [0] * len(config.groups)
+    for call in reply.get("calls", ()):
+        handed = [max(h, t or 0) for h, t in zip(handed, call["num_tokens"])]
+    if hit > 0:
+        for i, group in enumerate(config.groups):
+            if group.kind not in _CONTRACT_KINDS:
+                continue
+            p = inputs_for_group(config, i, 0, partial=regime.partial_hash_hits,
+                                 eagle=regime.eagle[i], lookahead=regime.num_prefill_lookahead)
+            need = lookup_need(INT, p, hit, group.kind.fine_grained_lookup)
+            if need > handed[i]:
+                found.append(f"group {i} ({group.label()}) needs {need} tokens for hit {hit}, "
+                             f"the writer registered at most {handed[i]}")
+    if found:
+        return [Discrepancy("lookup_contract", None, None, (), (hit,), detail="; ".join(found))]
+    if exact_lookup_applies(case):
+        expected = expected_hit(case, capabilities, reply.get("calls", []))
+        if hit != expected:
+            return [Discrepancy("hit_mismatch", None, None, (expected,), (hit,),
+                                detail=f"later request sharing {probe.shared} of "
+                                       f"{probe.total_tokens} tokens: hit expected {expected}, "
+                                       f"observed {hit}")]
+    return []
+
+
+def check_case(case: Case, caps: dict[str, Any], reply: dict[str, Any]) -> list[Discrepancy]:
+    """Every check a reply is subject to: registration first (a lookup after a
+    wrong registration would only restate it), then the later request's hit
+    when the case has a lookup probe."""
+    return compare(case, caps, reply) or compare_lookup(case, caps, reply)
