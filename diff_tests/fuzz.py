@@ -12,13 +12,14 @@ from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Flaky
 
 from oracles.case import Case
-from oracles.oracle import Discrepancy, compare
+from oracles.lookup import check_case
+from oracles.oracle import Discrepancy
 from oracles.subject import SubjectProcess
 
 from .reduce import reduce_case
-from .strategies import batches
+from .strategies import batches, lookup_batches
 
-__all__ = ["Failure", "FuzzResult", "fuzz_subject"]
+__all__ = ["Failure", "FuzzResult", "fuzz_subject", "check_case"]
 
 
 @attrs.frozen
@@ -58,6 +59,7 @@ class FuzzResult:
     seconds_to_first_failure: float | None = None
     jobs: int = 1  # parallel runs merged into this result (diff_tests/parallel.py)
     other_failures: tuple[Failure, ...] = ()  # distinct from `failure`, found by other jobs
+    lookup: bool = False  # cases carry a later request's lookup (the hit-length differential)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -74,6 +76,7 @@ class FuzzResult:
             "verdict": "discrepancy" if self.failure else "no discrepancy",
             "failure": None if self.failure is None else self.failure.as_dict(),
             "jobs": self.jobs,
+            "lookup": self.lookup,
             "other_failures": [f.as_dict() for f in self.other_failures],
         }
 
@@ -86,10 +89,14 @@ def fuzz_subject(
     progress: Callable[[int, float], None] | None = None,
     stop_at_first: bool = False,
     on_first_failure: Callable[["FuzzResult"], None] | None = None,
+    lookup: bool = False,
 ) -> FuzzResult:
-    """Fuzz one live subject; the returned failure is Hypothesis's shrunk minimum."""
+    """Fuzz one live subject; the returned failure is Hypothesis's shrunk minimum.
+
+    With ``lookup``, every request is followed by a later request that looks
+    up (``oracles.lookup``): the hit-length differential."""
     caps = proc.capabilities
-    result = FuzzResult(subject=proc.describe(), capabilities=caps, seed=seed)
+    result = FuzzResult(subject=proc.describe(), capabilities=caps, seed=seed, lookup=lookup)
     failures: list[Failure] = []
     start = time.perf_counter()
 
@@ -104,7 +111,7 @@ def fuzz_subject(
         suppress_health_check=list(HealthCheck), phases=phases, report_multiple_bugs=False,
     )
     @hypothesis_seed(seed)
-    @given(batch=batches(caps))
+    @given(batch=(lookup_batches if lookup else batches)(caps))
     def differential(batch: tuple[Case, ...]) -> None:
         result.examples += 1
         if progress is not None and result.examples % 100 == 0:
@@ -118,7 +125,7 @@ def fuzz_subject(
                 continue  # drain the stream; the first failure is the example's
             result.cases += 1
             result.calls += len(reply.get("calls", ()))
-            found = compare(case, caps, reply)
+            found = check_case(case, caps, reply)
             if found:
                 if result.examples_to_first_failure is None:
                     result.examples_to_first_failure = result.cases
@@ -149,7 +156,7 @@ def _minimise(proc: SubjectProcess, caps: dict[str, Any], failure: Failure) -> F
 
     def still_fails(case: Case) -> bool:
         reply = proc.run(case.to_worker())
-        found = compare(case, caps, reply)
+        found = check_case(case, caps, reply)
         if found and found[0].category == category:
             latest[case] = (tuple(found), reply)
             return True

@@ -28,13 +28,13 @@ def job_shares(max_examples: int, jobs: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(jobs)]
 
 
-def _job(spec: SubjectSpec, max_examples: int, seed: int, database: str) -> FuzzResult:
+def _job(spec: SubjectSpec, max_examples: int, seed: int, database: str, lookup: bool) -> FuzzResult:
     from .database import example_database
     from .fuzz import fuzz_subject
     from oracles.subject import SubjectProcess
 
     with SubjectProcess(spec) as proc:
-        return fuzz_subject(proc, max_examples, seed, database=example_database(database))
+        return fuzz_subject(proc, max_examples, seed, database=example_database(database), lookup=lookup)
 
 
 def _size(failure: Failure) -> tuple[int, ...]:
@@ -60,12 +60,12 @@ def merge_results(results: list[FuzzResult], seconds: float) -> FuzzResult:
         failure=ordered[0] if ordered else None,
         examples_to_first_failure=min(counts) if counts else None,
         seconds_to_first_failure=min(times) if times else None,
-        jobs=len(results), other_failures=tuple(ordered[1:]),
+        jobs=len(results), other_failures=tuple(ordered[1:]), lookup=first.lookup,
     )
 
 
 def fuzz_parallel(spec: SubjectSpec, jobs: int, max_examples: int, seed: int,
-                  database: str = "") -> FuzzResult:
+                  database: str = "", lookup: bool = False) -> FuzzResult:
     """``jobs`` independent runs of ``spec`` at once; SubjectError if one cannot start."""
     from oracles.subject import resolve_subject
 
@@ -75,7 +75,7 @@ def fuzz_parallel(spec: SubjectSpec, jobs: int, max_examples: int, seed: int,
     # spawn, not fork: the parent may hold threads and open pipes to other workers.
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=len(shares), mp_context=context) as pool:
-        futures = [pool.submit(_job, spec, n, seed + i, database) for i, n in shares]
+        futures = [pool.submit(_job, spec, n, seed + i, database, lookup) for i, n in shares]
         results = [future.result() for future in futures]
     return merge_results(results, time.perf_counter() - start)
 

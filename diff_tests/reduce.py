@@ -9,22 +9,39 @@ of vLLM, so the minimal example is a genuine discrepancy by construction.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import attrs
 
-from oracles.case import Case, Step
+from oracles.case import Case, LookupProbe, Step
+
+_SAME = object()  # keep the case's own lookup probe
 
 __all__ = ["reduce_case"]
 
 MAX_RERUNS = 400
 
 
-def _with(case: Case, prompt_len: int, steps: list[Step]) -> Case | None:
+def _with(case: Case, prompt_len: int, steps: list[Step], probe: Any = _SAME) -> Case | None:
+    probe = case.probe if probe is _SAME else probe
     try:
-        return Case(case.config, prompt_len, tuple(steps))
+        writer = Case(case.config, prompt_len, tuple(steps))
+        if probe is not None and probe.shared > writer.writer_tokens:
+            # A shorter writer: the later request shares what there is.
+            probe = LookupProbe(writer.writer_tokens, probe.extra)
+        return attrs.evolve(writer, probe=probe)
     except ValueError:
         return None
+
+
+def _smaller_probes(case: Case) -> Iterator[Case | None]:
+    probe = case.probe
+    if probe is None:
+        return
+    if probe.extra > 1:
+        yield _with(case, case.prompt_len, list(case.steps), LookupProbe(probe.shared, 1))
+    for shared in range(probe.shared):
+        yield _with(case, case.prompt_len, list(case.steps), LookupProbe(shared, probe.extra))
 
 
 def _fewer_groups(case: Case) -> Iterator[Case]:
@@ -37,7 +54,7 @@ def _fewer_groups(case: Case) -> Iterator[Case]:
             config = attrs.evolve(case.config, groups=kept)
         except ValueError:
             continue
-        yield Case(config, case.prompt_len, case.steps)
+        yield Case(config, case.prompt_len, case.steps, case.probe)
 
 
 def _candidates(case: Case) -> Iterator[Case]:
@@ -66,6 +83,8 @@ def _candidates(case: Case) -> Iterator[Case]:
             yield _with(case, case.prompt_len - cut, shorter + decodes)
         elif len(prefills) > 1:
             yield _with(case, case.prompt_len - last, prefills[:-1] + decodes)
+    # The later request: fewer tokens of its own, then a shorter shared prefix.
+    yield from _smaller_probes(case)
 
 
 def reduce_case(case: Case, still_fails: Callable[[Case], bool]) -> tuple[Case, int]:

@@ -14,9 +14,10 @@ from typing import Any
 from hypothesis import strategies as st
 
 from model.domain import CoordinatorConfig, GroupKind, KVCacheGroup
-from oracles.case import Case, Step
+from oracles.case import Case, LookupProbe, Step
 
-__all__ = ["configs", "step_sequences", "cases", "batches", "MAX_BATCH"]
+__all__ = ["configs", "full_attention_configs", "step_sequences", "cases", "batches", "lookup_batches",
+           "MAX_BATCH"]
 
 MAX_BATCH = 32
 
@@ -103,3 +104,51 @@ def batches(draw, capabilities: dict[str, Any] | None = None, max_size: int = MA
     count = draw(st.integers(1, max_size))
     rng = random.Random(draw(st.integers(0, 2**32 - 1)))
     return tuple(Case(config, *random_request(rng)) for _ in range(count))
+
+
+@st.composite
+def full_attention_configs(draw, capabilities: dict[str, Any] | None = None) -> CoordinatorConfig:
+    """Layouts of full-attention groups only (two or three distinct block
+    sizes): where the lookup model predicts the hit exactly."""
+    caps = capabilities or {}
+    H = draw(st.sampled_from((1, 2, 4)))
+    S = H * draw(st.sampled_from((2, 3, 4, 6, 8)))
+    blocks = _divisors_between(S, H)
+    sizes = draw(st.lists(st.sampled_from(blocks), min_size=2, max_size=3, unique=True))
+    groups = tuple(KVCacheGroup(GroupKind.FULL_ATTENTION, b, eagle=draw(st.booleans())) for b in sizes)
+    lookahead = 0
+    if caps.get("reprefillable_tokens", True):
+        lookahead = draw(st.integers(0, S if any(g.eagle for g in groups) else 2 * S))
+    return CoordinatorConfig(groups=groups, scheduler_block_size=S, hash_block_size=H,
+                             num_prefill_lookahead=lookahead)
+
+
+def random_probe(rng: random.Random, writer_tokens: int, unit: int) -> LookupProbe:
+    """A later request: usually sharing a prefix that ends on or next to a
+    block-ish boundary (where off-by-one-block lookups show), else anywhere."""
+    if rng.random() < 0.6:
+        shared = min(writer_tokens, max(0, rng.randint(0, writer_tokens // unit + 1) * unit
+                                        + rng.choice((-1, 0, 0, 1))))
+    else:
+        shared = rng.randint(0, writer_tokens)
+    return LookupProbe(shared, rng.randint(1, 8))
+
+
+@st.composite
+def lookup_batches(draw, capabilities: dict[str, Any] | None = None,
+                   max_size: int = MAX_BATCH) -> tuple[Case, ...]:
+    """Like ``batches``, each request followed by a later request that looks
+    up; half the configurations are full-attention-only (exact hits)."""
+    if draw(st.booleans()):
+        config = draw(full_attention_configs(capabilities))
+    else:
+        config = draw(configs(capabilities))
+    count = draw(st.integers(1, max_size))
+    rng = random.Random(draw(st.integers(0, 2**32 - 1)))
+    out = []
+    for _ in range(count):
+        prompt_len, steps = random_request(rng)
+        writer = Case(config, prompt_len, steps)
+        unit = rng.choice([g.block_size for g in config.groups] + [config.scheduler_block_size])
+        out.append(Case(config, prompt_len, steps, random_probe(rng, writer.writer_tokens, unit)))
+    return tuple(out)

@@ -49,7 +49,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     fuzz_args = argparse.Namespace(vllm=releases, vllm_src=trees, current=False,
                                    max_examples=args.max_examples, seed=args.seed, json=fuzz_json,
                                    markdown=None, findings_dir=args.findings_dir,
-                                   database=args.database, jobs=args.jobs)
+                                   database=args.database, jobs=args.jobs, lookup=False)
     fuzzed = cmd_fuzz(fuzz_args)
     overall = _overall(proved, fuzzed)
     print(f"\nkvspec check: proofs {VERDICTS[proved]}, {label} {VERDICTS[fuzzed]}")

@@ -57,7 +57,9 @@ def subject_line(f: Finding) -> str:
         parts.append(f"commit {subject['git_commit'][:12]}")
     mutant = f.compared.get("mutant")
     if mutant:
-        parts.append(f"kvspec mutant {mutant['operator']} (models {mutant['models_variant']})")
+        models = mutant.get("models_variant")
+        parts.append(f"kvspec mutant {mutant['operator']}"
+                     + (f" (models {models})" if models else " (lookup side)"))
     return ", ".join(parts)
 
 

@@ -45,7 +45,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from kvspec.cli import UsageError
     from kvspec.subject_commands import _subject_specs
     from oracles.case import Case
-    from oracles.oracle import compare
+    from oracles.lookup import check_case
     from oracles.subject import SubjectError, SubjectProcess, SubjectSpec
 
     findings = [f for f in load_findings(args.finding) if f.source == "fuzz"]
@@ -62,7 +62,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         for spec in subject_specs:
             try:
                 with SubjectProcess(spec) as proc:
-                    found = compare(case, proc.capabilities, proc.run(case.to_worker()))
+                    found = check_case(case, proc.capabilities, proc.run(case.to_worker()))
             except SubjectError as exc:
                 raise UsageError(str(exc)) from None
             print(f"{spec.label}: {case.describe()}")

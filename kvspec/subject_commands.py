@@ -51,7 +51,7 @@ def _launch(spec):
 
 def run_fuzz(specs, max_examples: int, seed: int, findings_dir: Path, progress: bool,
              database: str = "", verify_test: bool = True,
-             started: float | None = None, jobs: int = 1):
+             started: float | None = None, jobs: int = 1, lookup: bool = False):
     """Fuzz each subject in its own worker (``jobs`` of them at once); returns
     (outcomes, errors), an outcome being a fuzz result and its completed
     finding (or None).
@@ -77,7 +77,7 @@ def run_fuzz(specs, max_examples: int, seed: int, findings_dir: Path, progress: 
             _say(f"{spec.label}: starting (seed {seed}, up to {max_examples} examples{in_parallel})")
             try:
                 if jobs > 1:
-                    result = fuzz_parallel(spec, jobs, max_examples, seed, database)
+                    result = fuzz_parallel(spec, jobs, max_examples, seed, database, lookup=lookup)
                     proc = _launch(spec) if result.failure is not None else None
                 else:
                     proc = launched.pop(index)
@@ -89,7 +89,7 @@ def run_fuzz(specs, max_examples: int, seed: int, findings_dir: Path, progress: 
                         launched[index + 1] = _launch(specs[index + 1])
                     if result is None:
                         result = _fuzz_one(proc, spec.label, max_examples, seed, database,
-                                           progress, started)
+                                           progress, started, lookup)
                     finding = path = None
                     if result.failure is not None:
                         _say(f"{spec.label}: DISCREPANCY ({result.failure.category}) found after "
@@ -122,7 +122,7 @@ def run_fuzz(specs, max_examples: int, seed: int, findings_dir: Path, progress: 
 
 
 def _fuzz_one(proc, label: str, max_examples: int, seed: int, database: str, progress: bool,
-              started: float):
+              started: float, lookup: bool = False):
     """One job in this process, with progress lines and the first-counterexample line."""
     from diff_tests.database import example_database
     from diff_tests.fuzz import fuzz_subject
@@ -138,16 +138,16 @@ def _fuzz_one(proc, label: str, max_examples: int, seed: int, database: str, pro
 
     # Failing examples from earlier runs are replayed first.
     return fuzz_subject(proc, max_examples, seed, database=example_database(database),
-                        progress=tick, on_first_failure=first)
+                        progress=tick, on_first_failure=first, lookup=lookup)
 
 
-def _fuzz_doc(outcomes, errors, seed: int, max_examples: int) -> dict[str, Any]:
+def _fuzz_doc(outcomes, errors, seed: int, max_examples: int, lookup: bool = False) -> dict[str, Any]:
     from kvspec.render_proofs import versions
 
     return {
         "schema": FUZZ_SCHEMA,
         "versions": versions(),
-        "settings": {"seed": seed, "max_examples": max_examples},
+        "settings": {"seed": seed, "max_examples": max_examples, "lookup": lookup},
         "subjects": [{**r.as_dict(), "finding": None if f is None else f.to_dict()}
                      for r, f in outcomes],
         "errors": errors,
@@ -182,12 +182,12 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     try:
         results, errors = run_fuzz(specs, args.max_examples, seed, Path(args.findings_dir),
                                    progress=sys.stderr.isatty(), database=args.database,
-                                   jobs=args.jobs,
+                                   jobs=args.jobs, lookup=args.lookup,
                                    verify_test=not getattr(args, "no_verify_test", False),
                                    started=STARTED)
     finally:
         # Whatever was found before an error or an interrupt is still written.
-        doc = _fuzz_doc(results, errors, seed, args.max_examples)
+        doc = _fuzz_doc(results, errors, seed, args.max_examples, args.lookup)
         if args.json:
             Path(args.json).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
         markdown = None
@@ -231,6 +231,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
     fuzz.add_argument("--jobs", type=int, default=1, metavar="N",
                       help="independent Hypothesis runs at once, each with its own vLLM worker "
                            "(seeds S..S+N-1, the budget split between them); findings merged")
+    fuzz.add_argument("--lookup", action="store_true",
+                      help="follow every request with a later one that looks up (get_computed_blocks) and "
+                           "check its hit too: the hit-length differential")
     fuzz.set_defaults(func=cmd_fuzz)
 
     from kvspec import (check_command, exhaust_command, history_command, mutants_command, recipe_command,

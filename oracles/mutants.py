@@ -39,6 +39,7 @@ import attrs
 __all__ = [
     "COORDINATOR_FILE",
     "MUTANTS",
+    "LOOKUP_MUTANTS",
     "MutationError",
     "MutationOperator",
     "MutationTargetNotFound",
@@ -47,9 +48,11 @@ __all__ = [
 ]
 
 COORDINATOR_FILE = "vllm/v1/core/kv_cache_coordinator.py"
+MANAGER_FILE = "vllm/v1/core/single_type_kv_cache_manager.py"
 MARKER_FILE = "MUTANT.json"
 
 HYBRID_CLASS = "HybridKVCacheCoordinator"
+FULL_ATTENTION_CLASS = "FullAttentionManager"
 BASE_CLASS = "KVCacheCoordinator"
 
 
@@ -529,6 +532,68 @@ def _reprefillable_lookahead(src: _Source) -> tuple[str, list[_Edit]]:
 
 
 # ---------------------------------------------------------------------------
+# Lookup-side rewrites: the hit a later request gets, not what is registered.
+
+
+def _full_attention_lookup(src: _Source) -> tuple[str, ast.FunctionDef]:
+    cls = _class(src.tree, FULL_ATTENTION_CLASS)
+    method = _method(cls, "find_longest_cache_hit")
+    if method is None:
+        raise _Missing(f"{FULL_ATTENTION_CLASS}.find_longest_cache_hit")
+    return f"{FULL_ATTENTION_CLASS}.find_longest_cache_hit", method
+
+
+def _is_hit_decrement(node: ast.AST, hit: str) -> bool:
+    return isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Sub) and _is_name(node.target, hit)
+
+
+def _drop_eagle_removed(src: _Source) -> tuple[str, list[_Edit]]:
+    where, method = _full_attention_lookup(src)
+    branch = _exactly_one(
+        [
+            n for n in _walk(method.body)
+            if isinstance(n, ast.If)
+            and isinstance(n.test, ast.BoolOp) and isinstance(n.test.op, ast.And)
+            and any(_is_name(v, "drop_eagle_block") for v in n.test.values)
+            and len(n.body) == 1 and _is_hit_decrement(n.body[0], "hit_length")
+        ],
+        f"`if drop_eagle_block and ...: hit_length -= ...` in {where}",
+    )
+    return where, [src.replace(branch.body[0], "pass")]
+
+
+def _alignment_round_removed(src: _Source) -> tuple[str, list[_Edit]]:
+    where, method = _full_attention_lookup(src)
+    stmt = _exactly_one(
+        [
+            n for n in method.body
+            if _is_hit_decrement(n, "hit_length")
+            and isinstance(n.value, ast.BinOp) and isinstance(n.value.op, ast.Mod)
+            and _is_name(n.value.left, "hit_length") and _is_name(n.value.right, "alignment_tokens")
+        ],
+        f"`hit_length -= hit_length % alignment_tokens` in {where}",
+    )
+    return where, [src.replace(stmt, "pass")]
+
+
+def _eagle_margin_removed(src: _Source) -> tuple[str, list[_Edit]]:
+    cls = _class(src.tree, HYBRID_CLASS)
+    where = f"{HYBRID_CLASS}.find_longest_cache_hit"
+    method = _method(cls, "find_longest_cache_hit")
+    if method is None:
+        raise _Missing(where)
+    add = _exactly_one(
+        [
+            n for n in _walk(method.body)
+            if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add)
+            and _is_name(n.left, "curr_hit_length") and _is_name(n.right, "eagle_margin")
+        ],
+        f"`curr_hit_length + eagle_margin` in {where}",
+    )
+    return where, [src.replace(add, "curr_hit_length")]
+
+
+# ---------------------------------------------------------------------------
 # Operators
 
 
@@ -559,6 +624,7 @@ class MutationOperator:
     models_variant: str  # the name of the wrong variant in model.variants
     rewrite: Rewrite = attrs.field(repr=False, eq=False)
     target_file: str = COORDINATOR_FILE  # relative to a tree root
+    side: str = "registration"  # or "lookup": caught by the hit-length differential
 
     def mutated_method(self, source: str) -> str:
         """The qualified name of the one method this operator rewrites in ``source``."""
@@ -661,7 +727,25 @@ MUTANTS: tuple[MutationOperator, ...] = (
         "reprefillable_added", _add_reprefillable),
 )
 
-_BY_NAME = {op.name: op for op in MUTANTS}
+# Lookup-side operators: registration is untouched, so ``kvspec mutants``
+# (the registration differential) cannot kill them; the hit-length
+# differential (``oracles.lookup``) must.
+LOOKUP_MUTANTS: tuple[MutationOperator, ...] = (
+    MutationOperator(
+        "eagle_drop_removed",
+        "FullAttentionManager.find_longest_cache_hit never drops the EAGLE tail (no recompute before drafting)",
+        "", _drop_eagle_removed, MANAGER_FILE, "lookup"),
+    MutationOperator(
+        "hit_alignment_removed",
+        "FullAttentionManager.find_longest_cache_hit no longer rounds the hit down to alignment_tokens",
+        "", _alignment_round_removed, MANAGER_FILE, "lookup"),
+    MutationOperator(
+        "eagle_margin_removed",
+        "the coordinator looks an EAGLE group up to the candidate, not one drop unit past it (the #32802 shape)",
+        "", _eagle_margin_removed, COORDINATOR_FILE, "lookup"),
+)
+
+_BY_NAME = {op.name: op for op in MUTANTS + LOOKUP_MUTANTS}
 
 
 def mutant(name: str) -> MutationOperator:
