@@ -17,7 +17,7 @@ def _counterexample_lines(result: TheoremResult) -> list[str]:
         return []
     v = cx.values
     shown = ", ".join(
-        f"{k}={v[k]}" for k in ("n", "n2", "t", "S", "H", "B", "L", "L2", "E", "P") if k in v
+        f"{k}={v[k]}" for k in ("n", "n2", "t", "S", "H", "B", "L", "L2", "j", "E", "P", "F") if k in v
     ) or ", ".join(f"{k}={val}" for k, val in v.items())
     tag = "minimal" if cx.minimal else "not confirmed minimal"
     lines = [f"    counterexample ({tag}, replayed on integers): {shown}"]
@@ -27,6 +27,7 @@ def _counterexample_lines(result: TheoremResult) -> list[str]:
         for call in domain["calls"]:
             sides = [f"{label} {call[label]['tokens']}" for label in call if isinstance(call[label], dict)]
             lines.append(f"    cache_blocks(n={call['num_computed_tokens']}): " + " vs ".join(sides))
+        lines.extend(f"    {line}" for line in domain.get("reading", ()))
     return lines
 
 

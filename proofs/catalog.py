@@ -14,16 +14,14 @@ from model.spec import (
 )
 from model.variants import VARIANTS, Verdict, variant
 
-from .encoding import GEOMETRY_BOOLS, GEOMETRY_INTS, Vars, domain_view, inputs, well_formed
+from .encoding import Vars, domain_view, inputs
+from .geometry import geometry_theorem as _geometry
 from .lemmas import LEMMAS, Lemma, lemma
+from .lookup_catalog import LOOKUP_THEOREMS
 from .theorem import Subject, Theorem
 from .verdict import Status
 
 __all__ = ["CATALOG", "theorem", "names"]
-
-WF_TEXT = ("H >= 1, B = m*H, S = k*B (m, k >= 1), 0 <= n <= t, L >= 0, "
-           "EAGLE => L <= S (lookahead guard), partial hits => H < S")
-GEOMETRY_COST = ("n", "S", "H", "B", "L", "t")
 
 
 def _rule(name: str) -> Subject:
@@ -41,45 +39,6 @@ def _explain(*rules: str, n_names: tuple[str, ...] = ("n",)) -> Callable[[dict],
     chosen = {"spec": registration_bound}
     chosen.update({name: variant(name).rule for name in rules})
     return lambda values: domain_view(values, chosen, n_names)
-
-
-def _geometry(
-    name: str,
-    category: str,
-    statement: str,
-    claim: Callable[[Arith, Vars, Callable], Any],
-    subject: Subject,
-    *,
-    expected: Status = Status.PROVED,
-    refuters: tuple[Subject, ...] = (),
-    no_refuter_reason: str = "",
-    extra_ints: tuple[str, ...] = (),
-    extra_assume: Callable[[Arith, Vars], Any] | None = None,
-    extra_text: str = "",
-    hints: Callable[[Arith, Vars], list] | None = None,
-    explain: Callable[[dict], dict] | None = None,
-) -> Theorem:
-    def assume(ar: Arith, v: Vars) -> Any:
-        base = well_formed(ar, v)
-        return base if extra_assume is None else ar.and_(base, extra_assume(ar, v))
-
-    return Theorem(
-        name=name,
-        category=category,
-        statement=statement,
-        assumptions_text=WF_TEXT + (f"; {extra_text}" if extra_text else ""),
-        ints=GEOMETRY_INTS + extra_ints,
-        bools=GEOMETRY_BOOLS,
-        assume=assume,
-        claim=claim,
-        subject=subject,
-        expected=expected,
-        refuters=refuters,
-        no_refuter_reason=no_refuter_reason,
-        hints=hints,
-        cost=GEOMETRY_COST + extra_ints,
-        explain=explain,
-    )
 
 
 # --- claims, each over a registration rule ``f`` --------------------------------
@@ -408,7 +367,7 @@ def _build() -> tuple[Theorem, ...]:
     return tuple(theorems)
 
 
-CATALOG: tuple[Theorem, ...] = _build()
+CATALOG: tuple[Theorem, ...] = _build() + LOOKUP_THEOREMS
 _BY_NAME = {t.name: t for t in CATALOG}
 
 

@@ -41,6 +41,31 @@ def _cost(theorem: Theorem, v: Vars) -> Any:
     return sum((v[name] for name in theorem.cost), start=0)
 
 
+def _minimise(solver: z3.Solver, theorem: Theorem, v: Vars,
+              values: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """Binary search on the cost (the sum of the cost symbols, all >= 0) for
+    the smallest model.  Minimal means the last bound below the best model
+    was confirmed unsat; an unknown step leaves it unconfirmed."""
+    cost = _cost(theorem, v)
+    low, best = 0, sum(values[name] for name in theorem.cost)
+    confirmed = True
+    for _ in range(MAX_MINIMISATION_STEPS):
+        if low >= best:
+            break
+        middle = (low + best - 1) // 2
+        solver.push()
+        solver.add(cost <= middle)
+        step = solver.check()
+        if step == z3.sat:
+            values = decode_model(solver.model(), v)
+            best = sum(values[name] for name in theorem.cost)
+        else:
+            low = middle + 1
+            confirmed = confirmed and step == z3.unsat
+        solver.pop()
+    return values, confirmed and low >= best
+
+
 def _search(
     theorem: Theorem, subject: Subject, timeout_ms: int, seed: int, minimise: bool
 ) -> tuple[Status, Counterexample | None, str]:
@@ -75,20 +100,7 @@ def _search(
     values = decode_model(solver.model(), v)
     minimal = False
     if minimise and theorem.cost:
-        cost = _cost(theorem, v)
-        for _ in range(MAX_MINIMISATION_STEPS):
-            best = sum(values[name] for name in theorem.cost)
-            solver.push()
-            solver.add(cost < best)
-            step = solver.check()
-            if step == z3.sat:
-                values = decode_model(solver.model(), v)
-                solver.pop()
-                solver.add(cost <= best - 1)
-                continue
-            solver.pop()
-            minimal = step == z3.unsat
-            break
+        values, minimal = _minimise(solver, theorem, v, values)
     if not _replays(theorem, values, subject):
         return Status.UNKNOWN, None, f"spurious model (did not replay on integers): {values}"
     domain = theorem.explain(values) if theorem.explain is not None else {}
