@@ -38,6 +38,7 @@ __all__ = [
     "lookup_need",
     "final_extent",
     "shared_by_hit",
+    "draft_dependency_end",
     "stale_draft_reuse",
     "dense_group_hit",
     "dense_lookup_hit",
@@ -80,6 +81,13 @@ def shared_by_hit(ar: Arith, p: BoundaryInputs, landing: Any, fine_grained: Any 
     return lookup_need(ar, p, landing, fine_grained)
 
 
+def draft_dependency_end(ar: Arith, position: Any, lookahead: Any) -> Any:
+    """The last writer token the draft-layer KV at ``position`` was computed
+    with: vLLM's drafter reads ``num_prefill_lookahead`` tokens past a
+    position (the tokens lookahead block hashes cover)."""
+    return position + lookahead
+
+
 def stale_draft_reuse(ar: Arith, p: BoundaryInputs, landing: Any, fine_grained: Any = True) -> Any:
     """Whether a hit at ``landing > 0`` keeps draft-layer KV that depends on a
     token the later request need not share.
@@ -89,7 +97,7 @@ def stale_draft_reuse(ar: Arith, p: BoundaryInputs, landing: Any, fine_grained: 
     next token, which the drop tail always covers).  The later request shares
     the tokens below ``shared_by_hit``.
     """
-    last_dependency = landing - 1 + p.L
+    last_dependency = draft_dependency_end(ar, landing - 1, p.L)
     return ar.and_(p.eagle, landing > 0,
                    last_dependency >= shared_by_hit(ar, p, landing, fine_grained))
 

@@ -79,6 +79,7 @@ class Driver:
             "per_group_eagle": "is_eagle_group" in group_fields,
             "fine_grained_lookup_fallback": hasattr(stm, "supports_fine_grained_hash_lookup"),
             "get_num_cacheable_tokens": hasattr(hybrid, "get_num_cacheable_tokens"),
+            "lookahead_block_hashes": "num_hash_lookahead_tokens" in self.manager_params,
             "manager_keywords": sorted(self.manager_params - {"self"}),
             "request_keywords": sorted(self.request_params - {"self"}),
             "git_commit": _git_commit(os.path.dirname(os.path.abspath(vllm.__file__))),
@@ -119,8 +120,10 @@ class Driver:
             "scheduler_block_size": case["scheduler_block_size"],
             "hash_block_size": case["hash_block_size"],
             "enable_caching": case["enable_caching"],
-            "use_eagle": any(g["eagle"] for g in groups),
+            # Lookahead hashes (0.33) replace the EAGLE drop, as vLLM's scheduler does.
+            "use_eagle": any(g["eagle"] for g in groups) and not self._hash_lookahead(case),
             "num_prefill_lookahead": case["num_prefill_lookahead"],
+            "num_hash_lookahead_tokens": self._hash_lookahead(case),
             "dcp_world_size": case["dcp_world_size"],
             "max_num_batched_tokens": max_tokens,
             "max_in_flight_tokens": max_tokens,
@@ -130,16 +133,26 @@ class Driver:
             raise Unsupported("this vLLM has no num_prefill_lookahead (added in 0.28)")
         return self.KVCacheManager(**{k: v for k, v in wanted.items() if k in self.manager_params})
 
+    def _hash_lookahead(self, case):
+        """Tokens past each block its hash covers: only the MTP evidence
+        (``oracles.mtp``) asks for them; the registration oracle models the
+        legacy hashes."""
+        lookahead = case.get("num_hash_lookahead_tokens", 0)
+        if lookahead and not self.capabilities["lookahead_block_hashes"]:
+            raise Unsupported("this vLLM has no lookahead block hashes (added in 0.33)")
+        return lookahead
+
     def _request(self, case, token_ids, request_id="kvspec-0"):
-        H = case["hash_block_size"]
-        if H not in self.hashers:
-            self.hashers[H] = self.utils.get_request_block_hasher(H, self.sha256)
+        key = (case["hash_block_size"], self._hash_lookahead(case))
+        if key not in self.hashers:
+            extra = (key[1],) if key[1] else ()
+            self.hashers[key] = self.utils.get_request_block_hasher(key[0], self.sha256, *extra)
         wanted = {
             "request_id": request_id,
             "prompt_token_ids": token_ids,
             "sampling_params": self.SamplingParams(max_tokens=case["max_model_len"]),
             "pooling_params": None,
-            "block_hasher": self.hashers[H],
+            "block_hasher": self.hashers[key],
             "eos_token_id": None,
             "arrival_time": 0.0,
         }

@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from model.arith import INT, Arith
-from model.lookup import eagle_drop_tail, final_extent, hit_alignment, lookup_need
+from model.lookup import draft_dependency_end, eagle_drop_tail, final_extent, hit_alignment, lookup_need
 from model.spec import BoundaryInputs, hashed_tokens, registered_full_blocks, registration_bound
 from model.variants import variant
 
@@ -119,7 +119,8 @@ def _stale(ar: Arith, v: Vars, tail: TailRule, landing: Any) -> Any:
     """The kept position ``landing - 1`` holds draft KV written with the
     writer's tokens up to ``landing - 1 + L``; the later request shares only
     the tokens its matched hashes cover (``landing + tail``)."""
-    return ar.and_(v.E, landing >= 1, landing - 1 + v.L >= _need(ar, v, tail, landing))
+    return ar.and_(v.E, landing >= 1,
+                   draft_dependency_end(ar, landing - 1, v.L) >= _need(ar, v, tail, landing))
 
 
 def _reachable(ar: Arith, v: Vars, tail: TailRule, landing: Any,
@@ -183,6 +184,16 @@ def _hash_block_tail(ar: Arith, p: BoundaryInputs, fine_grained: Any) -> Any:
     return p.H
 
 
+def _lookahead_hash_extent(ar: Arith, p: BoundaryInputs, fine_grained: Any) -> Any:
+    # vLLM 0.33's lookahead block hashes: no drop; the kept block's hash also
+    # covers the L tokens after it, so the later request shares them.
+    return p.L
+
+
+def _short_lookahead_hash_extent(ar: Arith, p: BoundaryInputs, fine_grained: Any) -> Any:
+    return p.L - 1
+
+
 def _partial(ar: Arith, v: Vars) -> Any:
     return v.P
 
@@ -212,7 +223,7 @@ def _reading(values: dict[str, Any]) -> dict[str, Any]:
                      f"the later request shares tokens 0..{landing + tail - 1}")
         if v.L:
             lines.append(f"kept position {landing - 1}: its draft KV read the writer's tokens up to "
-                         f"{landing - 1 + v.L} (lookahead L = {v.L})")
+                         f"{draft_dependency_end(INT, landing - 1, v.L)} (lookahead L = {v.L})")
     config = decode_geometry(values)
     return {"config": config.describe(), "calls": [], "reading": lines}
 
@@ -264,6 +275,11 @@ LOOKUP_THEOREMS: tuple[Theorem, ...] = (
              _no_stale_reuse(_whole_scheduler_block_tail), TAIL,
              refuters=(Subject("a hash-block tail", _hash_block_tail),
                        Subject("a one-token tail", _one_token_tail))),
+    _theorem("mtp.lookahead_hashes_prevent_stale_reuse", "mtp",
+             "with lookahead block hashes (each hash covers the L tokens after its block; vLLM 0.33's "
+             "default, no drop) no hit keeps stale draft KV, and L tokens are needed",
+             _no_stale_reuse(), Subject("hashes cover L tokens past each block", _lookahead_hash_extent),
+             refuters=(Subject("hashes cover L - 1 tokens past each block", _short_lookahead_hash_extent),)),
     _theorem("mtp.stale_reuse_reachability", "mtp",
              "a reachable hit reuses stale draft KV iff EAGLE and L > drop tail (H under partial "
              "hits for full attention and Mamba, the group's block B otherwise)",
