@@ -236,12 +236,13 @@ def register(sub: "argparse._SubParsersAction") -> None:
                            "check its hit too: the hit-length differential")
     fuzz.set_defaults(func=cmd_fuzz)
 
-    from kvspec import (check_command, exhaust_command, history_command, mtp_command, mutants_command,
-                        recipe_command, replay_command, report_command)
+    from kvspec import (check_command, exhaust_command, history_command, hitrate_command, mtp_command,
+                        mutants_command, recipe_command, replay_command, report_command)
 
     check_command.register(sub)
     exhaust_command.register(sub)
     history_command.register(sub)
+    hitrate_command.register(sub)
     mtp_command.register(sub)
     mutants_command.register(sub)
     recipe_command.register(sub)

@@ -202,6 +202,13 @@ class SubjectProcess:
         reply = self._exchange({"op": "run", "case": case})
         return self._crash_reply() if reply is None else reply
 
+    def session(self, message: dict[str, Any]) -> dict[str, Any]:
+        """One exchange of a multi-request replay (``open_session`` or
+        ``session_actions``, see ``oracles.hitrate``); a dead worker becomes a
+        crash reply (the replay cannot resume on a fresh one)."""
+        reply = self._exchange(message)
+        return self._crash_reply() if reply is None else reply
+
     def run_many(self, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Several examples in one round trip.  After a crash the cases are
         rerun alone, up to the one that crashes the worker, so the crash is

@@ -105,7 +105,7 @@ class Driver:
     def _manager(self, case):
         groups = case["groups"]
         max_tokens = case["max_model_len"]
-        num_blocks = sum(max_tokens // g["block_size"] + 2 for g in groups) + 4
+        num_blocks = case.get("num_blocks") or sum(max_tokens // g["block_size"] + 2 for g in groups) + 4
         group_specs = []
         for i, group in enumerate(groups):
             kwargs = {}
@@ -158,6 +158,95 @@ class Driver:
         }
         return self.Request(**{k: v for k, v in wanted.items() if k in self.request_params})
 
+    # -- one request's scheduler steps (shared by run and the replay session) --
+    def _lookup(self, manager, request):
+        """The request's prefix-cache lookup: the state its first step starts from."""
+        found = manager.get_computed_blocks(request)
+        return {"blocks": found[0], "hit": found[1], "computed": found[1], "first": True}
+
+    def _allocate_step(self, manager, request, state, step):
+        """``allocate_slots`` for one scheduler step: a prefill chunk, or one
+        decode token plus drafts, the rejected drafts rolled back after."""
+        if step["kind"] == "prefill":
+            new = step["tokens"]
+            drafts = 0
+        else:
+            drafts = step["drafts"]
+            if hasattr(request, "spec_token_ids"):
+                request.spec_token_ids = [7] * drafts
+            else:
+                drafts = 0
+            new = request.num_tokens + drafts - state["computed"]
+        first = state["first"]
+        out = manager.allocate_slots(
+            request, new,
+            num_new_computed_tokens=state["hit"] if first else 0,
+            new_computed_blocks=state["blocks"] if first else None,
+            num_lookahead_tokens=0,
+        )
+        if out is None:
+            raise RuntimeError(f"allocate_slots found no free blocks at step {step} (free {manager.block_pool.get_num_free_blocks()}, computed {state['computed']}, tokens {request.num_tokens}, hit {state['hit']})")
+        state["first"] = False
+        state["computed"] += new
+        if step["kind"] == "decode":
+            state["computed"] -= drafts - step["accepted"]
+            if hasattr(request, "spec_token_ids"):
+                request.spec_token_ids = []
+        request.num_computed_tokens = state["computed"]
+
+    # -- the hit-rate replay: one manager, many requests ----------------------
+    def open_session(self, case):
+        """A fresh manager for a multi-request replay (``oracles.hitrate``
+        schedules it); its pool is sized by the caller so nothing is evicted."""
+        manager = self._manager(case)
+        handed = {}  # request id -> per-group num_tokens of its latest cache_blocks
+
+        def record_group(index, original):
+            def wrapper(request, num_tokens, *args, **kwargs):
+                handed.setdefault(request.request_id, {})[index] = num_tokens
+                return original(request, num_tokens, *args, **kwargs)
+            return wrapper
+
+        for i, m in enumerate(manager.coordinator.single_type_managers):
+            m.cache_blocks = record_group(i, m.cache_blocks)
+        self.session = {"case": case, "manager": manager, "requests": {}, "handed": handed}
+        return {"ok": True, "groups": len(manager.coordinator.single_type_managers)}
+
+    def session_actions(self, actions):
+        """Apply scheduler actions in order: ``new_step`` (what vLLM's
+        scheduler tells the manager as a step begins), ``start`` (a request looks up),
+        ``step`` (``allocate_slots``, then the given output tokens appended),
+        ``free``.  Answers each start with its hit and each step with the
+        ``n`` that reached ``cache_blocks``."""
+        session = self.session
+        manager, requests = session["manager"], session["requests"]
+        answers = []
+        for action in actions:
+            if action["do"] == "new_step":  # the scheduler's per-step bookkeeping
+                if hasattr(manager, "new_step_starts"):
+                    manager.new_step_starts()
+                answers.append({})
+                continue
+            rid = action["id"]
+            if action["do"] == "start":
+                request = self._request(session["case"], action["tokens"], request_id=f"r{rid}")
+                state = self._lookup(manager, request)
+                requests[rid] = (request, state)
+                answers.append({"hit": state["hit"], "tokens": request.num_tokens})
+            elif action["do"] == "step":
+                request, state = requests[rid]
+                self._allocate_step(manager, request, state, action["step"])
+                for token in action["outputs"]:
+                    request.append_output_token_ids(token)
+                latest = session["handed"].pop(request.request_id, {})
+                answers.append({"computed": state["computed"],
+                                "num_tokens": [latest.get(i) for i in range(len(session["case"]["groups"]))]})
+            else:
+                request, _ = requests.pop(rid)
+                manager.free(request)
+                answers.append({})
+        return {"ok": True, "answers": answers}
+
     # -- one example ----------------------------------------------------------
     def run(self, case):
         try:
@@ -196,41 +285,14 @@ class Driver:
 
         prompt = [1000 + i for i in range(case["prompt_len"])]
         request = self._request(case, prompt)
-        found = manager.get_computed_blocks(request)
-        blocks, hit = found[0], found[1]
-        computed = hit
-        first = True
+        state = self._lookup(manager, request)
         next_token = 5000
         for step in case["steps"]:
-            if step["kind"] == "prefill":
-                new = step["tokens"]
-                drafts = 0
-            else:
-                drafts = step["drafts"]
-                if hasattr(request, "spec_token_ids"):
-                    request.spec_token_ids = [7] * drafts
-                else:
-                    drafts = 0
-                new = request.num_tokens + drafts - computed
-            out = manager.allocate_slots(
-                request, new,
-                num_new_computed_tokens=hit if first else 0,
-                new_computed_blocks=blocks if first else None,
-                num_lookahead_tokens=0,
-            )
-            if out is None:
-                raise RuntimeError(f"allocate_slots found no free blocks at step {step}")
-            first = False
-            computed += new
+            self._allocate_step(manager, request, state, step)
             if step["kind"] == "decode":
-                rejected = drafts - step["accepted"]
-                computed -= rejected
-                if hasattr(request, "spec_token_ids"):
-                    request.spec_token_ids = []
                 emitted = step["accepted"] + 1
             else:
-                emitted = 1 if computed >= request.num_tokens else 0
-            request.num_computed_tokens = computed
+                emitted = 1 if state["computed"] >= request.num_tokens else 0
             for _ in range(emitted):
                 request.append_output_token_ids(next_token)
                 next_token += 1
@@ -293,6 +355,8 @@ def main():
             for case in request["cases"]:
                 _send(_run_one(driver, case))
             _send({"ok": True, "done": True})
+        elif request.get("op") in ("open_session", "session_actions"):
+            _send(_session_op(driver, request))
         else:
             _send(_run_one(driver, request["case"]))
     return 0
@@ -312,6 +376,17 @@ def _run_one(driver, case):
                  "traceback": traceback.format_exc()}
     reply["seconds"] = time.perf_counter() - started
     return reply
+
+
+def _session_op(driver, request):
+    try:
+        if request["op"] == "open_session":
+            return driver.open_session(request["case"])
+        return driver.session_actions(request["actions"])
+    except Unsupported as exc:
+        return {"ok": False, "unsupported": True, "error": str(exc)}
+    except BaseException as exc:  # a vLLM exception mid-replay is reported whole
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
 
 
 if __name__ == "__main__":
