@@ -1,5 +1,6 @@
 """`kvspec history` on real releases: one row per release, capabilities by
-introspection, conformance by fuzzing, the real code symbolically."""
+introspection, registration and lookup conformance by fuzzing, the real code
+symbolically."""
 
 from __future__ import annotations
 
@@ -21,8 +22,12 @@ def test_history_of_the_ci_releases(tmp_path, capsys):
     for row in by_version.values():
         assert row["status"] == "conforms" and row["cases"] >= 100
         assert row["symbolic"]["status"] == "VERIFIED"
+        assert row["lookup"]["status"] == "conforms" and row["lookup"]["cases"] >= 100
         assert row["capabilities"]["partial_hash_hits"] and row["capabilities"]["reprefillable_tokens"]
     assert by_version["0.33.0"]["capabilities"]["get_num_cacheable_tokens"] is True
     assert by_version["0.28.0"]["capabilities"]["get_num_cacheable_tokens"] is False
     table = capsys.readouterr().out
     assert "| 0.28.0 | yes | yes |" in table and "(in get_num_cacheable_tokens)" in table
+    # Lookahead block hashes (multi-module MTP) arrived with 0.33.
+    assert by_version["0.33.0"]["capabilities"]["lookahead_block_hashes"] is True
+    assert by_version["0.28.0"]["capabilities"]["lookahead_block_hashes"] is False

@@ -1,12 +1,14 @@
-"""``kvspec history --vllm 0.23.0..0.33.0``: the registration checks on every
-release in a range, one row per release, so a reviewer sees when a behaviour
-appeared or changed.
+"""``kvspec history --vllm 0.23.0..0.33.0``: the registration and lookup
+checks on every release in a range, one row per release, so a reviewer sees
+when a behaviour appeared or changed.
 
 Each row: the capabilities found by introspection (partial hash hits, the
-prefill lookahead, per-group EAGLE flags, where the rule lives), the rule
-those capabilities select in the spec, and the verdict of differential
-fuzzing against the spec (and, with ``--symbolic``, of the release's own
-registration code checked symbolically)."""
+prefill lookahead, per-group EAGLE flags, lookahead block hashes, where the
+rule lives), the rule those capabilities select in the spec, the verdict of
+differential fuzzing of the registration boundary against the spec, the
+verdict of the hit-length differential (a later request's lookup against the
+lookup model), and, with ``--symbolic``, the release's own registration code
+checked symbolically."""
 
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ from kvspec import exitcodes
 HISTORY_SCHEMA = "kvspec.history/1"
 RANGE_RE = re.compile(r"^(\d+\.\d+\.\d+)\.\.(\d+\.\d+\.\d+)$")
 RELEASE_RE = re.compile(r"^\d+\.\d+\.\d+$")  # final releases only (no rc, post or dev)
+CAPABILITY_COLUMNS = ("partial_hash_hits", "reprefillable_tokens", "per_group_eagle",
+                      "lookahead_block_hashes", "get_num_cacheable_tokens")
 
 
 def _key(version: str) -> tuple[int, ...]:
@@ -89,17 +93,21 @@ def check_release(version: str, max_examples: int, seed: int, symbolic: bool) ->
         with SubjectProcess(spec) as proc:
             caps = proc.capabilities
             result = fuzz_subject(proc, max_examples, seed)
+            # The same worker then answers the hit-length differential.
+            lookup = fuzz_subject(proc, max_examples, seed, lookup=True)
     except SubjectUnsupported as exc:
         return {**row, "status": "unsupported", "detail": str(exc)}
     except (SubjectError, ProvisionError) as exc:
         return {**row, "status": "error", "detail": str(exc)}
     row.update(
-        status="discrepancy" if result.failure else "conforms",
-        capabilities={k: caps.get(k) for k in ("partial_hash_hits", "reprefillable_tokens",
-                                                "per_group_eagle", "get_num_cacheable_tokens")},
+        status="discrepancy" if result.failure or lookup.failure else "conforms",
+        capabilities={k: caps.get(k) for k in CAPABILITY_COLUMNS},
         rule=rule_in_force(caps), cases=result.cases, examples=result.examples,
         seconds=round(result.seconds, 2),
         failure=None if result.failure is None else result.failure.as_dict(),
+        lookup={"status": "discrepancy" if lookup.failure else "conforms", "cases": lookup.cases,
+                "examples": lookup.examples, "seconds": round(lookup.seconds, 2),
+                "failure": None if lookup.failure is None else lookup.failure.as_dict()},
     )
     if symbolic:
         from oracles.symbolic import symbolic_check
@@ -113,20 +121,25 @@ def render_table(rows: list[dict[str, Any]], symbolic: bool) -> str:
     def yes(flag: Any) -> str:
         return "yes" if flag else "no"
 
-    header = ["release", "partial hits", "lookahead", "per-group EAGLE", "rule (spec era)", "fuzzing"]
+    def verdict(cases: int, failure: dict[str, Any] | None) -> str:
+        return f"conforms ({cases} cases)" if failure is None else f"DISCREPANCY: {failure['summary'][0]}"
+
+    header = ["release", "partial hits", "lookahead", "per-group EAGLE", "lookahead hashes",
+              "rule (spec era)", "registration", "lookup (hit length)"]
     if symbolic:
         header.append("real code, symbolically")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         if row["status"] in ("unsupported", "error"):
-            cells = [row["version"], "", "", "", "", f"{row['status']}: {row['detail']}"]
+            cells = [row["version"]] + [""] * 5 + [f"{row['status']}: {row['detail']}", ""]
             cells += [""] if symbolic else []
         else:
             caps = row["capabilities"]
-            verdict = (f"conforms ({row['cases']} cases)" if row["status"] == "conforms"
-                       else f"DISCREPANCY: {row['failure']['summary'][0]}")
+            lookup = row.get("lookup") or {}
             cells = [row["version"], yes(caps["partial_hash_hits"]), yes(caps["reprefillable_tokens"]),
-                     yes(caps["per_group_eagle"]), row["rule"], verdict]
+                     yes(caps["per_group_eagle"]), yes(caps.get("lookahead_block_hashes")), row["rule"],
+                     verdict(row["cases"], row.get("failure")),
+                     verdict(lookup["cases"], lookup.get("failure")) if lookup else "not run"]
             if symbolic:
                 cells.append(row["symbolic"]["status"])
         lines.append("| " + " | ".join(cells) + " |")
@@ -164,7 +177,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
-    history = sub.add_parser("history", help="the registration checks on every release in a range")
+    history = sub.add_parser("history", help="the registration and lookup checks on every release in a range")
     history.add_argument("--vllm", action="append", metavar="VERSION|LOW..HIGH",
                          help="a release or a range of releases, both ends included (repeatable)")
     history.add_argument("--max-examples", type=int, default=300, metavar="N", help="per release")

@@ -36,10 +36,14 @@ def test_each_era_names_its_rule():
 
 
 def test_table_rows_for_each_status():
+    caps = {"partial_hash_hits": True, "reprefillable_tokens": True, "per_group_eagle": True,
+            "lookahead_block_hashes": False, "get_num_cacheable_tokens": True}
     rows = [{"version": "0.22.1", "status": "unsupported", "detail": "too old"},
-            {"version": "0.33.0", "status": "conforms", "cases": 10, "rule": "r",
-             "capabilities": {"partial_hash_hits": True, "reprefillable_tokens": True,
-                              "per_group_eagle": True, "get_num_cacheable_tokens": True}}]
+            {"version": "0.33.0", "status": "conforms", "cases": 10, "rule": "r", "capabilities": caps,
+             "failure": None, "lookup": {"cases": 7, "failure": None}},
+            {"version": "0.34.0", "status": "discrepancy", "cases": 10, "rule": "r", "capabilities": caps,
+             "failure": None, "lookup": {"cases": 3, "failure": {"summary": ["hit 4 vs 8"]}}}]
     table = render_table(rows, symbolic=False)
-    assert "| 0.22.1 |  |  |  |  | unsupported: too old |" in table
-    assert "| 0.33.0 | yes | yes | yes | r | conforms (10 cases) |" in table
+    assert "| 0.22.1 |  |  |  |  |  | unsupported: too old |  |" in table
+    assert "| 0.33.0 | yes | yes | yes | no | r | conforms (10 cases) | conforms (7 cases) |" in table
+    assert "| 0.34.0 | yes | yes | yes | no | r | conforms (10 cases) | DISCREPANCY: hit 4 vs 8 |" in table
