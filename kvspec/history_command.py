@@ -82,6 +82,13 @@ def rule_in_force(capabilities: dict[str, Any]) -> str:
     return rule
 
 
+def _fuzz_fields(result) -> dict[str, Any]:
+    """What a row keeps of one fuzz run (the registration run's at the row's
+    top level, the lookup run's under ``lookup``)."""
+    return {"cases": result.cases, "examples": result.examples, "seconds": round(result.seconds, 2),
+            "failure": None if result.failure is None else result.failure.as_dict()}
+
+
 def check_release(version: str, max_examples: int, seed: int, symbolic: bool) -> dict[str, Any]:
     from diff_tests.fuzz import fuzz_subject
     from oracles.provision import ProvisionError
@@ -102,12 +109,8 @@ def check_release(version: str, max_examples: int, seed: int, symbolic: bool) ->
     row.update(
         status="discrepancy" if result.failure or lookup.failure else "conforms",
         capabilities={k: caps.get(k) for k in CAPABILITY_COLUMNS},
-        rule=rule_in_force(caps), cases=result.cases, examples=result.examples,
-        seconds=round(result.seconds, 2),
-        failure=None if result.failure is None else result.failure.as_dict(),
-        lookup={"status": "discrepancy" if lookup.failure else "conforms", "cases": lookup.cases,
-                "examples": lookup.examples, "seconds": round(lookup.seconds, 2),
-                "failure": None if lookup.failure is None else lookup.failure.as_dict()},
+        rule=rule_in_force(caps), **_fuzz_fields(result),
+        lookup={"status": "discrepancy" if lookup.failure else "conforms", **_fuzz_fields(lookup)},
     )
     if symbolic:
         from oracles.symbolic import symbolic_check
@@ -135,11 +138,11 @@ def render_table(rows: list[dict[str, Any]], symbolic: bool) -> str:
             cells += [""] if symbolic else []
         else:
             caps = row["capabilities"]
-            lookup = row.get("lookup") or {}
+            lookup = row["lookup"]
             cells = [row["version"], yes(caps["partial_hash_hits"]), yes(caps["reprefillable_tokens"]),
                      yes(caps["per_group_eagle"]), yes(caps.get("lookahead_block_hashes")), row["rule"],
-                     verdict(row["cases"], row.get("failure")),
-                     verdict(lookup["cases"], lookup.get("failure")) if lookup else "not run"]
+                     verdict(row["cases"], row["failure"]),
+                     verdict(lookup["cases"], lookup["failure"])]
             if symbolic:
                 cells.append(row["symbolic"]["status"])
         lines.append("| " + " | ".join(cells) + " |")
