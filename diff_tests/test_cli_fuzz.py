@@ -156,3 +156,20 @@ def test_replay_rejects_other_files(tmp_path, capsys):
     empty.write_text('{"schema": "kvspec.prove/1", "findings": []}')
     assert main(["replay", str(empty)]) == exitcodes.USAGE
     assert "holds no finding" in capsys.readouterr().err
+
+
+def test_emitted_tests_run_outside_the_surrounding_project_config(tmp_path):
+    """Findings are stored under the working directory by default, often a
+    project whose pytest configuration the vLLM runtime cannot parse (kvspec's
+    own adds --kvspec-profile): the regression-test check must not inherit it."""
+    from oracles.subject import release, run_pytest
+
+    project = tmp_path / "project"
+    findings = project / ".kvspec" / "findings"
+    findings.mkdir(parents=True)
+    (project / "pyproject.toml").write_text(
+        '[tool.pytest.ini_options]\naddopts = ["--an-option-only-a-plugin-knows"]\n')
+    test = findings / "test_vllm_imports.py"
+    test.write_text("def test_vllm_imports():\n    import vllm.v1.core.kv_cache_manager\n")
+    outcome = run_pytest(release("0.33.0"), str(test))
+    assert outcome["outcome"] == "passed", outcome

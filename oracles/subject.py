@@ -107,9 +107,13 @@ def run_pytest(spec: SubjectSpec, test_file: str, timeout: float = 600) -> dict[
     """Run one pytest file against a subject's vLLM: passed, failed or error."""
     python, root = resolve_subject(spec)
     test_file = os.path.abspath(test_file)
+    # -c os.devnull: the file is run on its own, never under the configuration
+    # of a project it happens to sit in (kvspec's own pyproject adds options
+    # that only kvspec's pytest plugin knows, and the runtime has no kvspec).
     try:
         out = subprocess.run(
-            [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:warnings", test_file],
+            [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:warnings",
+             "-c", os.devnull, "--rootdir", os.path.dirname(test_file), test_file],
             capture_output=True, text=True, timeout=timeout, env=subject_env(root),
             cwd=os.path.dirname(test_file))
     except subprocess.TimeoutExpired:
