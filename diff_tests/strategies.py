@@ -8,6 +8,7 @@ is not generated for it.
 
 from __future__ import annotations
 
+import functools
 import random
 from typing import Any
 
@@ -24,22 +25,38 @@ MAX_BATCH = 32
 MAX_PROMPT = 64
 
 
-def _divisors_between(S: int, H: int) -> list[int]:
-    return [b for b in range(H, S + 1, H) if S % b == 0]
+# Strategies are built once and reused: a strategy made afresh inside every
+# draw is validated afresh too, which cost more than the draw itself.
+_HASH_BLOCK = st.sampled_from((1, 2, 4))
+_SCHEDULER_MULTIPLE = st.sampled_from((1, 2, 3, 4, 6, 8))
+_FULL_ATTENTION_MULTIPLE = st.sampled_from((2, 3, 4, 6, 8))
+_GROUP_KIND = st.sampled_from(tuple(GroupKind))
+_SEED = st.integers(0, 2**32 - 1)
+
+
+@functools.lru_cache(maxsize=None)
+def _block_sizes(S: int, H: int) -> st.SearchStrategy[int]:
+    """A group's block size: a multiple of H that divides S."""
+    return st.sampled_from(tuple(b for b in range(H, S + 1, H) if S % b == 0))
+
+
+@functools.lru_cache(maxsize=None)
+def _between(low: int, high: int) -> st.SearchStrategy[int]:
+    return st.integers(low, high)
 
 
 @st.composite
 def configs(draw, capabilities: dict[str, Any] | None = None, max_groups: int = 3) -> CoordinatorConfig:
     caps = capabilities or {}
-    H = draw(st.sampled_from((1, 2, 4)))
-    S = H * draw(st.sampled_from((1, 2, 3, 4, 6, 8)))
-    blocks = _divisors_between(S, H)
-    count = draw(st.integers(2, max_groups))
+    H = draw(_HASH_BLOCK)
+    S = H * draw(_SCHEDULER_MULTIPLE)
+    blocks = _block_sizes(S, H)
+    count = draw(_between(2, max_groups))
     groups = []
     for _ in range(count):
-        kind = draw(st.sampled_from(tuple(GroupKind)))
-        block = draw(st.sampled_from(blocks))
-        window = draw(st.integers(1, 2 * S)) if kind is GroupKind.SLIDING_WINDOW else 0
+        kind = draw(_GROUP_KIND)
+        block = draw(blocks)
+        window = draw(_between(1, 2 * S)) if kind is GroupKind.SLIDING_WINDOW else 0
         eagle = kind is not GroupKind.MAMBA_ALIGN and draw(st.booleans())
         groups.append(KVCacheGroup(kind, block, eagle=eagle, sliding_window=window))
     # A hybrid model has at least two distinct KV-cache specs (0.23-0.31
@@ -48,11 +65,11 @@ def configs(draw, capabilities: dict[str, Any] | None = None, max_groups: int = 
     if len(specs) < 2:
         first = groups[0]
         other = GroupKind.MAMBA_ALIGN if first.kind is not GroupKind.MAMBA_ALIGN else GroupKind.FULL_ATTENTION
-        groups[-1] = KVCacheGroup(other, draw(st.sampled_from(blocks)))
+        groups[-1] = KVCacheGroup(other, draw(blocks))
     any_eagle = any(g.eagle for g in groups)
     lookahead = 0
     if caps.get("reprefillable_tokens", True):
-        lookahead = draw(st.integers(0, S if any_eagle else 2 * S))
+        lookahead = draw(_between(0, S if any_eagle else 2 * S))
     return CoordinatorConfig(
         groups=tuple(groups), scheduler_block_size=S, hash_block_size=H,
         num_prefill_lookahead=lookahead,
@@ -101,8 +118,8 @@ def batches(draw, capabilities: dict[str, Any] | None = None, max_size: int = MA
     """One configuration (drawn, so Hypothesis shrinks it) and a batch of
     requests from a drawn seed, each run on a fresh manager."""
     config = draw(configs(capabilities))
-    count = draw(st.integers(1, max_size))
-    rng = random.Random(draw(st.integers(0, 2**32 - 1)))
+    count = draw(_between(1, max_size))
+    rng = random.Random(draw(_SEED))
     return tuple(Case(config, *random_request(rng)) for _ in range(count))
 
 
@@ -111,14 +128,13 @@ def full_attention_configs(draw, capabilities: dict[str, Any] | None = None) -> 
     """Layouts of full-attention groups only (two or three distinct block
     sizes): where the lookup model predicts the hit exactly."""
     caps = capabilities or {}
-    H = draw(st.sampled_from((1, 2, 4)))
-    S = H * draw(st.sampled_from((2, 3, 4, 6, 8)))
-    blocks = _divisors_between(S, H)
-    sizes = draw(st.lists(st.sampled_from(blocks), min_size=2, max_size=3, unique=True))
+    H = draw(_HASH_BLOCK)
+    S = H * draw(_FULL_ATTENTION_MULTIPLE)
+    sizes = draw(st.lists(_block_sizes(S, H), min_size=2, max_size=3, unique=True))
     groups = tuple(KVCacheGroup(GroupKind.FULL_ATTENTION, b, eagle=draw(st.booleans())) for b in sizes)
     lookahead = 0
     if caps.get("reprefillable_tokens", True):
-        lookahead = draw(st.integers(0, S if any(g.eagle for g in groups) else 2 * S))
+        lookahead = draw(_between(0, S if any(g.eagle for g in groups) else 2 * S))
     return CoordinatorConfig(groups=groups, scheduler_block_size=S, hash_block_size=H,
                              num_prefill_lookahead=lookahead)
 
@@ -143,8 +159,8 @@ def lookup_batches(draw, capabilities: dict[str, Any] | None = None,
         config = draw(full_attention_configs(capabilities))
     else:
         config = draw(configs(capabilities))
-    count = draw(st.integers(1, max_size))
-    rng = random.Random(draw(st.integers(0, 2**32 - 1)))
+    count = draw(_between(1, max_size))
+    rng = random.Random(draw(_SEED))
     out = []
     for _ in range(count):
         prompt_len, steps = random_request(rng)
