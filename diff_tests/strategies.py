@@ -79,20 +79,20 @@ def configs(draw, capabilities: dict[str, Any] | None = None, max_groups: int = 
 @st.composite
 def step_sequences(draw, prompt_len: int, max_decodes: int = 4) -> tuple[Step, ...]:
     # Split the prompt into 1-3 prefill chunks, then a few decode steps.
-    cuts = sorted(draw(st.sets(st.integers(1, max(1, prompt_len - 1)), max_size=2)))
+    cuts = sorted(draw(st.sets(_between(1, max(1, prompt_len - 1)), max_size=2)))
     cuts = [c for c in cuts if 0 < c < prompt_len]
     edges = [0, *cuts, prompt_len]
     steps = [Step("prefill", tokens=b - a) for a, b in zip(edges, edges[1:])]
-    for _ in range(draw(st.integers(0, max_decodes))):
-        drafts = draw(st.integers(0, 3))
-        steps.append(Step("decode", drafts=drafts, accepted=draw(st.integers(0, drafts))))
+    for _ in range(draw(_between(0, max_decodes))):
+        drafts = draw(_between(0, 3))
+        steps.append(Step("decode", drafts=drafts, accepted=draw(_between(0, drafts))))
     return tuple(steps)
 
 
 @st.composite
 def cases(draw, capabilities: dict[str, Any] | None = None) -> Case:
     config = draw(configs(capabilities))
-    prompt_len = draw(st.integers(1, MAX_PROMPT))
+    prompt_len = draw(_between(1, MAX_PROMPT))
     return Case(config, prompt_len, draw(step_sequences(prompt_len)))
 
 
