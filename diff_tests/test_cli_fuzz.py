@@ -102,6 +102,8 @@ def test_release_before_023_is_unsupported(tmp_path, capsys):
 @pytest.mark.parametrize("args, message", [
     ([], "name a subject"),
     (["--vllm-src", "/nonexistent"], "no vllm package under /nonexistent"),
+    (["--vllm", "0.33.0", "--mutant", "no_such_rule"], "unknown mutation operator 'no_such_rule'"),
+    (["--current", "--mutant", "refloor_50062"], "--mutant applies to a release: add --vllm VERSION"),
 ])
 def test_usage_errors(args, message, capsys):
     assert main(["fuzz", *args]) == exitcodes.USAGE
@@ -145,6 +147,18 @@ def test_mutant_finding_report_replay_and_regression_test(tmp_path, capsys):
     assert "STILL FAILING" in capsys.readouterr().out
     assert main(["replay", str(finding_file), "--vllm", "0.33.0"]) == exitcodes.OK
     assert "FIXED" in capsys.readouterr().out
+
+
+def test_mutant_option_fuzzes_the_release_and_its_mutant(tmp_path):
+    """`kvspec fuzz --vllm 0.33.0 --mutant refloor_50062`: the release as the
+    control (clean), the mutant tree beside it (the #50062 minimal example)."""
+    code, doc = run(["--vllm", "0.33.0", "--mutant", "refloor_50062", "--max-examples", "300",
+                     "--no-verify-test"], tmp_path)
+    assert code == exitcodes.FINDING
+    release_run, mutant_run = doc["subjects"]
+    assert release_run["subject"]["label"] == "vllm 0.33.0" and release_run["verdict"] == "no discrepancy"
+    assert mutant_run["subject"]["label"] == "vllm 0.33.0 + refloor_50062"
+    assert mutant_run["finding"]["explanation"]["diagnosis"] == "regression_50062"
 
 
 def test_replay_rejects_other_files(tmp_path, capsys):

@@ -160,24 +160,21 @@ def cmd_hitrate(args: argparse.Namespace) -> int:
     from kvspec.cli import UsageError, _write
     from kvspec.hitrate_plot import render_svg
     from kvspec.mutants_command import mutant_tree
-    from kvspec.subject_commands import _subject_specs
+    from kvspec.subject_commands import _subject_specs, mutant_operators
     from model.workload import Workload
     from oracles.hitrate import ReplayError
-    from oracles.mutants import mutant
     from oracles.provision import ProvisionError
     from oracles.subject import SubjectError, source_tree
 
     specs = _subject_specs(args)
     if not specs:
         raise UsageError("name a subject: --vllm 0.33.0 (a release) or --vllm-src PATH (a tree)")
+    operators = mutant_operators(args)
     try:
-        operators = [mutant(name) for name in args.mutant or []]
         workload = Workload(seed=args.seed, conversations=args.conversations, turns=args.turns,
                             concurrency=args.concurrency)
-    except (KeyError, ValueError) as exc:
-        raise UsageError(str(exc).strip("'")) from None
-    if operators and not args.vllm:
-        raise UsageError("--mutant applies to a release: add --vllm VERSION")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     try:
         block_sizes = [int(x) for x in args.scheduler_block_size.split(",")]
         configs = [layout(args.layout, S) for S in block_sizes]

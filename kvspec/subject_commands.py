@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from kvspec import exitcodes
 
 FUZZ_SCHEMA = "kvspec.fuzz/2"
@@ -35,6 +37,41 @@ def _subject_specs(args: argparse.Namespace):
         raise UsageError(str(exc)) from None
     if args.current:
         specs.append(current_environment())
+    return specs
+
+
+def mutant_operators(args: argparse.Namespace):
+    """The ``--mutant`` operators named on the command line (each applies to
+    every ``--vllm`` release); an unknown name or no release is a UsageError."""
+    from kvspec.cli import UsageError
+    from oracles.mutants import mutant
+
+    try:
+        operators = [mutant(name) for name in getattr(args, "mutant", None) or []]
+    except KeyError as exc:
+        raise UsageError(str(exc).strip("\"'")) from None
+    if operators and not args.vllm:
+        raise UsageError("--mutant applies to a release: add --vllm VERSION")
+    return operators
+
+
+def _mutant_specs(args: argparse.Namespace):
+    """Each ``--vllm`` release with each ``--mutant`` applied: the trees
+    ``kvspec mutants`` fuzzes, made (and cached) here if need be."""
+    from kvspec.cli import UsageError
+    from kvspec.mutants_command import mutant_tree
+    from oracles.mutants import MutationError
+    from oracles.provision import ProvisionError
+    from oracles.subject import source_tree
+
+    specs = []
+    for op in mutant_operators(args):
+        for version in args.vllm:
+            try:
+                tree = source_tree(str(mutant_tree(version, op)))
+            except (MutationError, ProvisionError) as exc:
+                raise UsageError(f"--mutant {op.name} on vLLM {version}: {exc}") from None
+            specs.append(attrs.evolve(tree, label=f"vllm {version} + {op.name}"))
     return specs
 
 
@@ -165,7 +202,7 @@ def _fuzz_exit(outcomes, errors) -> int:
 def cmd_fuzz(args: argparse.Namespace) -> int:
     from kvspec.cli import STARTED, UsageError
 
-    specs = _subject_specs(args)
+    specs = _subject_specs(args) + _mutant_specs(args)
     if not specs:
         raise UsageError("name a subject: --vllm VERSION, --vllm-src PATH or --current")
     if args.jobs < 1:
@@ -215,6 +252,9 @@ def add_subject_arguments(parser: argparse.ArgumentParser) -> None:
 def register(sub: "argparse._SubParsersAction") -> None:
     fuzz = sub.add_parser("fuzz", help="differential fuzzing against real vLLM coordinators")
     add_subject_arguments(fuzz)
+    fuzz.add_argument("--mutant", action="append", metavar="NAME",
+                      help="also fuzz each --vllm release with this mutation applied, as kvspec mutants "
+                           "does (repeatable; e.g. refloor_50062, the #50062 regression)")
     fuzz.add_argument("--max-examples", type=int, default=2000, metavar="N")
     fuzz.add_argument("--seed", type=int, default=None, metavar="S", help="printed first when chosen at random")
     fuzz.add_argument("--json", metavar="FILE", help="write the versioned result")
