@@ -139,6 +139,14 @@ def fuzz_finding(result, versions: dict[str, str], *, explain: bool = True,
     common = dict(source="fuzz", compared=compared, inputs=inputs, run=run, observations=reply,
                   detail="; ".join(d.summary() for d in failure.discrepancies),
                   traceback=reply.get("traceback"))
+    if category in _LOOKUP_CATEGORIES and case.probe is not None and reply.get("ok"):
+        # What the emitted regression test pins: the hits the contract admits
+        # and, where the model is exact, the spec's hit.
+        from oracles.lookup import admissible_hits, exact_lookup_applies, expected_hit, handed_tokens
+
+        inputs["admissible_hits"] = admissible_hits(case, caps, handed_tokens(case, reply))
+        if exact_lookup_applies(case):
+            inputs["expected_hit"] = expected_hit(case, caps, reply.get("calls", []))
     if first.call is None:
         verdict, note = _NO_CALL_LEDGER[category]
         return Finding(verdict=f"DISCREPANCY: {category.title} ({category.meaning}) in {label}",

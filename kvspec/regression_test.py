@@ -15,10 +15,15 @@ from typing import Any
 
 from model.finding import Finding
 
-__all__ = ["ASSERT_MESSAGE", "critical_steps", "emit_test", "test_file_name"]
+__all__ = ["ASSERT_MESSAGE", "LOOKUP_ASSERT_MESSAGE", "ASSERT_MESSAGES", "critical_steps", "emit_test",
+           "test_file_name"]
 
-# The emitted assertion's message: a failure counts only when it is this one.
+# The emitted assertions' messages: a failure counts only when it is one of these.
 ASSERT_MESSAGE = "cache_blocks bound per group"
+LOOKUP_ASSERT_MESSAGE = "later request's prefix-cache hit"
+ASSERT_MESSAGES = (ASSERT_MESSAGE, LOOKUP_ASSERT_MESSAGE)
+
+_LOOKUP_CATEGORIES = ("lookup_contract", "hit_mismatch")
 
 _SPEC_CLASSES = {"full_attention": "FullAttentionSpec", "sliding_window": "SlidingWindowSpec",
                  "mamba_align": "MambaSpec"}
@@ -61,11 +66,110 @@ def _group_spec(i: int, g: dict[str, Any], per_group_eagle: bool) -> str:
 
 
 def emit_test(f: Finding, capabilities: dict[str, Any]) -> str | None:
-    """The test's source, or None when the finding has no per-group values to pin."""
+    """The test's source, or None when the finding has nothing to pin."""
+    if f.category.value in _LOOKUP_CATEGORIES:
+        return _emit_lookup_test(f, capabilities)
     chosen = critical_steps(f)
     if chosen is None:
         return None
     prompt_len, steps, expected = chosen
+    single = len(steps) == 1 and steps[0]["kind"] == "prefill"
+    name = test_file_name(f)[len("test_"):-len(".py")]
+    groups = f.inputs["config"]["groups"]
+    lines = _preamble(f, capabilities, prompt_len, steps, [
+        f"{f.category.title} of the prefix-cache registration bound",
+        f"Found against {_source(f)}; the expected values are kvspec's specification of",
+        "HybridKVCacheCoordinator.cache_blocks: the bound each KV-cache group receives.",
+    ])
+    lines += [
+        f"def test_{name}(monkeypatch):",
+        "    init_none_hash(sha256)",
+        "    manager = make_manager()",
+        "    coordinator = manager.coordinator",
+        "    bounds = []  # per cache_blocks call: the num_tokens each group receives",
+        "",
+        "    def new_call(*args, _orig=coordinator.cache_blocks, **kw):",
+        f"        bounds.append([None] * {len(groups)})",
+        "        return _orig(*args, **kw)",
+        "",
+        '    monkeypatch.setattr(coordinator, "cache_blocks", new_call)',
+        "    for group_id, group_manager in enumerate(coordinator.single_type_managers):",
+        "        def record(request, num_tokens, *args, _id=group_id, _orig=group_manager.cache_blocks, **kw):",
+        "            bounds[-1][_id] = num_tokens",
+        "            return _orig(request, num_tokens, *args, **kw)",
+        "",
+        '        monkeypatch.setattr(group_manager, "cache_blocks", record)',
+        "",
+        f"    request = make_request({prompt_len})",
+        "    blocks, num_hit = manager.get_computed_blocks(request)[:2]",
+    ]
+    if single:
+        lines += [
+            f"    assert manager.allocate_slots(request, {prompt_len} - num_hit, num_new_computed_tokens=num_hit,",
+            "                                  new_computed_blocks=blocks) is not None",
+        ]
+    else:
+        lines += _drive_steps(steps)
+    lines += [
+        f"    expected = {expected!r}  # the spec's bound per group, per call",
+        "    assert bounds == expected, (",
+        f'        f"{ASSERT_MESSAGE}: expected {{expected}} (spec), got {{bounds}}")',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _emit_lookup_test(f: Finding, capabilities: dict[str, Any]) -> str | None:
+    """A lookup finding's test: the writer's steps, then the later request's
+    ``get_computed_blocks``; the spec's hit where the model is exact, else
+    the hit lengths the contract admits."""
+    inputs = f.inputs
+    probe = inputs.get("probe")
+    if not probe or ("expected_hit" not in inputs and "admissible_hits" not in inputs):
+        return None
+    prompt_len, steps = inputs["prompt_len"], list(inputs["steps"])
+    name = test_file_name(f)[len("test_"):-len(".py")]
+    lines = _preamble(f, capabilities, prompt_len, steps, [
+        f"{f.category.title} of a later request's prefix-cache hit",
+        f"Found against {_source(f)}; after the writer's steps, a later request sharing its",
+        f"first {probe['shared']} tokens looks up: the expected hit is kvspec's specification",
+        "(registration by model.spec, then the lookup of model.lookup).",
+    ], later_request=True)
+    lines += [
+        f"def test_{name}():",
+        "    init_none_hash(sha256)",
+        "    manager = make_manager()",
+        f"    request = make_request({prompt_len})",
+        "    blocks, num_hit = manager.get_computed_blocks(request)[:2]",
+        *_drive_steps(steps),
+        f"    shared = list(request.all_token_ids)[:{probe['shared']}]",
+        f"    later = make_later_request(shared + [90000 + i for i in range({probe['extra']})])",
+        "    hit = manager.get_computed_blocks(later)[1]",
+    ]
+    if "expected_hit" in inputs:
+        lines += [
+            f"    expected = {inputs['expected_hit']!r}  # the spec's hit, in tokens",
+            "    assert hit == expected, (",
+            f'        f"{LOOKUP_ASSERT_MESSAGE}: expected {{expected}} tokens (spec), got {{hit}}")',
+        ]
+    else:
+        lines += [
+            f"    admissible = {inputs['admissible_hits']!r}  # hit lengths the spec's contract admits",
+            "    assert hit in admissible, (",
+            f'        f"{LOOKUP_ASSERT_MESSAGE}: the contract admits {{admissible}} tokens, got {{hit}}")',
+        ]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _source(f: Finding) -> str:
+    return f.compared.get("subject", {}).get("label", "a subject")
+
+
+def _preamble(f: Finding, capabilities: dict[str, Any], prompt_len: int, steps: list[dict[str, Any]],
+              about: list[str], later_request: bool = False) -> list[str]:
+    """Docstring (``about``: its title, then its text), imports, ``make_manager`` and ``make_request`` (and with
+    ``later_request`` a second request factory), for this release's keywords."""
     config = f.inputs["config"]
     groups = config["groups"]
     decode_tokens = sum(s["drafts"] + 1 for s in steps if s["kind"] == "decode")
@@ -99,15 +203,11 @@ def emit_test(f: Finding, capabilities: dict[str, Any]) -> str | None:
                           if k in capabilities["request_keywords"]}
     kinds = sorted({_SPEC_CLASSES[g["kind"]] for g in groups})
     per_group_eagle = bool(capabilities.get("per_group_eagle"))
-    single = len(steps) == 1 and steps[0]["kind"] == "prefill"
-    name = test_file_name(f)[len("test_"):-len(".py")]
-    source = f.compared.get("subject", {}).get("label", "a subject")
     lines = [
         "# SPDX-License-Identifier: Apache-2.0",
-        f'"""{f.category.title} of the prefix-cache registration bound (emitted by kvspec).',
+        f'"""{about[0]} (emitted by kvspec).',
         "",
-        f"Found against {source}; the expected values are kvspec's specification of",
-        "HybridKVCacheCoordinator.cache_blocks: the bound each KV-cache group receives.",
+        *about[1:],
         '"""',
         "import torch",
         "",
@@ -147,54 +247,37 @@ def emit_test(f: Finding, capabilities: dict[str, Any]) -> str | None:
         "    )",
         "",
         "",
-        f"def test_{name}(monkeypatch):",
-        "    init_none_hash(sha256)",
-        "    manager = make_manager()",
-        "    coordinator = manager.coordinator",
-        "    bounds = []  # per cache_blocks call: the num_tokens each group receives",
-        "",
-        "    def new_call(*args, _orig=coordinator.cache_blocks, **kw):",
-        f"        bounds.append([None] * {len(groups)})",
-        "        return _orig(*args, **kw)",
-        "",
-        '    monkeypatch.setattr(coordinator, "cache_blocks", new_call)',
-        "    for group_id, group_manager in enumerate(coordinator.single_type_managers):",
-        "        def record(request, num_tokens, *args, _id=group_id, _orig=group_manager.cache_blocks, **kw):",
-        "            bounds[-1][_id] = num_tokens",
-        "            return _orig(request, num_tokens, *args, **kw)",
-        "",
-        '        monkeypatch.setattr(group_manager, "cache_blocks", record)',
-        "",
-        f"    request = make_request({prompt_len})",
-        "    blocks, num_hit = manager.get_computed_blocks(request)[:2]",
     ]
-    if single:
+    if later_request:
+        later = {**request_kwargs, "request_id": '"1"', "prompt_token_ids": "token_ids"}
         lines += [
-            f"    assert manager.allocate_slots(request, {prompt_len} - num_hit, num_new_computed_tokens=num_hit,",
-            "                                  new_computed_blocks=blocks) is not None",
+            "def make_later_request(token_ids):",
+            "    return Request(",
+            *[f"        {k}={v}," for k, v in later.items()],
+            "    )",
+            "",
+            "",
         ]
-    else:
-        lines += [
-            f"    steps = {steps!r}",
-            "    computed, first = num_hit, True",
-            "    for step in steps:",
-            '        drafts = step["drafts"] if step["kind"] == "decode" else 0',
-            "        request.spec_token_ids = [7] * drafts",
-            '        new = step["tokens"] if step["kind"] == "prefill" else request.num_tokens + drafts - computed',
-            "        assert manager.allocate_slots(",
-            "            request, new, num_new_computed_tokens=num_hit if first else 0,",
-            "            new_computed_blocks=blocks if first else None) is not None",
-            '        first, computed = False, computed + new - (drafts - step["accepted"])',
-            "        request.spec_token_ids = []",
-            "        request.num_computed_tokens = computed",
-            '        emitted = step["accepted"] + 1 if step["kind"] == "decode" else int(computed >= request.num_tokens)',
-            "        for _ in range(emitted):",
-            "            request.append_output_token_ids(5000)",
-        ]
-    lines += [
-        f"    expected = {expected!r}  # the spec's bound per group, per call",
-        "    assert bounds == expected, (",
-        f'        f"{ASSERT_MESSAGE}: expected {{expected}} (spec), got {{bounds}}")',
-        "",
+    return lines
+
+
+def _drive_steps(steps: list[dict[str, Any]]) -> list[str]:
+    """The request's scheduler steps, as kvspec's driver takes them: prefill
+    chunks, then decodes whose rejected drafts are rolled back."""
+    return [
+        f"    steps = {steps!r}",
+        "    computed, first = num_hit, True",
+        "    for step in steps:",
+        '        drafts = step["drafts"] if step["kind"] == "decode" else 0',
+        "        request.spec_token_ids = [7] * drafts",
+        '        new = step["tokens"] if step["kind"] == "prefill" else request.num_tokens + drafts - computed',
+        "        assert manager.allocate_slots(",
+        "            request, new, num_new_computed_tokens=num_hit if first else 0,",
+        "            new_computed_blocks=blocks if first else None) is not None",
+        '        first, computed = False, computed + new - (drafts - step["accepted"])',
+        "        request.spec_token_ids = []",
+        "        request.num_computed_tokens = computed",
+        '        emitted = step["accepted"] + 1 if step["kind"] == "decode" else int(computed >= request.num_tokens)',
+        "        for _ in range(emitted):",
+        "            request.append_output_token_ids(5000)",
     ]
-    return "\n".join(lines)

@@ -33,7 +33,8 @@ from model.spec import inputs_for_group
 from .case import Case
 from .oracle import Discrepancy, compare, expected_calls, expected_regime
 
-__all__ = ["exact_lookup_applies", "expected_hit", "compare_lookup", "check_case"]
+__all__ = ["exact_lookup_applies", "expected_hit", "handed_tokens", "contract_violations",
+           "admissible_hits", "compare_lookup", "check_case"]
 
 _CONTRACT_KINDS = (GroupKind.FULL_ATTENTION, GroupKind.SLIDING_WINDOW)
 
@@ -63,13 +64,20 @@ def expected_hit(case: Case, capabilities: dict[str, Any], calls: list[dict]) ->
     return dense_lookup_hit(INT, groups, reaches, probe.total_tokens - 1)
 
 
-def compare_lookup(case: Case, capabilities: dict[str, Any], reply: dict[str, Any]) -> list[Discrepancy]:
-    """Discrepancies of the later request's hit (empty if the reply has no
-    probe, e.g. the writer already failed: ``oracle.compare`` reports that)."""
-    if not reply.get("ok") or case.probe is None or "probe" not in reply:
-        return []
+def handed_tokens(case: Case, reply: dict[str, Any]) -> list[int]:
+    """Per group, the most tokens the writer handed to its ``cache_blocks``."""
+    handed = [0] * len(case.config.groups)
+    for call in reply.get("calls", ()):
+        handed = [max(h, t or 0) for h, t in zip(handed, call["num_tokens"])]
+    return handed
+
+
+def contract_violations(case: Case, capabilities: dict[str, Any], hit: int,
+                        handed: list[int]) -> list[str]:
+    """What a hit of ``hit`` tokens for ``case.probe`` breaks of the contract
+    (empty: the contract admits it), given what the writer handed each group."""
     config, probe = case.config, case.probe
-    hit = reply["probe"]["hit"]
+    assert probe is not None
     regime = expected_regime(config, capabilities)
     found: list[str] = []
     p0 = inputs_for_group(config, 0, 0, partial=regime.partial_hash_hits)
@@ -80,9 +88,6 @@ def compare_lookup(case: Case, capabilities: dict[str, Any], reply: dict[str, An
         found.append(f"hit {hit} is past the {probe.shared} shared tokens")
     if hit > probe.total_tokens - 1:
         found.append(f"hit {hit} leaves no token of the {probe.total_tokens}-token request to compute")
-    handed = [0] * len(config.groups)
-    for call in reply.get("calls", ()):
-        handed = [max(h, t or 0) for h, t in zip(handed, call["num_tokens"])]
     if hit > 0:
         for i, group in enumerate(config.groups):
             if group.kind not in _CONTRACT_KINDS:
@@ -93,6 +98,24 @@ def compare_lookup(case: Case, capabilities: dict[str, Any], reply: dict[str, An
             if need > handed[i]:
                 found.append(f"group {i} ({group.label()}) needs {need} tokens for hit {hit}, "
                              f"the writer registered at most {handed[i]}")
+    return found
+
+
+def admissible_hits(case: Case, capabilities: dict[str, Any], handed: list[int]) -> list[int]:
+    """Every hit length the contract admits for ``case.probe``."""
+    assert case.probe is not None
+    return [h for h in range(case.probe.total_tokens)
+            if not contract_violations(case, capabilities, h, handed)]
+
+
+def compare_lookup(case: Case, capabilities: dict[str, Any], reply: dict[str, Any]) -> list[Discrepancy]:
+    """Discrepancies of the later request's hit (empty if the reply has no
+    probe, e.g. the writer already failed: ``oracle.compare`` reports that)."""
+    if not reply.get("ok") or case.probe is None or "probe" not in reply:
+        return []
+    probe = case.probe
+    hit = reply["probe"]["hit"]
+    found = contract_violations(case, capabilities, hit, handed_tokens(case, reply))
     if found:
         return [Discrepancy("lookup_contract", None, None, (), (hit,), detail="; ".join(found))]
     if exact_lookup_applies(case):

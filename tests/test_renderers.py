@@ -84,6 +84,33 @@ def test_emitted_regression_test(finding):
     assert_snapshot("regression_test.py.txt", code)
 
 
+@pytest.mark.parametrize("pinned", [{"expected_hit": 4, "admissible_hits": [0, 2, 4]},
+                                    {"admissible_hits": [0, 2, 4]}, {}])
+def test_emitted_lookup_regression_test(finding, pinned):
+    """A lookup finding's test drives the writer, then the later request, and
+    pins the spec's hit (exact model) or the contract's admissible hits."""
+    import attrs
+
+    from kvspec.regression_test import LOOKUP_ASSERT_MESSAGE
+    from model.finding import Category
+
+    inputs = {**finding.inputs, "probe": {"shared": 6, "extra": 2}, **pinned}
+    inputs.pop("expected_calls", None)
+    lookup = attrs.evolve(finding, category=Category.HIT_MISMATCH, inputs=inputs, sweep=None)
+    code = emit_test(lookup, {"per_group_eagle": True, "reprefillable_tokens": True})
+    if not pinned:
+        assert code is None  # nothing the spec pins: no test rather than a vacuous one
+        return
+    ast.parse(code)
+    assert "list(request.all_token_ids)[:6]" in code and "range(2)" in code
+    assert "def make_later_request(token_ids):" in code and LOOKUP_ASSERT_MESSAGE in code
+    if "expected_hit" in pinned:
+        assert "expected = 4" in code and "assert hit == expected" in code
+    else:
+        assert "admissible = [0, 2, 4]" in code and "assert hit in admissible" in code
+    assert "a later request's prefix-cache hit (emitted by kvspec)" in code
+
+
 def test_report_command_writes_every_form(tmp_path, monkeypatch):
     from kvspec import exitcodes
     from kvspec.cli import main
