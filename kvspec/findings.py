@@ -141,7 +141,8 @@ def fuzz_finding(result, versions: dict[str, str], *, explain: bool = True,
                   traceback=reply.get("traceback"))
     if category in _LOOKUP_CATEGORIES and case.probe is not None and reply.get("ok"):
         # What the emitted regression test pins: the hits the contract admits
-        # and, where the model is exact, the spec's hit.
+        # and, where the model is exact, the spec's hit.  (A lookup finding
+        # means registration agreed, so what the writer handed is the spec's.)
         from oracles.lookup import admissible_hits, exact_lookup_applies, expected_hit, handed_tokens
 
         inputs["admissible_hits"] = admissible_hits(case, caps, handed_tokens(case, reply))
