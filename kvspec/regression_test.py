@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from model.finding import Finding
+from oracles.case import Case
 
 __all__ = ["ASSERT_MESSAGE", "LOOKUP_ASSERT_MESSAGE", "ASSERT_MESSAGES", "critical_steps", "emit_test",
            "test_file_name"]
@@ -172,9 +173,9 @@ def _preamble(f: Finding, capabilities: dict[str, Any], prompt_len: int, steps: 
     ``later_request`` a second request factory), for this release's keywords."""
     config = f.inputs["config"]
     groups = config["groups"]
-    decode_tokens = sum(s["drafts"] + 1 for s in steps if s["kind"] == "decode")
-    max_model_len = prompt_len + decode_tokens + 16
-    num_blocks = sum(max_model_len // g["block_size"] + 2 for g in groups) + 4
+    # The geometry kvspec's worker gives vLLM for these steps.
+    case = Case.from_dict({"config": config, "prompt_len": prompt_len, "steps": steps})
+    max_model_len, num_blocks = case.max_model_len, case.num_blocks
     manager_kwargs = {
         "max_model_len": max_model_len,
         "scheduler_block_size": config["scheduler_block_size"],

@@ -81,7 +81,17 @@ class Case:
 
     @property
     def max_model_len(self) -> int:
-        return self.prompt_len + sum(s.drafts + 1 for s in self.steps if s.kind == "decode") + 16
+        """The model's context length: room for every token the steps
+        compute plus slack, rounded up to a multiple of 128 so that the
+        requests of a fuzzing batch share one manager geometry (the worker
+        reuses a manager across cases of equal geometry)."""
+        needed = self.prompt_len + sum(s.drafts + 1 for s in self.steps if s.kind == "decode") + 16
+        return -(-needed // 128) * 128
+
+    @property
+    def num_blocks(self) -> int:
+        """The block pool: every group's blocks for the whole context, and spares."""
+        return sum(self.max_model_len // g.block_size + 2 for g in self.config.groups) + 4
 
     def to_worker(self) -> dict[str, Any]:
         c = self.config
@@ -97,8 +107,11 @@ class Case:
             "num_prefill_lookahead": c.num_prefill_lookahead,
             "dcp_world_size": c.dcp_world_size,
             "max_model_len": self.max_model_len,
+            "num_blocks": self.num_blocks,
             "prompt_len": self.prompt_len,
-            "steps": [attrs.asdict(s) for s in self.steps],
+            # Written out rather than attrs.asdict: this runs for every case fuzzed.
+            "steps": [{"kind": s.kind, "tokens": s.tokens, "drafts": s.drafts, "accepted": s.accepted}
+                      for s in self.steps],
             **({"probe": attrs.asdict(self.probe)} if self.probe else {}),
         }
 

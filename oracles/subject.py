@@ -213,6 +213,12 @@ class SubjectProcess:
         reply = self._exchange(message)
         return self._crash_reply() if reply is None else reply
 
+    def stats(self) -> dict[str, Any]:
+        """The worker's counters: cases run, KVCacheManagers built for them
+        (fewer when managers are reused), whether reuse is on."""
+        reply = self._exchange({"op": "stats"})
+        return self._crash_reply() if reply is None else reply
+
     def run_many(self, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Several examples in one round trip.  After a crash the cases are
         rerun alone, up to the one that crashes the worker, so the crash is

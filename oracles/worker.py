@@ -63,6 +63,13 @@ class Driver:
         self.sha256 = sha256
         self.utils.init_none_hash(sha256)
         self.hashers = {}
+        self.sampling = {}  # max_tokens -> SamplingParams
+        # A case's manager is reused by the next case of the same geometry
+        # (see _recorded_manager); KVSPEC_FRESH_MANAGERS=1 builds one per case.
+        self.reuse_managers = os.environ.get("KVSPEC_FRESH_MANAGERS") != "1"
+        self.spares = {}  # geometry key -> RecordedManager, least recently kept first
+        self.serial = 0  # cases run
+        self.managers_built = 0  # for those cases
         self.manager_params = set(inspect.signature(KVCacheManager.__init__).parameters)
         self.request_params = set(inspect.signature(Request.__init__).parameters)
         group_fields = {f.name for f in dataclasses.fields(kv_cache_interface.KVCacheGroupSpec)}
@@ -105,7 +112,7 @@ class Driver:
     def _manager(self, case):
         groups = case["groups"]
         max_tokens = case["max_model_len"]
-        num_blocks = case.get("num_blocks") or sum(max_tokens // g["block_size"] + 2 for g in groups) + 4
+        num_blocks = case["num_blocks"]
         group_specs = []
         for i, group in enumerate(groups):
             kwargs = {}
@@ -150,13 +157,19 @@ class Driver:
         wanted = {
             "request_id": request_id,
             "prompt_token_ids": token_ids,
-            "sampling_params": self.SamplingParams(max_tokens=case["max_model_len"]),
+            "sampling_params": self._sampling_params(case["max_model_len"]),
             "pooling_params": None,
             "block_hasher": self.hashers[key],
             "eos_token_id": None,
             "arrival_time": 0.0,
         }
         return self.Request(**{k: v for k, v in wanted.items() if k in self.request_params})
+
+    def _sampling_params(self, max_tokens):
+        # A Request only reads its SamplingParams, so equal ones are shared.
+        if max_tokens not in self.sampling:
+            self.sampling[max_tokens] = self.SamplingParams(max_tokens=max_tokens)
+        return self.sampling[max_tokens]
 
     # -- one request's scheduler steps (shared by run and the replay session) --
     def _lookup(self, manager, request):
@@ -248,7 +261,17 @@ class Driver:
         return {"ok": True, "answers": answers}
 
     # -- one example ----------------------------------------------------------
-    def run(self, case):
+    def _recorded_manager(self, case):
+        """A manager in its initial state for this case's geometry, with
+        recorders on ``cache_blocks``: the previous case's when it had the
+        same geometry and was reset cleanly (a fuzzing batch shares one
+        configuration, and building a KVCacheManager is a quarter of a case's
+        cost), else a new one."""
+        key = json.dumps({k: v for k, v in case.items() if k not in _PER_REQUEST_FIELDS},
+                         sort_keys=True)
+        spare = self.spares.pop(key, None)  # whatever happens next, it is used at most once
+        if spare is not None:
+            return spare
         try:
             manager = self._manager(case)
         except Unsupported:
@@ -256,35 +279,28 @@ class Driver:
         except BaseException as exc:
             # vLLM's constructor rejected the geometry: a precondition finding.
             raise Rejected(f"{type(exc).__name__}: {exc}") from exc
-        coordinator = manager.coordinator
-        calls = []
-        managers = list(coordinator.single_type_managers)
-        H = case["hash_block_size"]
+        self.managers_built += 1
+        return RecordedManager(key, manager, case["hash_block_size"])
 
-        def record_coordinator(original):
-            def wrapper(request, num_computed_tokens, *args, **kwargs):
-                call = {"n": num_computed_tokens, "hashed_tokens": len(request.block_hashes) * H,
-                        "num_tokens": [None] * len(managers)}
-                calls.append(call)
-                result = original(request, num_computed_tokens, *args, **kwargs)
-                call["registered_blocks"] = [
-                    m.num_cached_block.get(request.request_id, 0) for m in managers]
-                return result
-            return wrapper
+    def _keep_for_reuse(self, recorded, request):
+        """Free the request and clear the prefix cache; keep the manager for
+        the next case only if that leaves it as a new one would be: every
+        block free, no cached hash, no per-request state in any group."""
+        if not self.reuse_managers or not hasattr(recorded.manager, "reset_prefix_cache"):
+            return
+        recorded.manager.free(request)
+        if recorded.manager.reset_prefix_cache() and recorded.is_pristine():
+            self.spares[recorded.key] = recorded
+            while len(self.spares) > _SPARE_MANAGERS:  # the least recently kept goes
+                del self.spares[next(iter(self.spares))]
 
-        def record_group(index, original):
-            def wrapper(request, num_tokens, *args, **kwargs):
-                if calls:
-                    calls[-1]["num_tokens"][index] = num_tokens
-                return original(request, num_tokens, *args, **kwargs)
-            return wrapper
-
-        coordinator.cache_blocks = record_coordinator(coordinator.cache_blocks)
-        for i, m in enumerate(managers):
-            m.cache_blocks = record_group(i, m.cache_blocks)
-
+    def run(self, case):
+        recorded = self._recorded_manager(case)
+        manager, coordinator, managers = recorded.manager, recorded.coordinator, recorded.managers
+        calls = recorded.calls = []
+        self.serial += 1  # request ids never repeat on a reused manager
         prompt = [1000 + i for i in range(case["prompt_len"])]
-        request = self._request(case, prompt)
+        request = self._request(case, prompt, request_id=f"kvspec-{self.serial}")
         state = self._lookup(manager, request)
         next_token = 5000
         for step in case["steps"]:
@@ -311,11 +327,69 @@ class Driver:
             writer_tokens = list(request.all_token_ids)
             shared = writer_tokens[:probe["shared"]]
             later = self._request(case, shared + [90000 + i for i in range(probe["extra"])],
-                                  request_id="kvspec-1")
+                                  request_id=f"kvspec-{self.serial}-later")
             found = manager.get_computed_blocks(later)
             reply["probe"] = {"hit": found[1], "writer_tokens": len(writer_tokens),
                               "later_tokens": later.num_tokens}
+        self._keep_for_reuse(recorded, request)
         return reply
+
+
+# What a case says about its request rather than about the manager's geometry.
+_PER_REQUEST_FIELDS = ("prompt_len", "steps", "probe")
+# Reset managers kept for reuse, one per geometry: a batch has one, but the
+# reducer and the sweeps move back and forth between a few.
+_SPARE_MANAGERS = 4
+
+
+class RecordedManager:
+    """A KVCacheManager whose coordinator and group managers record, per
+    ``cache_blocks`` call of the current case (``calls``): the coordinator's
+    ``n``, the hashed tokens, the ``num_tokens`` each group manager receives
+    (an instance-level wrapper: the most version-stable observation point)
+    and each group's registered full blocks afterwards."""
+
+    def __init__(self, key, manager, hash_block_size):
+        self.key = key
+        self.manager = manager
+        self.coordinator = manager.coordinator
+        self.managers = list(self.coordinator.single_type_managers)
+        self.calls = []
+        self.coordinator.cache_blocks = self._record_call(self.coordinator.cache_blocks, hash_block_size)
+        for index, group_manager in enumerate(self.managers):
+            group_manager.cache_blocks = self._record_group(index, group_manager.cache_blocks)
+
+    def _record_call(self, original, H):
+        def wrapper(request, num_computed_tokens, *args, **kwargs):
+            call = {"n": num_computed_tokens, "hashed_tokens": len(request.block_hashes) * H,
+                    "num_tokens": [None] * len(self.managers)}
+            self.calls.append(call)
+            result = original(request, num_computed_tokens, *args, **kwargs)
+            call["registered_blocks"] = [
+                m.num_cached_block.get(request.request_id, 0) for m in self.managers]
+            return result
+        return wrapper
+
+    def _record_group(self, index, original):
+        def wrapper(request, num_tokens, *args, **kwargs):
+            if self.calls:
+                self.calls[-1]["num_tokens"][index] = num_tokens
+            return original(request, num_tokens, *args, **kwargs)
+        return wrapper
+
+    def is_pristine(self):
+        """After ``free`` and ``reset_prefix_cache``: as a new manager would be
+        (attributes a release lacks count as not pristine: never reused)."""
+        pool = getattr(self.coordinator, "block_pool", None)
+        if pool is None or not hasattr(pool, "num_gpu_blocks"):
+            return False
+        if pool.get_num_free_blocks() != pool.num_gpu_blocks - 1:  # the null block is always in use
+            return False
+        for m in self.managers:
+            for state in ("req_to_blocks", "num_cached_block"):
+                if getattr(m, state, None):
+                    return False
+        return True
 
 
 class Unsupported(Exception):
@@ -357,6 +431,9 @@ def main():
             _send({"ok": True, "done": True})
         elif request.get("op") in ("open_session", "session_actions"):
             _send(_session_op(driver, request))
+        elif request.get("op") == "stats":
+            _send({"ok": True, "cases": driver.serial, "managers_built": driver.managers_built,
+                   "reuse_managers": driver.reuse_managers})
         else:
             _send(_run_one(driver, request["case"]))
     return 0
