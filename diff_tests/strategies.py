@@ -18,9 +18,9 @@ from model.domain import CoordinatorConfig, GroupKind, KVCacheGroup
 from oracles.case import Case, LookupProbe, Step
 
 __all__ = ["configs", "full_attention_configs", "step_sequences", "cases", "batches", "lookup_batches",
-           "MAX_BATCH"]
+           "Batch", "MAX_BATCH"]
 
-MAX_BATCH = 32
+MAX_BATCH = 128
 
 MAX_PROMPT = 64
 
@@ -96,6 +96,24 @@ def cases(draw, capabilities: dict[str, Any] | None = None) -> Case:
     return Case(config, prompt_len, draw(step_sequences(prompt_len)))
 
 
+class Batch(tuple):
+    """The requests of one Hypothesis example, all on one configuration.
+
+    Hypothesis prints the example it replays; a hundred full ``Case`` reprs
+    would bury the point, so a batch shows its configuration and its first
+    requests (the failing case itself is in the assertion message)."""
+
+    SHOWN = 3
+
+    def __repr__(self) -> str:
+        if not self:
+            return "Batch()"
+        requests = [f"prompt={case.describe().split(' prompt=', 1)[-1]}" for case in self[:self.SHOWN]]
+        if len(self) > self.SHOWN:
+            requests.append(f"... {len(self) - self.SHOWN} more")
+        return f"Batch({self[0].config.describe()}: {len(self)} requests: {'; '.join(requests)})"
+
+
 def random_request(rng: random.Random) -> tuple[int, tuple[Step, ...]]:
     """One request's prompt and steps from a seeded generator.
 
@@ -120,7 +138,7 @@ def batches(draw, capabilities: dict[str, Any] | None = None, max_size: int = MA
     config = draw(configs(capabilities))
     count = draw(_between(1, max_size))
     rng = random.Random(draw(_SEED))
-    return tuple(Case(config, *random_request(rng)) for _ in range(count))
+    return Batch(Case(config, *random_request(rng)) for _ in range(count))
 
 
 @st.composite
@@ -167,4 +185,4 @@ def lookup_batches(draw, capabilities: dict[str, Any] | None = None,
         writer = Case(config, prompt_len, steps)
         unit = rng.choice([g.block_size for g in config.groups] + [config.scheduler_block_size])
         out.append(Case(config, prompt_len, steps, random_probe(rng, writer.writer_tokens, unit)))
-    return tuple(out)
+    return Batch(out)

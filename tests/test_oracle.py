@@ -66,3 +66,26 @@ def test_regime_follows_capabilities():
     assert regime.partial_hash_hits is False and regime.num_prefill_lookahead == 0
     # 0.23-0.25 have no partial hits: the spec then predicts the measured [18, 16].
     assert compare(CASE, old, reply([18, 16], [9, 2], partial=False)) == []
+
+
+def test_worker_message_carries_the_case():
+    import attrs
+
+    case = Case(SEED, 70, (prefill(30), prefill(40), decode(3, 1), decode()))
+    message = case.to_worker()
+    assert message["steps"] == [attrs.asdict(s) for s in case.steps]
+    # Room for the prompt and every decoded token, rounded so a batch shares one geometry.
+    assert message["max_model_len"] % 128 == 0 and message["max_model_len"] >= 70 + 4 + 1
+    assert Case(SEED, 9, (prefill(9),)).max_model_len == message["max_model_len"]
+    assert message["num_blocks"] >= sum(message["max_model_len"] // g.block_size for g in SEED.groups)
+
+
+def test_batches_print_briefly():
+    # Hypothesis prints the example it replays: a batch shows its configuration
+    # and its first requests, not a hundred full reprs.
+    from diff_tests.strategies import Batch
+
+    cases = [Case(SEED, n, (prefill(n),)) for n in range(1, 101)]
+    text = repr(Batch(cases))
+    assert text.startswith(f"Batch({SEED.describe()}: 100 requests: prompt=1 steps=[prefill 1]; prompt=2 ")
+    assert text.endswith("; ... 97 more)") and len(text) < 400
