@@ -773,8 +773,14 @@ def make_mutant_tree(release_root: Path, operator: MutationOperator, dest_root: 
         raise MutationError(f"{operator.name}: {operator.target_file}: result does not parse: {e.msg}") from None
     if mutated == original:
         raise MutationError(f"{operator.name}: {operator.target_file}: the rewrite changed nothing")
-    shutil.copytree(release_root, dest_root, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(release_root, dest_root)
     (dest_root / operator.target_file).write_text(mutated, encoding="utf-8")
+    # The release's bytecode comes along (worker start-up, see provision.byte_compile),
+    # except the mutated module's: a source of equal size written in the same second
+    # would pass for the original and its bytecode would run instead of the mutation.
+    target = dest_root / operator.target_file
+    for stale in (target.parent / "__pycache__").glob(f"{target.stem}.*.pyc"):
+        stale.unlink()
     marker = {
         "operator": operator.name,
         "models_variant": operator.models_variant,

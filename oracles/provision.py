@@ -31,6 +31,7 @@ __all__ = [
     "cache_root",
     "ensure_runtime",
     "ensure_release",
+    "byte_compile",
     "RUNTIME_TORCH",
 ]
 
@@ -106,6 +107,8 @@ def ensure_release(version: str, progress: Progress = _stderr) -> Path:
     root = cache_root() / "releases" / version
     marker = root / "READY"
     if marker.exists() and (root / "vllm" / "__init__.py").exists():
+        if not (root / "vllm" / "__pycache__").is_dir():  # provisioned before trees were compiled
+            byte_compile(root, progress)
         return root
     if root.exists():
         shutil.rmtree(root)
@@ -132,5 +135,18 @@ def ensure_release(version: str, progress: Progress = _stderr) -> Path:
                     wheel.extract(name, staging)
         root.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(staging), str(root))
+    byte_compile(root, progress)
     marker.write_text(json.dumps({"version": version}))
     return root
+
+
+def byte_compile(tree: Path, progress: Progress = _stderr) -> None:
+    """Byte-compile a tree's ``vllm`` package once, with the runtime's
+    interpreter.  Where Python writes no bytecode (PYTHONDONTWRITEBYTECODE,
+    as on CI hosts) every worker would otherwise compile vLLM's modules again
+    at start-up: about a second of the time to the first example.  Only an
+    optimisation: a file that does not compile is left to the import."""
+    python = ensure_runtime(progress)
+    progress(f"byte-compiling {tree / 'vllm'}")
+    subprocess.run([str(python), "-m", "compileall", "-q", "-j", "0", str(tree / "vllm")],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -315,6 +315,8 @@ def _release(root, source: str):
     cache = core / "__pycache__"
     cache.mkdir()
     (cache / "kv_cache_coordinator.cpython-311.pyc").write_bytes(b"stale")
+    (root / "vllm" / "__pycache__").mkdir()
+    (root / "vllm" / "__pycache__" / "__init__.cpython-311.pyc").write_bytes(b"kept")
     return root
 
 
@@ -327,7 +329,10 @@ def test_make_mutant_tree(tmp_path):
     assert mutated == op.apply(SHAPE_GET_NUM_CACHEABLE) != SHAPE_GET_NUM_CACHEABLE
     assert (release / COORDINATOR_FILE).read_text(encoding="utf-8") == SHAPE_GET_NUM_CACHEABLE
     assert (dest / "vllm" / "__init__.py").read_text() == "__version__ = 'synthetic'\n"
-    assert not list(dest.rglob("__pycache__"))
+    # The mutated module's bytecode must go (it would run instead of the
+    # mutation); the untouched modules' bytecode comes along.
+    assert not list(dest.rglob("kv_cache_coordinator.*.pyc"))
+    assert (dest / "vllm" / "__pycache__" / "__init__.cpython-311.pyc").read_bytes() == b"kept"
     marker = json.loads((dest / "MUTANT.json").read_text())
     assert marker["operator"] == "refloor_50062"
     assert marker["models_variant"] == "regression_50062"
