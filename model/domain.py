@@ -108,7 +108,7 @@ class Regime(str, enum.Enum):
     SCHEDULER_ALIGNED = "scheduler_aligned"
 
 
-@attrs.frozen(cache_hash=True)  # a key of the oracle's memo (oracles.oracle)
+@attrs.frozen
 class CoordinatorConfig:
     """What ``HybridKVCacheCoordinator`` is built from, in vLLM's names."""
 

@@ -9,7 +9,6 @@ registered full blocks with ``model.spec``, on the integer backend.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import attrs
@@ -85,24 +84,17 @@ def expected_calls(case: Case, regime: ExpectedRegime, observed: list[dict],
     out = []
     for call in observed:
         n, hashed = call["n"], call["hashed_tokens"]
-        regs = _evaluate(config, n, max(n, hashed), rule, steps, regime.partial_hash_hits,
-                         regime.eagle, regime.num_prefill_lookahead)
+        regs = evaluate_config(
+            config, n, max(n, hashed), rule, steps=steps,
+            partial=regime.partial_hash_hits, eagle=regime.eagle,
+            lookahead=regime.num_prefill_lookahead,
+        )
         tokens = tuple(r.tokens_to_cache for r in regs)
         # A manager's registered count only grows: it skips a call that would
         # register no more full blocks than it already has.
         registered = [max(old, r.registered_full_blocks) for old, r in zip(registered, regs)]
         out.append((tokens, tuple(registered), regs))
     return out
-
-
-# The spec is a pure function of these arguments, and the requests of a
-# fuzzing batch share one configuration and repeat most (n, hashed tokens)
-# pairs: remembered answers take about 40% off the oracle's time.
-@functools.lru_cache(maxsize=4096)
-def _evaluate(config: CoordinatorConfig, n: int, total: int, rule: RegistrationRule,
-              steps: StepsRule | None, partial: bool, eagle: tuple[bool, ...], lookahead: int):
-    return evaluate_config(config, n, total, rule, steps=steps, partial=partial, eagle=eagle,
-                           lookahead=lookahead)
 
 
 def compare(case: Case, capabilities: dict[str, Any], reply: dict[str, Any],
