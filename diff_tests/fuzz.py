@@ -17,6 +17,7 @@ from oracles.oracle import Discrepancy
 from oracles.subject import SubjectProcess
 
 from .reduce import reduce_case
+from .seeding import fixed_constant_pool
 from .strategies import batches, lookup_batches
 
 __all__ = ["Failure", "FuzzResult", "fuzz_subject", "check_case"]
@@ -138,7 +139,8 @@ def fuzz_subject(
             raise AssertionError(failed.discrepancies[0].summary())
 
     try:
-        differential()
+        with fixed_constant_pool():
+            differential()
     except AssertionError:
         # Hypothesis replays its minimal failing batch last.
         result.failure = failures[-1]

@@ -177,9 +177,14 @@ def kvspec_stats(request: pytest.FixtureRequest, kvspec_subject):
 
     On a Hypothesis test that passed, the fixture also checks that every
     example of the budget really ran (``examples`` counted by the test), so a
-    property that returned early or drew nothing cannot pass vacuously."""
+    property that returned early or drew nothing cannot pass vacuously.
+    While the test runs, its examples do not depend on which other modules
+    the session imported (``diff_tests.seeding``)."""
+    from diff_tests.seeding import fixed_constant_pool
+
     stats = {"examples": 0, "cases": 0, "cache_blocks_calls": 0, "discrepancies": 0}
-    yield stats
+    with fixed_constant_pool():
+        yield stats
     state = request.config.stash[_STATE_KEY]
     properties = request.node.user_properties
     properties.append(("kvspec_subject", kvspec_subject.spec.label))
