@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -87,6 +88,26 @@ def test_a_failure_one_run_saves_is_replayed_first_by_the_next(kind, buggy, redi
 
         keys = redis.Redis.from_url(redis_url).keys(b"kvspec-example:*")
         assert keys, "nothing was written to the Redis server"
+
+
+def test_a_passing_subject_keeps_the_failure_another_saved(buggy, kvspec_release, tmp_path):
+    """Hypothesis deletes a saved failure that passes on replay: the database
+    is keyed by subject, so fuzzing the correct release in between (as
+    `kvspec fuzz --vllm 0.33.0 --mutant refloor_50062` does) keeps the
+    mutant's failure for the mutant's next run."""
+    location = str(tmp_path / "examples")
+    first = fuzz_subject(buggy, max_examples=300, seed=1, database=example_database(location))
+    assert first.failure is not None
+    saved = sorted(str(p.relative_to(location)) for p in Path(location).rglob("*") if p.is_file())
+    assert saved
+    release = fuzz_subject(kvspec_release("0.33.0"), max_examples=50, seed=1,
+                           database=example_database(location))
+    assert release.failure is None
+    kept = sorted(str(p.relative_to(location)) for p in Path(location).rglob("*") if p.is_file())
+    assert kept == saved, "the release's run changed the mutant's saved failures"
+    again = fuzz_subject(buggy, max_examples=300, seed=SECOND_SEED,
+                         database=example_database(location), stop_at_first=True)
+    assert again.examples_to_first_failure == 1, "the release's run deleted the mutant's saved failure"
 
 
 def test_parallel_jobs_on_a_fleet_database(tmp_path, redis_url, buggy, capsys):
