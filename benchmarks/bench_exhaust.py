@@ -15,14 +15,10 @@ import os
 import statistics
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from diff_tests.exhaustive import Scope, exhaust  # noqa: E402
-from kvspec.mutants_command import mutant_tree  # noqa: E402
-from oracles.mutants import mutant  # noqa: E402
-from oracles.subject import SubjectProcess, release, source_tree  # noqa: E402
-from oracles.symbolic import symbolic_check  # noqa: E402
+from kvspec.diff_tests.exhaustive import Scope, exhaust
+from kvspec.subjects.process import SubjectProcess
+from kvspec.subjects.subject import mutant_subject, release
+from kvspec.subjects.symbolic import symbolic_check
 
 
 def main() -> int:
@@ -45,10 +41,10 @@ def main() -> int:
               f"in {statistics.median(r['seconds'] for r in runs):.1f} s: {rate:.0f} calls/s compared "
               f"({rate / jobs:.0f} per worker); raw driver {raw:.0f} calls per worker-second "
               f"(ratio {raw / (rate / jobs):.2f})")
-    tree = str(mutant_tree(args.version, mutant("refloor_50062")))
-    for label, spec in ((f"vLLM {args.version}", release(args.version)),
-                        ("#50062 mutant", source_tree(tree))):
-        verdicts = [symbolic_check(spec) for _ in range(args.repeats)]
+    spec_mutant = mutant_subject(args.version, "refloor_50062")
+    for label, subject in ((f"vLLM {args.version}", release(args.version)),
+                        ("#50062 mutant", spec_mutant)):
+        verdicts = [symbolic_check(subject) for _ in range(args.repeats)]
         print(f"symbolic {label}: {verdicts[0].status.value}, "
               f"{statistics.median(v.seconds for v in verdicts):.1f} s in CrossHair, "
               f"{statistics.median(v.wall_seconds for v in verdicts):.1f} s in all (median of {args.repeats})")

@@ -3,7 +3,7 @@
 Run:  python benchmarks/bench_fuzz.py [--versions 0.33.0 0.28.0] [--seeds 0 1 2] [--control] [--no-mutant]
 Reports, per subject, differential cases per second on a warm worker (median
 over seeds, after one discarded warm-up run; a case = one request, on a
-KVCacheManager in its initial state, compared with the spec at every
+KVCacheManager in its initial state, compared with the subject at every
 cache_blocks call), the same per CPU-second of the two processes together
 (the per-core figure), the worker start-up time, the #50062 mutant's time to
 first counterexample from a cold `kvspec fuzz` command (wall clock,
@@ -24,13 +24,12 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from kvspec.diff_tests.fuzz import fuzz_subject
 
-from diff_tests.fuzz import fuzz_subject  # noqa: E402
-from kvspec.mutants_command import mutant_tree  # noqa: E402
-from oracles.mutants import mutant  # noqa: E402
-from oracles.subject import SubjectProcess, release, source_tree  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from kvspec.subjects.mutation import ensure_mutant_tree, mutant
+from kvspec.subjects.process import SubjectProcess
+from kvspec.subjects.subject import mutant_subject, release
 
 
 def cold_time_to_counterexample(tree: str, seed: int) -> float:
@@ -126,9 +125,9 @@ def main() -> int:
                   f"({', '.join(f'{r:.2f}' for r in ratios)})")
         if args.no_mutant:
             continue
-        tree = str(mutant_tree(version, mutant("refloor_50062")))
+        tree = str(ensure_mutant_tree(version, mutant("refloor_50062")))
         colds = [cold_time_to_counterexample(tree, seed) for seed in args.seeds]
-        with SubjectProcess(source_tree(tree)) as proc:
+        with SubjectProcess(mutant_subject(version, "refloor_50062")) as proc:
             warms = []
             for seed in args.seeds:
                 result = fuzz_subject(proc, 2000, seed, stop_at_first=True)

@@ -15,8 +15,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from proofs.catalog import CATALOG  # noqa: E402
-from proofs.runner import run_theorem  # noqa: E402
+from kvspec.proofs.catalog import CATALOG
+from kvspec.proofs.runner import run_theorem
 
 
 def main() -> int:

@@ -9,14 +9,20 @@ every other one.
 
 from __future__ import annotations
 
-from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
+import os
+import sys
+from pathlib import Path
+
+from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase, ReadOnlyDatabase
+
+from kvspec.model.errors import SetupError
 
 __all__ = ["DatabaseError", "example_database"]
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
-class DatabaseError(Exception):
+class DatabaseError(SetupError):
     """The example database cannot be used: a one-line cause and what to do."""
 
 
@@ -26,7 +32,7 @@ def example_database(location: str) -> ExampleDatabase | None:
     if not location:
         return None
     if not location.startswith(REDIS_SCHEMES):
-        return DirectoryBasedExampleDatabase(location)
+        return _directory(Path(location))
     try:
         import redis
         from hypothesis.extra.redis import RedisExampleDatabase
@@ -34,10 +40,32 @@ def example_database(location: str) -> ExampleDatabase | None:
         raise DatabaseError(
             f"the example database {location} needs the Redis client: pip install 'kvspec[redis]'"
         ) from None
-    client = redis.Redis.from_url(location)
+    try:
+        client = redis.Redis.from_url(location)
+    except ValueError as exc:
+        raise DatabaseError(f"--database {location}: not a Redis URL ({exc}); "
+                            "use redis://HOST:PORT/DB") from None
     try:
         client.ping()
     except redis.RedisError as exc:
         raise DatabaseError(f"cannot reach the example database {location} ({exc}); "
                             "start the server or pass a directory with --database") from None
     return RedisExampleDatabase(client, key_prefix=b"kvspec-example:")
+
+
+def _directory(path: Path) -> ExampleDatabase:
+    """A directory database; one kvspec cannot write to is still replayed,
+    read-only, and the user is told that new failures will not be kept."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass  # an existing folder may still be read
+    writable = os.access(path, os.W_OK | os.X_OK)
+    if not path.is_dir():
+        raise DatabaseError(f"--database {path}: not a directory kvspec can create")
+    database = DirectoryBasedExampleDatabase(str(path))
+    if writable:
+        return database
+    print(f"kvspec: warning: the example database {path} is not writable: its saved failures are "
+          "replayed, but failures found now will not be saved", file=sys.stderr, flush=True)
+    return ReadOnlyDatabase(database)

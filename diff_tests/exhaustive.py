@@ -16,9 +16,10 @@ from typing import Any, Iterator
 
 import attrs
 
-from model.domain import CoordinatorConfig, GroupKind, InvalidGeometry, KVCacheGroup
-from oracles.case import Case, prefill
-from oracles.oracle import compare
+from kvspec.model.domain import CoordinatorConfig, GroupKind, InvalidGeometry, KVCacheGroup
+from kvspec.model.case import Case, prefill
+from kvspec.oracles.registration import compare
+from kvspec.subjects.protocol import case_message
 
 __all__ = ["Scope", "enumerate_cases", "exhaust"]
 
@@ -69,7 +70,7 @@ def enumerate_cases(scope: Scope, lookahead_supported: bool = True) -> Iterator[
 def exhaust(procs: list, scope: Scope, progress=None) -> dict[str, Any]:
     """Run every case of ``scope`` on the live workers ``procs``; returns the tally."""
     caps = procs[0].capabilities
-    cases = list(enumerate_cases(scope, bool(caps.get("reprefillable_tokens"))))
+    cases = list(enumerate_cases(scope, caps.reprefillable_tokens))
     lock = threading.Lock()
     tally = {"cases": 0, "calls": 0, "failing_cases": 0, "worker_seconds": 0.0, "discrepancies": []}
     chunks = [cases[i::len(procs)] for i in range(len(procs))]
@@ -80,7 +81,7 @@ def exhaust(procs: list, scope: Scope, progress=None) -> dict[str, Any]:
             batch = mine[offset:offset + 16]
             found = []
             # Iterate the stream itself (never zip it): it must run to its end marker.
-            for index, reply in enumerate(proc.stream([c.to_worker() for c in batch])):
+            for index, reply in enumerate(proc.stream([case_message(c) for c in batch])):
                 found.append((batch[index], reply, compare(batch[index], caps, reply)))
             with lock:
                 for case, reply, discrepancies in found:

@@ -1,5 +1,5 @@
 """Differential fuzzing of one subject with Hypothesis: the engine behind
-``kvspec fuzz`` (the pytest tests in this package use the same pieces)."""
+``kvspec fuzz`` (the pytest properties run the same body, ``diff_tests.property``)."""
 
 from __future__ import annotations
 
@@ -11,75 +11,96 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hypothesis_
 from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Flaky
 
-from oracles.case import Case
-from oracles.lookup import check_case
-from oracles.oracle import Discrepancy
-from oracles.subject import SubjectProcess
+from kvspec.model.capabilities import Capabilities
+from kvspec.model.case import Case
+from kvspec.model.errors import KvspecError
+from kvspec.model.outcome import Outcome
+from kvspec.oracles.lookup import check_case
+from kvspec.subjects.process import SubjectProcess
+from kvspec.subjects.protocol import case_message
 
+from .property import Failure, Tally, run_batch
 from .reduce import reduce_case
 from .seeding import fixed_constant_pool
 from .strategies import batches, lookup_batches
 
-__all__ = ["Failure", "FuzzResult", "fuzz_subject", "check_case"]
-
-
-@attrs.frozen
-class Failure:
-    case: Case
-    discrepancies: tuple[Discrepancy, ...]
-    reply: dict[str, Any]  # the subject's raw observations (or its traceback)
-    flaky: bool = False
-
-    @property
-    def category(self) -> str:
-        return self.discrepancies[0].category
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "category": self.category,
-            "case": self.case.as_dict(),
-            "case_text": self.case.describe(),
-            "discrepancies": [d.as_dict() for d in self.discrepancies],
-            "summary": [d.summary() for d in self.discrepancies],
-            "observed": self.reply,
-            "flaky": self.flaky,
-        }
+__all__ = ["Failure", "FuzzResult", "fuzz_subject", "database_key"]
 
 
 @attrs.define
 class FuzzResult:
     subject: dict[str, Any]
-    capabilities: dict[str, Any]
+    capabilities: Capabilities
     seed: int
-    examples: int = 0  # Hypothesis examples (one configuration, a batch of requests)
-    cases: int = 0  # differential cases: one request on a fresh manager, compared
-    calls: int = 0
+    tally: Tally = attrs.Factory(Tally)
     seconds: float = 0.0
     failure: Failure | None = None
-    examples_to_first_failure: int | None = None
+    cases_to_first_failure: int | None = None
     seconds_to_first_failure: float | None = None
     jobs: int = 1  # parallel runs merged into this result (diff_tests/parallel.py)
     other_failures: tuple[Failure, ...] = ()  # distinct from `failure`, found by other jobs
     lookup: bool = False  # cases carry a later request's lookup (the hit-length differential)
+    restarts: tuple[str, ...] = ()  # worker restarts a retry did not reproduce (the machine's)
+    # Why the run ended before its budget (an infrastructure error, an
+    # interrupt), None when it ran in full; ``failure`` then holds what was
+    # found, unshrunk.
+    stopped: Outcome | None = None
+    stopped_why: str = ""
+
+    @property
+    def examples(self) -> int:
+        return self.tally.examples
+
+    @property
+    def cases(self) -> int:
+        return self.tally.cases
+
+    @property
+    def calls(self) -> int:
+        return self.tally.calls
+
+    @property
+    def outcome(self) -> Outcome:
+        if self.failure is not None:
+            return Outcome.FINDING
+        return self.stopped or Outcome.OK
+
+    @property
+    def verdict(self) -> str:
+        if self.failure is not None:
+            return "discrepancy"
+        return "no discrepancy" if self.stopped is None else f"incomplete ({self.stopped_why})"
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "subject": self.subject,
-            "capabilities": self.capabilities,
+            "capabilities": self.capabilities.as_dict(),
             "seed": self.seed,
             "examples": self.examples,
             "cases": self.cases,
             "cache_blocks_calls": self.calls,
+            "lookups": self.tally.lookups,
             "seconds": round(self.seconds, 3),
-            "examples_to_first_failure": self.examples_to_first_failure,
+            "cases_to_first_failure": self.cases_to_first_failure,
             "seconds_to_first_failure": None if self.seconds_to_first_failure is None
             else round(self.seconds_to_first_failure, 3),
-            "verdict": "discrepancy" if self.failure else "no discrepancy",
+            "verdict": self.verdict,
+            "stopped": None if self.stopped is None else self.stopped.name,
             "failure": None if self.failure is None else self.failure.as_dict(),
             "jobs": self.jobs,
             "lookup": self.lookup,
             "other_failures": [f.as_dict() for f in self.other_failures],
+            "worker_restarts": list(self.restarts),
         }
+
+
+class _Abort(BaseException):
+    """Ends a Hypothesis run at once: Hypothesis treats an ``Exception`` from
+    the test as a failing input and would shrink it, rerunning the cause."""
+
+    def __init__(self, error: KvspecError):
+        super().__init__(str(error))
+        self.error = error
 
 
 def fuzz_subject(
@@ -98,6 +119,7 @@ def fuzz_subject(
     up (``oracles.lookup``): the hit-length differential."""
     caps = proc.capabilities
     result = FuzzResult(subject=proc.describe(), capabilities=caps, seed=seed, lookup=lookup)
+    restarts_before = len(proc.restarts)
     failures: list[Failure] = []
     start = time.perf_counter()
 
@@ -114,34 +136,26 @@ def fuzz_subject(
     @hypothesis_seed(seed)
     @given(batch=(lookup_batches if lookup else batches)(caps))
     def differential(batch: tuple[Case, ...]) -> None:
-        result.examples += 1
-        if progress is not None and result.examples % 100 == 0:
-            progress(result.cases, time.perf_counter() - start)
-        failed = None
-        # Replies stream in: case i is compared while the worker drives case i + 1.
-        # (Iterate the stream itself, never zip it: it must run to its end marker.)
-        for index, reply in enumerate(proc.stream([case.to_worker() for case in batch])):
-            case = batch[index]
-            if failed is not None:
-                continue  # drain the stream; the first failure is the example's
-            result.cases += 1
-            result.calls += len(reply.get("calls", ()))
-            found = check_case(case, caps, reply)
-            if found:
-                if result.examples_to_first_failure is None:
-                    result.examples_to_first_failure = result.cases
-                    result.seconds_to_first_failure = time.perf_counter() - start
-                    if on_first_failure is not None:
-                        on_first_failure(result)
-                failed = Failure(case, tuple(found), reply)
+        if progress is not None and result.tally.examples % 100 == 99:
+            progress(result.tally.cases, time.perf_counter() - start)
+        try:
+            failed = run_batch(proc, batch, result.tally)
+        except KvspecError as error:  # the worker, not vLLM: no input is to blame
+            raise _Abort(error) from error
         if failed is not None:
+            if result.cases_to_first_failure is None:
+                # Counting stops at the failing case, so this includes it.
+                result.cases_to_first_failure = result.tally.cases
+                result.seconds_to_first_failure = time.perf_counter() - start
+                if on_first_failure is not None:
+                    on_first_failure(result)
             failures.append(failed)
             raise AssertionError(failed.discrepancies[0].summary())
 
     # The database is keyed by subject and differential. Hypothesis deletes a
     # saved failure that passes when replayed, so with one key for all, fuzzing
     # a correct release erased what a mutant or a PR tree had saved.
-    differential.hypothesis.inner_test._hypothesis_internal_add_digest = database_key(proc.spec.label, lookup)
+    differential.hypothesis.inner_test._hypothesis_internal_add_digest = database_key(proc.subject.label, lookup)
     try:
         with fixed_constant_pool():
             differential()
@@ -150,9 +164,21 @@ def fuzz_subject(
         result.failure = failures[-1]
     except Flaky:
         result.failure = attrs.evolve(failures[-1], flaky=True) if failures else None
-    if result.failure is not None and not stop_at_first:
-        result.failure = _minimise(proc, caps, result.failure)
+    except _Abort as abort:
+        result.stopped, result.stopped_why = abort.error.outcome, str(abort.error)
+        result.failure = failures[-1] if failures else None
+    except KeyboardInterrupt:
+        result.stopped, result.stopped_why = Outcome.INTERRUPTED, "interrupted"
+        result.failure = failures[-1] if failures else None
+    if result.failure is not None and not stop_at_first and result.stopped is None:
+        try:
+            result.failure = _minimise(proc, caps, result.failure)
+        except KeyboardInterrupt:
+            result.stopped, result.stopped_why = Outcome.INTERRUPTED, "interrupted while minimising"
+        except KvspecError as error:
+            result.stopped, result.stopped_why = error.outcome, f"while minimising: {error}"
     result.seconds = time.perf_counter() - start
+    result.restarts = tuple(proc.restarts[restarts_before:])
     return result
 
 
@@ -161,12 +187,12 @@ def database_key(subject_label: str, lookup: bool) -> bytes:
     return f"{subject_label}|{'lookup' if lookup else 'registration'}".encode()
 
 
-def _minimise(proc: SubjectProcess, caps: dict[str, Any], failure: Failure) -> Failure:
+def _minimise(proc: SubjectProcess, caps: Capabilities, failure: Failure) -> Failure:
     category = failure.category
     latest: dict[str, Any] = {}
 
     def still_fails(case: Case) -> bool:
-        reply = proc.run(case.to_worker())
+        reply = proc.run(case_message(case))
         found = check_case(case, caps, reply)
         if found and found[0].category == category:
             latest[case] = (tuple(found), reply)

@@ -15,9 +15,10 @@ import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from oracles.subject import SubjectSpec
+from kvspec.subjects.subject import Subject
 
-from .fuzz import Failure, FuzzResult
+from .fuzz import FuzzResult
+from .property import Failure, Tally
 
 __all__ = ["fuzz_parallel", "merge_results", "job_shares"]
 
@@ -28,12 +29,13 @@ def job_shares(max_examples: int, jobs: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(jobs)]
 
 
-def _job(spec: SubjectSpec, max_examples: int, seed: int, database: str, lookup: bool) -> FuzzResult:
+def _job(subject: Subject, max_examples: int, seed: int, database: str, lookup: bool) -> FuzzResult:
+    from kvspec.subjects.process import SubjectProcess
+
     from .database import example_database
     from .fuzz import fuzz_subject
-    from oracles.subject import SubjectProcess
 
-    with SubjectProcess(spec) as proc:
+    with SubjectProcess(subject) as proc:
         return fuzz_subject(proc, max_examples, seed, database=example_database(database), lookup=lookup)
 
 
@@ -52,30 +54,30 @@ def merge_results(results: list[FuzzResult], seconds: float) -> FuzzResult:
             distinct.setdefault((result.failure.category, result.failure.case.describe()), result.failure)
     ordered = sorted(distinct.values(), key=_size)
     times = [r.seconds_to_first_failure for r in results if r.seconds_to_first_failure is not None]
-    counts = [r.examples_to_first_failure for r in results if r.examples_to_first_failure is not None]
+    counts = [r.cases_to_first_failure for r in results if r.cases_to_first_failure is not None]
+    tally = Tally(**{name: sum(getattr(r.tally, name) for r in results) for name in Tally().as_dict()})
     return FuzzResult(
-        subject=first.subject, capabilities=first.capabilities, seed=first.seed,
-        examples=sum(r.examples for r in results), cases=sum(r.cases for r in results),
-        calls=sum(r.calls for r in results), seconds=seconds,
-        failure=ordered[0] if ordered else None,
-        examples_to_first_failure=min(counts) if counts else None,
+        subject=first.subject, capabilities=first.capabilities, seed=first.seed, tally=tally,
+        seconds=seconds, failure=ordered[0] if ordered else None,
+        cases_to_first_failure=min(counts) if counts else None,
         seconds_to_first_failure=min(times) if times else None,
         jobs=len(results), other_failures=tuple(ordered[1:]), lookup=first.lookup,
+        restarts=tuple(r for result in results for r in result.restarts),
     )
 
 
-def fuzz_parallel(spec: SubjectSpec, jobs: int, max_examples: int, seed: int,
+def fuzz_parallel(subject: Subject, jobs: int, max_examples: int, seed: int,
                   database: str = "", lookup: bool = False) -> FuzzResult:
     """``jobs`` independent runs of ``spec`` at once; SubjectError if one cannot start."""
-    from oracles.subject import resolve_subject
+    from kvspec.subjects.subject import resolve_subject
 
     start = time.perf_counter()
-    resolve_subject(spec)  # provision here, once, not in N jobs racing for the cache
+    resolve_subject(subject)  # provision here, once, not in N jobs racing for the cache
     shares = [(i, n) for i, n in enumerate(job_shares(max_examples, jobs)) if n > 0]
     # spawn, not fork: the parent may hold threads and open pipes to other workers.
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=len(shares), mp_context=context) as pool:
-        futures = [pool.submit(_job, spec, n, seed + i, database, lookup) for i, n in shares]
+        futures = [pool.submit(_job, subject, n, seed + i, database, lookup) for i, n in shares]
         results = [future.result() for future in futures]
     return merge_results(results, time.perf_counter() - start)
 

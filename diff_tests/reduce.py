@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 
 import attrs
 
-from oracles.case import Case, LookupProbe, Step
+from kvspec.model.case import Case, LookupProbe, Step
 
 _SAME = object()  # keep the case's own lookup probe
 

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import functools
 import random
-from typing import Any
 
 from hypothesis import strategies as st
 
-from model.domain import CoordinatorConfig, GroupKind, KVCacheGroup
-from oracles.case import Case, LookupProbe, Step
+from kvspec.model.capabilities import Capabilities
+from kvspec.model.case import Case, LookupProbe, Step
+from kvspec.model.domain import CoordinatorConfig, GroupKind, KVCacheGroup
 
-__all__ = ["configs", "full_attention_configs", "step_sequences", "cases", "batches", "lookup_batches",
-           "Batch", "MAX_BATCH"]
+__all__ = ["configs", "full_attention_configs", "batches", "lookup_batches", "Batch", "MAX_BATCH"]
 
 MAX_BATCH = 128
 
@@ -46,8 +45,8 @@ def _between(low: int, high: int) -> st.SearchStrategy[int]:
 
 
 @st.composite
-def configs(draw, capabilities: dict[str, Any] | None = None, max_groups: int = 3) -> CoordinatorConfig:
-    caps = capabilities or {}
+def configs(draw, capabilities: Capabilities, max_groups: int = 3) -> CoordinatorConfig:
+    caps = capabilities
     H = draw(_HASH_BLOCK)
     S = H * draw(_SCHEDULER_MULTIPLE)
     blocks = _block_sizes(S, H)
@@ -68,32 +67,12 @@ def configs(draw, capabilities: dict[str, Any] | None = None, max_groups: int = 
         groups[-1] = KVCacheGroup(other, draw(blocks))
     any_eagle = any(g.eagle for g in groups)
     lookahead = 0
-    if caps.get("reprefillable_tokens", True):
+    if caps.reprefillable_tokens:
         lookahead = draw(_between(0, S if any_eagle else 2 * S))
     return CoordinatorConfig(
         groups=tuple(groups), scheduler_block_size=S, hash_block_size=H,
         num_prefill_lookahead=lookahead,
     )
-
-
-@st.composite
-def step_sequences(draw, prompt_len: int, max_decodes: int = 4) -> tuple[Step, ...]:
-    # Split the prompt into 1-3 prefill chunks, then a few decode steps.
-    cuts = sorted(draw(st.sets(_between(1, max(1, prompt_len - 1)), max_size=2)))
-    cuts = [c for c in cuts if 0 < c < prompt_len]
-    edges = [0, *cuts, prompt_len]
-    steps = [Step("prefill", tokens=b - a) for a, b in zip(edges, edges[1:])]
-    for _ in range(draw(_between(0, max_decodes))):
-        drafts = draw(_between(0, 3))
-        steps.append(Step("decode", drafts=drafts, accepted=draw(_between(0, drafts))))
-    return tuple(steps)
-
-
-@st.composite
-def cases(draw, capabilities: dict[str, Any] | None = None) -> Case:
-    config = draw(configs(capabilities))
-    prompt_len = draw(_between(1, MAX_PROMPT))
-    return Case(config, prompt_len, draw(step_sequences(prompt_len)))
 
 
 class Batch(tuple):
@@ -132,7 +111,7 @@ def random_request(rng: random.Random) -> tuple[int, tuple[Step, ...]]:
 
 
 @st.composite
-def batches(draw, capabilities: dict[str, Any] | None = None, max_size: int = MAX_BATCH) -> tuple[Case, ...]:
+def batches(draw, capabilities: Capabilities, max_size: int = MAX_BATCH) -> tuple[Case, ...]:
     """One configuration (drawn, so Hypothesis shrinks it) and a batch of
     requests from a drawn seed, each run on a fresh manager."""
     config = draw(configs(capabilities))
@@ -142,16 +121,16 @@ def batches(draw, capabilities: dict[str, Any] | None = None, max_size: int = MA
 
 
 @st.composite
-def full_attention_configs(draw, capabilities: dict[str, Any] | None = None) -> CoordinatorConfig:
+def full_attention_configs(draw, capabilities: Capabilities) -> CoordinatorConfig:
     """Layouts of full-attention groups only (two or three distinct block
     sizes): where the lookup model predicts the hit exactly."""
-    caps = capabilities or {}
+    caps = capabilities
     H = draw(_HASH_BLOCK)
     S = H * draw(_FULL_ATTENTION_MULTIPLE)
     sizes = draw(st.lists(_block_sizes(S, H), min_size=2, max_size=3, unique=True))
     groups = tuple(KVCacheGroup(GroupKind.FULL_ATTENTION, b, eagle=draw(st.booleans())) for b in sizes)
     lookahead = 0
-    if caps.get("reprefillable_tokens", True):
+    if caps.reprefillable_tokens:
         lookahead = draw(_between(0, S if any(g.eagle for g in groups) else 2 * S))
     return CoordinatorConfig(groups=groups, scheduler_block_size=S, hash_block_size=H,
                              num_prefill_lookahead=lookahead)
@@ -169,7 +148,7 @@ def random_probe(rng: random.Random, writer_tokens: int, unit: int) -> LookupPro
 
 
 @st.composite
-def lookup_batches(draw, capabilities: dict[str, Any] | None = None,
+def lookup_batches(draw, capabilities: Capabilities,
                    max_size: int = MAX_BATCH) -> tuple[Case, ...]:
     """Like ``batches``, each request followed by a later request that looks
     up; half the configurations are full-attention-only (exact hits)."""

@@ -3,15 +3,16 @@
 A vLLM contributor runs kvspec's differential tests against their own vLLM
 with plain pytest::
 
-    pytest --pyargs diff_tests.test_differential --kvspec-vllm-src ~/vllm \\
+    pytest --pyargs kvspec.diff_tests.test_differential --kvspec-vllm-src ~/vllm \\
            --kvspec-profile nightly --junitxml=kvspec.xml
 
 The plugin is loaded by every pytest run in an environment where kvspec is
 installed, vLLM's own suite included, so it stays import-light (pytest and the
 standard library only) and changes nothing unless a kvspec option is given or
-a test asks for a ``kvspec_*`` fixture: the Hypothesis profile is loaded only
-on ``--kvspec-profile`` (or ``KVSPEC_PROFILE``), and subjects start only when
-a test uses ``kvspec_subject``.
+a test asks for a ``kvspec_*`` fixture: a Hypothesis profile is loaded on
+``--kvspec-profile`` at start-up, or from ``KVSPEC_PROFILE`` when a test first
+uses a kvspec fixture (so the variable alone never changes another project's
+settings), and subjects start only when a test uses ``kvspec_subject``.
 
 Statistics (subject, examples, differential cases, cache_blocks calls,
 discrepancies, profile) go into each test's ``user_properties``, which
@@ -54,12 +55,10 @@ class _State:
         self.releases = list(config.getoption("kvspec_vllm"))
         self.trees = list(config.getoption("kvspec_vllm_src"))
         self.current = bool(config.getoption("kvspec_current"))
-        self.profile = config.getoption("kvspec_profile") or os.environ.get("KVSPEC_PROFILE") or None
-        if self.profile is not None and self.profile not in PROFILES:
-            raise pytest.UsageError(
-                f"KVSPEC_PROFILE={self.profile!r} is not a kvspec profile; use one of {', '.join(sorted(PROFILES))}")
+        self.profile = config.getoption("kvspec_profile")
         self.database = config.getoption("kvspec_database")
         self.live: dict[str, Any] = {}  # subject label -> SubjectProcess
+        self.loaded = False  # a kvspec Hypothesis profile is in force
 
     @property
     def subject_ids(self) -> list[str]:
@@ -79,6 +78,22 @@ def pytest_configure(config: pytest.Config) -> None:
     if state.profile is not None or state.database is not None:
         # Only on request: a plain pytest run of vLLM's own suite is untouched.
         load_profile(state.profile or "dev", state.database)
+        state.loaded = True
+
+
+def _use(config: pytest.Config) -> "_State":
+    """A kvspec fixture is being used: ``KVSPEC_PROFILE`` may apply now."""
+    state = config.stash[_STATE_KEY]
+    if not state.loaded:
+        name = os.environ.get("KVSPEC_PROFILE")
+        if name:
+            if name not in PROFILES:
+                pytest.fail(f"KVSPEC_PROFILE={name!r} is not a kvspec profile; use one of "
+                            f"{', '.join(sorted(PROFILES))}", pytrace=False)
+            load_profile(name)
+            state.profile = name
+        state.loaded = True
+    return state
 
 
 def load_profile(name: str, database: str | None = None) -> None:
@@ -87,11 +102,12 @@ def load_profile(name: str, database: str | None = None) -> None:
 
     extra: dict[str, Any] = {}
     if database is not None:
-        from diff_tests.database import DatabaseError, example_database
+        from kvspec.diff_tests.database import example_database
+        from kvspec.model.errors import KvspecError
 
         try:
             extra["database"] = example_database(database)
-        except DatabaseError as exc:
+        except KvspecError as exc:
             raise pytest.UsageError(f"--kvspec-database: {exc}") from None
     # Real vLLM calls are slow by Hypothesis's standards and kvspec_stats is
     # function-scoped on purpose (one count per test); nested_given stays on,
@@ -136,7 +152,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def _spec(subject_id: str):
-    from oracles.subject import current_environment, release, source_tree
+    from kvspec.subjects.subject import current_environment, release, source_tree
 
     if subject_id == "current":
         return current_environment()
@@ -147,13 +163,14 @@ def _spec(subject_id: str):
 
 def _live(config: pytest.Config, subject_id: str):
     """One worker per subject for the whole session, started on first use."""
-    from oracles.subject import SubjectError, SubjectProcess
+    from kvspec.model.errors import KvspecError
+    from kvspec.subjects.process import SubjectProcess
 
-    state = config.stash[_STATE_KEY]
+    state = _use(config)
     if subject_id not in state.live:
         try:
             state.live[subject_id] = SubjectProcess(_spec(subject_id))
-        except SubjectError as exc:
+        except KvspecError as exc:
             # A setup error, stated once: the tests must not pass without a subject.
             pytest.fail(f"kvspec: subject {subject_id}: {exc}", pytrace=False)
     return state.live[subject_id]
@@ -180,27 +197,28 @@ def kvspec_stats(request: pytest.FixtureRequest, kvspec_subject):
     property that returned early or drew nothing cannot pass vacuously.
     While the test runs, its examples do not depend on which other modules
     the session imported (``diff_tests.seeding``)."""
-    from diff_tests.seeding import fixed_constant_pool
+    from kvspec.diff_tests.property import Tally
+    from kvspec.diff_tests.seeding import fixed_constant_pool
 
-    stats = {"examples": 0, "cases": 0, "cache_blocks_calls": 0, "discrepancies": 0}
+    state = _use(request.config)
+    stats = Tally()
     with fixed_constant_pool():
         yield stats
-    state = request.config.stash[_STATE_KEY]
     properties = request.node.user_properties
-    properties.append(("kvspec_subject", kvspec_subject.spec.label))
-    properties.append(("kvspec_vllm_version", kvspec_subject.capabilities.get("vllm_version")))
+    properties.append(("kvspec_subject", kvspec_subject.subject.label))
+    properties.append(("kvspec_vllm_version", kvspec_subject.identity.get("vllm_version")))
     properties.append(("kvspec_profile", state.profile or "hypothesis defaults"))
-    for key, value in stats.items():
-        properties.append((f"kvspec_{key}", value))
+    for key, value in stats.as_dict().items():
+        properties.append((f"kvspec_{'cache_blocks_' if key == 'calls' else ''}{key}", value))
     report = request.node.stash.get(_CALL_REPORT, None)
     if report is not None and report.passed and hasattr(request.node.obj, "hypothesis"):
         from hypothesis import settings
 
         budget = (getattr(request.node.obj, "_hypothesis_internal_use_settings", None)
                   or settings()).max_examples
-        if stats["examples"] < budget or stats["cases"] < stats["examples"]:
-            pytest.fail(f"kvspec: the property ran {stats['examples']} of {budget} examples "
-                        f"({stats['cases']} cases): it did not exercise the subject", pytrace=False)
+        if stats.examples < budget or stats.cases < stats.examples:
+            pytest.fail(f"kvspec: the property ran {stats.examples} of {budget} examples "
+                        f"({stats.cases} cases): it did not exercise the subject", pytrace=False)
 
 
 _CALL_REPORT = pytest.StashKey[pytest.TestReport]()

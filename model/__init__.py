@@ -1,6 +1,6 @@
 """kvspec's model: the domain and the registration-boundary specification.
 
-Data flows one way: ``model`` knows nothing of proofs, oracles or vLLM.
+Data flows one way: ``model`` imports nothing of kvspec outside itself, and no vLLM.
 """
 
 from .arith import INT, Arith, IntArith, Z3Arith
@@ -10,7 +10,6 @@ from .domain import (
     GroupRegistration,
     InvalidGeometry,
     KVCacheGroup,
-    Regime,
 )
 from .spec import BoundaryInputs, evaluate_config, registration_bound
 from .variants import VARIANTS, Variant, variant
@@ -18,7 +17,7 @@ from .variants import VARIANTS, Variant, variant
 __all__ = [
     "INT", "Arith", "IntArith", "Z3Arith",
     "CoordinatorConfig", "GroupKind", "GroupRegistration", "InvalidGeometry",
-    "KVCacheGroup", "Regime",
+    "KVCacheGroup",
     "BoundaryInputs", "evaluate_config", "registration_bound",
     "VARIANTS", "Variant", "variant",
 ]

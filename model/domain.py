@@ -15,18 +15,19 @@ from typing import Any
 
 import attrs
 
+from .errors import InputError
+
 __all__ = [
     "GroupKind",
     "KVCacheGroup",
     "CoordinatorConfig",
     "GroupRegistration",
     "InvalidGeometry",
-    "Regime",
     "derive_partial_hash_hits",
 ]
 
 
-class InvalidGeometry(ValueError):
+class InvalidGeometry(InputError, ValueError):
     """A configuration vLLM itself would reject; says which rule and value."""
 
     def __init__(self, field: str, rule: str, value: Any):
@@ -103,11 +104,6 @@ def _groups(value: Any) -> tuple[KVCacheGroup, ...]:
     return tuple(value)
 
 
-class Regime(str, enum.Enum):
-    PARTIAL_HASH_HITS = "partial_hash_hits"
-    SCHEDULER_ALIGNED = "scheduler_aligned"
-
-
 @attrs.frozen
 class CoordinatorConfig:
     """What ``HybridKVCacheCoordinator`` is built from, in vLLM's names."""
@@ -170,10 +166,6 @@ class CoordinatorConfig:
     def partial_hash_hits(self) -> bool:
         """vLLM's ``enable_partial_hash_hits``, by its documented rule (0.28+)."""
         return derive_partial_hash_hits(self)
-
-    @property
-    def regime(self) -> Regime:
-        return Regime.PARTIAL_HASH_HITS if self.partial_hash_hits else Regime.SCHEDULER_ALIGNED
 
     @property
     def effective_eagle(self) -> tuple[bool, ...]:

@@ -5,7 +5,7 @@ in vLLM's vocabulary, one row per KV-cache group (expected vs observed, in
 tokens and in blocks, with both derivations), what the proofs know about it
 (``Explanation``) and which pair of the three legs -- the spec evaluated by
 Z3, the executable oracle, the subject -- disagrees (``Ledger``).  Producers
-live in ``proofs`` and ``kvspec.findings``; renderers only read these values.
+live in ``proofs`` and ``kvspec.report.findings``; renderers only read these values.
 The JSON form (``to_dict``/``from_dict``) is versioned by ``FINDING_SCHEMA``.
 """
 
@@ -16,12 +16,14 @@ from typing import Any
 
 import attrs
 
+from .about import SCHEMAS
+
 __all__ = [
     "FINDING_SCHEMA",
     "Category",
-    "LedgerVerdict",
+    "Blame",
     "Ledger",
-    "ledger_verdict",
+    "blame_of",
     "Derivation",
     "GroupRow",
     "TheoremRef",
@@ -29,7 +31,8 @@ __all__ = [
     "Finding",
 ]
 
-FINDING_SCHEMA = "kvspec.finding/1"
+FINDING_SCHEMA = SCHEMAS["finding"]
+PREVIOUS_SCHEMA = "kvspec.finding/1"  # still read: findings are kept as CI artifacts
 
 
 class Category(str, enum.Enum):
@@ -80,7 +83,7 @@ _MEANINGS = {
 }
 
 
-class LedgerVerdict(str, enum.Enum):
+class Blame(str, enum.Enum):
     # Z3 and the oracle agree on the spec's values; the subject differs.
     IMPLEMENTATION_BUG = "implementation bug"
     # Z3 (the spec as terms) and the subject agree; the executable oracle differs.
@@ -93,17 +96,17 @@ class LedgerVerdict(str, enum.Enum):
     AGREE = "no disagreement"
 
 
-def ledger_verdict(z3_spec: Any, oracle: Any, subject: Any) -> LedgerVerdict:
+def blame_of(z3_spec: Any, oracle: Any, subject: Any) -> Blame:
     """Which pair disagrees, from the three legs' values (None: leg not run)."""
     if z3_spec is None or oracle is None or subject is None:
-        return LedgerVerdict.UNDETERMINED
+        return Blame.UNDETERMINED
     if z3_spec == oracle == subject:
-        return LedgerVerdict.AGREE
+        return Blame.AGREE
     if z3_spec == oracle:
-        return LedgerVerdict.IMPLEMENTATION_BUG
+        return Blame.IMPLEMENTATION_BUG
     if z3_spec == subject:
-        return LedgerVerdict.ORACLE_BUG
-    return LedgerVerdict.UNDETERMINED
+        return Blame.ORACLE_BUG
+    return Blame.UNDETERMINED
 
 
 def _tuple(value: Any) -> Any:
@@ -116,7 +119,7 @@ class Ledger:
     oracle: tuple[Any, ...] | None = attrs.field(converter=_tuple)
     subject: tuple[Any, ...] | None = attrs.field(converter=_tuple)
     subject_label: str
-    verdict: LedgerVerdict = attrs.field(converter=LedgerVerdict)
+    blame: Blame = attrs.field(converter=Blame)
     note: str = ""
     # The fourth leg: the subject's real code checked symbolically (status,
     # target method, detail, counterexample), when it was run.
@@ -131,7 +134,7 @@ class Ledger:
         status, target = rc.get("status"), rc.get("target") or "the registration method"
         if status == "REFUTED":
             return f"{target} itself is wrong (symbolic counterexample, replayed)"
-        if status == "VERIFIED" and self.verdict is LedgerVerdict.IMPLEMENTATION_BUG:
+        if status == "VERIFIED" and self.blame is Blame.IMPLEMENTATION_BUG:
             return (f"{target} is right for every input: the difference comes from the code "
                     "around it (the constructor's derived attributes, the group managers)")
         if status == "VERIFIED":
@@ -234,9 +237,13 @@ class Finding:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Finding":
-        if data.get("schema") != FINDING_SCHEMA:
-            raise ValueError(f"not a {FINDING_SCHEMA} finding (schema {data.get('schema')!r})")
+        schema = data.get("schema")
+        if schema not in (FINDING_SCHEMA, PREVIOUS_SCHEMA):
+            raise ValueError(f"not a {FINDING_SCHEMA} finding (schema {schema!r})")
         d = {k: v for k, v in data.items() if k != "schema"}
+        if schema == PREVIOUS_SCHEMA and isinstance(d.get("ledger"), dict) and "verdict" in d["ledger"]:
+            # kvspec.finding/1 called the ledger's blame its "verdict".
+            d["ledger"] = {("blame" if k == "verdict" else k): v for k, v in d["ledger"].items()}
         d["groups"] = tuple(_group_row(g) for g in d.get("groups", ()))
         if d.get("explanation") is not None:
             e = dict(d["explanation"])
@@ -249,6 +256,13 @@ class Finding:
     @property
     def differing_groups(self) -> tuple[GroupRow, ...]:
         return tuple(g for g in self.groups if g.differs)
+
+    def subject_capabilities(self):
+        """What the subject could do, as recorded (the newest era's when the
+        finding does not say: proof findings have no subject)."""
+        from .capabilities import Capabilities
+
+        return Capabilities.from_dict(self.compared.get("capabilities") or {})
 
 
 def _group_row(data: dict[str, Any]) -> GroupRow:

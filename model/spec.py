@@ -19,6 +19,8 @@ __all__ = [
     "BoundaryInputs",
     "RegistrationRule",
     "RegistrationSteps",
+    "RuleSteps",
+    "SPEC_STEPS",
     "StepsRule",
     "registration_steps",
     "registration_bound",
@@ -93,7 +95,41 @@ class RegistrationSteps:
 StepsRule = Callable[[Arith, BoundaryInputs], RegistrationSteps]
 
 
-def registration_steps(ar: Arith, p: BoundaryInputs) -> RegistrationSteps:
+def eagle_lookahead(ar: Arith, finalized: Any, aligned_finalized: Any, p: BoundaryInputs) -> Any:
+    """An EAGLE group's bound: one block past the matchable boundary of its
+    finalized tokens, never past them (``min(finalized, aligned + B)``)."""
+    return ar.min(finalized, aligned_finalized + p.B)
+
+
+def eagle_branch_applies(ar: Arith, p: BoundaryInputs, cached: Any) -> Any:
+    """The EAGLE bound applies to an EAGLE group once a boundary is matchable."""
+    return ar.and_(p.eagle, cached > 0)
+
+
+def non_eagle_bound(ar: Arith, p: BoundaryInputs, cached: Any) -> Any:
+    """Any other group registers the matchable prefix itself."""
+    return cached
+
+
+@attrs.frozen
+class RuleSteps:
+    """The rule's steps, each a function of its own.  The specification is
+    ``SPEC_STEPS``; a wrong variant (``model.variants``) replaces exactly one
+    step, so it models exactly one mistake and the rest stays the spec's."""
+
+    matchable: Callable[[Arith, Any, BoundaryInputs], Any] = matchable_prefix
+    # How the finalized tokens are aligned; None: the same ``matchable`` step.
+    matchable_finalized: Callable[[Arith, Any, BoundaryInputs], Any] | None = None
+    finalized: Callable[[Arith, BoundaryInputs], Any] = finalized_tokens
+    eagle_bound: Callable[[Arith, Any, Any, BoundaryInputs], Any] = eagle_lookahead
+    applies: Callable[[Arith, BoundaryInputs, Any], Any] = eagle_branch_applies
+    non_eagle: Callable[[Arith, BoundaryInputs, Any], Any] = non_eagle_bound
+
+
+SPEC_STEPS = RuleSteps()
+
+
+def registration_steps(ar: Arith, p: BoundaryInputs, steps: RuleSteps = SPEC_STEPS) -> RegistrationSteps:
     """How many of the computed tokens this group registers in the hash map.
 
     Intent: register the largest prefix a future hit could match.  An EAGLE
@@ -101,13 +137,13 @@ def registration_steps(ar: Arith, p: BoundaryInputs) -> RegistrationSteps:
     registers that one lookahead block -- but never past the finalized tokens,
     and only once there is a matchable boundary at all.
     """
-    cached = matchable_prefix(ar, p.n, p)
-    finalized = finalized_tokens(ar, p)
-    aligned_finalized = matchable_prefix(ar, finalized, p)
-    eagle_bound = ar.min(finalized, aligned_finalized + p.B)
-    eagle_branch = ar.and_(p.eagle, cached > 0)
+    cached = steps.matchable(ar, p.n, p)
+    finalized = steps.finalized(ar, p)
+    aligned_finalized = (steps.matchable_finalized or steps.matchable)(ar, finalized, p)
+    eagle_bound = steps.eagle_bound(ar, finalized, aligned_finalized, p)
+    eagle_branch = steps.applies(ar, p, cached)
     return RegistrationSteps(cached, finalized, aligned_finalized, eagle_bound, eagle_branch,
-                             ar.ite(eagle_branch, eagle_bound, cached))
+                             ar.ite(eagle_branch, eagle_bound, steps.non_eagle(ar, p, cached)))
 
 
 def registration_bound(ar: Arith, p: BoundaryInputs) -> Any:

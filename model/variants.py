@@ -10,26 +10,26 @@ witnesses that keep the theorems from being vacuous.
 from __future__ import annotations
 
 import enum
+import functools
 from typing import Any, Callable
 
 import attrs
 
 from .arith import Arith
 from .spec import (
+    SPEC_STEPS,
     BoundaryInputs,
     RegistrationRule,
-    RegistrationSteps,
     StepsRule,
-    finalized_tokens,
     registration_bound,
     registration_steps,
     reprefillable_tokens,
 )
 
-__all__ = ["Verdict", "Variant", "VARIANTS", "variant", "CORRECT", "WRONG"]
+__all__ = ["Conformance", "Variant", "VARIANTS", "variant", "CORRECT", "WRONG"]
 
 
-class Verdict(str, enum.Enum):
+class Conformance(str, enum.Enum):
     CORRECT = "correct"  # equivalent to the specification everywhere
     HISTORICAL = "historical"  # equivalent under the restriction of its era
     WRONG = "wrong"  # differs somewhere the spec says it must not
@@ -40,7 +40,7 @@ class Variant:
     name: str
     summary: str  # one line: what it models
     rule: RegistrationRule
-    verdict: Verdict
+    conformance: Conformance
     # For HISTORICAL variants: the restriction (over BoundaryInputs) under
     # which they match the specification.
     restriction: Callable[[Arith, BoundaryInputs], Any] | None = None
@@ -88,89 +88,54 @@ def partial_hits_026(ar: Arith, p: BoundaryInputs) -> Any:
     return ar.ite(ar.and_(p.eagle, aligned > 0), eagle, aligned)
 
 
-def _eagle_steps(
-    ar: Arith,
-    p: BoundaryInputs,
-    align: Callable[[Arith, Any, BoundaryInputs], Any] = _align_cacheable,
-    eagle_bound: Callable[[Arith, Any, Any, BoundaryInputs], Any] | None = None,
-    finalized: Any = None,
-    eagle_flag: Any = None,
-    guard: Callable[[Any], Any] | None = None,
-    non_eagle: Any = None,
-    align_finalized: Callable[[Arith, Any, BoundaryInputs], Any] | None = None,
-) -> RegistrationSteps:
-    """The fix's structure with one piece swapped: wrong variants below each
-    replace exactly one piece, so each models exactly one mistake."""
-    cached = align(ar, p.n, p)
-    fin = finalized_tokens(ar, p) if finalized is None else finalized
-    aligned = (align if align_finalized is None else align_finalized)(ar, fin, p)
-    if eagle_bound is None:
-        bound = ar.min(fin, aligned + p.B)
-    else:
-        bound = eagle_bound(ar, fin, aligned, p)
-    flag = p.eagle if eagle_flag is None else eagle_flag
-    applies = ar.and_(flag, cached > 0 if guard is None else guard(cached))
-    otherwise = cached if non_eagle is None else non_eagle
-    return RegistrationSteps(cached, fin, aligned, bound, applies, ar.ite(applies, bound, otherwise))
+def _replace(**step) -> StepsRule:
+    """The spec with one step replaced (``model.spec.RuleSteps``)."""
+    return functools.partial(registration_steps, steps=attrs.evolve(SPEC_STEPS, **step))
 
 
-def regression_50062(ar: Arith, p: BoundaryInputs) -> RegistrationSteps:
-    # The re-derived bound floors to S unconditionally, partial hits or not.
-    return _eagle_steps(ar, p, align_finalized=_floor_to_scheduler)
-
-
-def round_to_hash_block(ar: Arith, p: BoundaryInputs) -> RegistrationSteps:
-    def align(ar: Arith, x: Any, p: BoundaryInputs) -> Any:
-        return ar.ite(p.partial, ar.round_down(x, p.H), ar.round_down(x, p.S))
-
-    return _eagle_steps(ar, p, align=align)
-
-
-def lookahead_dropped(ar: Arith, p: BoundaryInputs) -> RegistrationSteps:
-    return _eagle_steps(ar, p, eagle_bound=lambda ar, fin, aligned, p: aligned)
-
-
-def finalized_ignored(ar: Arith, p: BoundaryInputs) -> RegistrationSteps:
-    return _eagle_steps(ar, p, eagle_bound=lambda ar, fin, aligned, p: ar.min(p.n, aligned + p.B))
-
-
-def eagle_guard_always(ar: Arith, p: BoundaryInputs) -> RegistrationSteps:
-    return _eagle_steps(ar, p, guard=lambda cached: cached >= 0)
-
-
-def reprefillable_off_by_one(ar: Arith, p: BoundaryInputs) -> RegistrationSteps:
-    return _eagle_steps(ar, p, finalized=ar.max(ar.const(0), p.n - p.L))
-
-
-def eagle_rule_everywhere(ar: Arith, p: BoundaryInputs) -> RegistrationSteps:
-    return _eagle_steps(ar, p, eagle_flag=ar.true())
-
-
-def floor_non_eagle_under_partial(ar: Arith, p: BoundaryInputs) -> RegistrationSteps:
-    return _eagle_steps(ar, p, non_eagle=_floor_to_scheduler(ar, p.n, p))
-
-
-def missing_clamp_at_zero(ar: Arith, p: BoundaryInputs) -> RegistrationSteps:
-    return _eagle_steps(ar, p, finalized=p.n - reprefillable_tokens(ar, p))
-
-
-def lookahead_unclamped(ar: Arith, p: BoundaryInputs) -> RegistrationSteps:
-    return _eagle_steps(ar, p, eagle_bound=lambda ar, fin, aligned, p: aligned + p.B)
-
-
-def lookahead_scheduler_block(ar: Arith, p: BoundaryInputs) -> RegistrationSteps:
-    return _eagle_steps(ar, p, eagle_bound=lambda ar, fin, aligned, p: ar.min(fin, aligned + p.S))
-
-
-def lookahead_as_condition(ar: Arith, p: BoundaryInputs) -> RegistrationSteps:
+def _aligned_plus(unit: str) -> Callable:
     def bound(ar: Arith, fin: Any, aligned: Any, p: BoundaryInputs) -> Any:
-        return ar.ite(fin - ar.round_down(fin, p.S) <= p.B, fin, ar.round_down(fin, p.S))
+        return ar.min(fin, aligned + getattr(p, unit))
+    return bound
 
-    return _eagle_steps(ar, p, eagle_bound=bound)
+
+def _round_to_hash(ar: Arith, x: Any, p: BoundaryInputs) -> Any:
+    return ar.ite(p.partial, ar.round_down(x, p.H), ar.round_down(x, p.S))
 
 
-def reprefillable_added(ar: Arith, p: BoundaryInputs) -> RegistrationSteps:
-    return _eagle_steps(ar, p, finalized=p.n + reprefillable_tokens(ar, p))
+def _lookahead_condition(ar: Arith, fin: Any, aligned: Any, p: BoundaryInputs) -> Any:
+    return ar.ite(fin - ar.round_down(fin, p.S) <= p.B, fin, ar.round_down(fin, p.S))
+
+
+# Each wrong variant: (name, summary, the one step it replaces).
+_WRONG_STEPS = (
+    ("regression_50062", "#50062: EAGLE bound re-floored to S even under partial hits",
+     dict(matchable_finalized=_floor_to_scheduler)),
+    ("round_to_hash_block", "partial hits round to the hash block instead of not at all",
+     dict(matchable=_round_to_hash)),
+    ("lookahead_dropped", "EAGLE groups lose the lookahead block",
+     dict(eagle_bound=lambda ar, fin, aligned, p: aligned)),
+    ("finalized_ignored", "EAGLE clamp uses n, not the finalized tokens",
+     dict(eagle_bound=lambda ar, fin, aligned, p: ar.min(p.n, aligned + p.B))),
+    ("eagle_guard_always", "EAGLE branch taken even with no matchable boundary (guard >= 0)",
+     dict(applies=lambda ar, p, cached: ar.and_(p.eagle, cached >= 0))),
+    ("reprefillable_off_by_one", "reprefillable tokens = lookahead, not lookahead - 1",
+     dict(finalized=lambda ar, p: ar.max(ar.const(0), p.n - p.L))),
+    ("eagle_rule_everywhere", "the EAGLE lookahead rule applied to every group",
+     dict(applies=lambda ar, p, cached: cached > 0)),
+    ("floor_non_eagle_under_partial", "non-EAGLE groups floored to S under partial hits",
+     dict(non_eagle=lambda ar, p, cached: _floor_to_scheduler(ar, p.n, p))),
+    ("missing_clamp_at_zero", "finalized = n - reprefillable without the clamp at zero",
+     dict(finalized=lambda ar, p: p.n - reprefillable_tokens(ar, p))),
+    ("lookahead_unclamped", "EAGLE lookahead not clamped to the finalized tokens",
+     dict(eagle_bound=lambda ar, fin, aligned, p: aligned + p.B)),
+    ("lookahead_scheduler_block", "EAGLE lookahead of a scheduler block, not the group block",
+     dict(eagle_bound=_aligned_plus("S"))),
+    ("lookahead_as_condition", "EAGLE keeps its tail only if it fits the lookahead block",
+     dict(eagle_bound=_lookahead_condition)),
+    ("reprefillable_added", "sign error: reprefillable tokens added instead of subtracted",
+     dict(finalized=lambda ar, p: p.n + reprefillable_tokens(ar, p))),
+)
 
 
 def _no_partial_no_reprefill(ar: Arith, p: BoundaryInputs) -> Any:
@@ -181,49 +146,38 @@ def _no_reprefill(ar: Arith, p: BoundaryInputs) -> Any:
     return p.L <= 1
 
 
-def _bound_of(steps: StepsRule) -> RegistrationRule:
+def _bound_of(name: str, steps: StepsRule) -> RegistrationRule:
     def rule(ar: Arith, p: BoundaryInputs) -> Any:
         return steps(ar, p).bound
 
-    rule.__name__ = steps.__name__
+    rule.__name__ = name
     return rule
 
 
-def _wrong(name: str, summary: str, steps: StepsRule) -> Variant:
-    return Variant(name, summary, _bound_of(steps), Verdict.WRONG, steps=steps)
+def _wrong(name: str, summary: str, step: dict[str, Callable]) -> Variant:
+    steps = _replace(**step)
+    return Variant(name, summary, _bound_of(name, steps), Conformance.WRONG, steps=steps)
 
 
 VARIANTS: tuple[Variant, ...] = (
     Variant("spec", "the specification itself (sanity: equivalent to itself)",
-            registration_bound, Verdict.CORRECT, steps=registration_steps),
+            registration_bound, Conformance.CORRECT, steps=registration_steps),
     Variant("fix_52419", "the #52419 fix: one _align_cacheable helper for both bounds",
-            fix_52419, Verdict.CORRECT),
+            fix_52419, Conformance.CORRECT),
     Variant("cacheable_tokens_032", "0.32+ get_num_cacheable_tokens(n, group_id), early EAGLE return",
-            cacheable_tokens_032, Verdict.CORRECT),
+            cacheable_tokens_032, Conformance.CORRECT),
     Variant("pre_partial_hits_023", "0.23-0.25: floor to S; EAGLE min(n, floor + B); no partial hits",
-            pre_partial_hits_023, Verdict.HISTORICAL, _no_partial_no_reprefill,
+            pre_partial_hits_023, Conformance.HISTORICAL, _no_partial_no_reprefill,
             "no partial hash hits and no reprefillable tokens (num_prefill_lookahead <= 1)"),
     Variant("partial_hits_026", "0.26-0.27: partial-hit aware, no reprefillable tokens yet",
-            partial_hits_026, Verdict.HISTORICAL, _no_reprefill,
+            partial_hits_026, Conformance.HISTORICAL, _no_reprefill,
             "no reprefillable tokens (num_prefill_lookahead <= 1)"),
-    _wrong("regression_50062", "#50062: EAGLE bound re-floored to S even under partial hits", regression_50062),
-    _wrong("round_to_hash_block", "partial hits round to the hash block instead of not at all", round_to_hash_block),
-    _wrong("lookahead_dropped", "EAGLE groups lose the lookahead block", lookahead_dropped),
-    _wrong("finalized_ignored", "EAGLE clamp uses n, not the finalized tokens", finalized_ignored),
-    _wrong("eagle_guard_always", "EAGLE branch taken even with no matchable boundary (guard >= 0)", eagle_guard_always),
-    _wrong("reprefillable_off_by_one", "reprefillable tokens = lookahead, not lookahead - 1", reprefillable_off_by_one),
-    _wrong("eagle_rule_everywhere", "the EAGLE lookahead rule applied to every group", eagle_rule_everywhere),
-    _wrong("floor_non_eagle_under_partial", "non-EAGLE groups floored to S under partial hits", floor_non_eagle_under_partial),
-    _wrong("missing_clamp_at_zero", "finalized = n - reprefillable without the clamp at zero", missing_clamp_at_zero),
-    _wrong("lookahead_unclamped", "EAGLE lookahead not clamped to the finalized tokens", lookahead_unclamped),
-    _wrong("lookahead_scheduler_block", "EAGLE lookahead of a scheduler block, not the group block", lookahead_scheduler_block),
-    _wrong("lookahead_as_condition", "EAGLE keeps its tail only if it fits the lookahead block", lookahead_as_condition),
-    _wrong("reprefillable_added", "sign error: reprefillable tokens added instead of subtracted", reprefillable_added),
+    *(_wrong(name, summary, step) for name, summary, step in _WRONG_STEPS),
 )
 
 _BY_NAME = {v.name: v for v in VARIANTS}
-CORRECT = tuple(v for v in VARIANTS if v.verdict is Verdict.CORRECT)
-WRONG = tuple(v for v in VARIANTS if v.verdict is Verdict.WRONG)
+CORRECT = tuple(v for v in VARIANTS if v.conformance is Conformance.CORRECT)
+WRONG = tuple(v for v in VARIANTS if v.conformance is Conformance.WRONG)
 
 
 def variant(name: str) -> Variant:

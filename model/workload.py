@@ -1,4 +1,5 @@
-"""A synthetic serving workload for the hit-rate replay (``oracles.hitrate``).
+"""A synthetic serving workload for the hit-rate replay, and the layouts it is
+replayed on (``subjects/drivers/hitrate.py``).
 
 Conversations share a few system prompts; each turn's prompt is the previous
 turn's prompt and answer plus a new user message, so a later turn can hit
@@ -19,7 +20,9 @@ import random
 
 import attrs
 
-__all__ = ["Workload", "WorkloadRequest"]
+from .domain import CoordinatorConfig, GroupKind, KVCacheGroup
+
+__all__ = ["Workload", "WorkloadRequest", "LAYOUTS", "layout"]
 
 
 def _positive(instance, attribute, value) -> None:
@@ -86,3 +89,24 @@ class Workload:
                 f"{self.user_tokens[1]}, output {self.output_tokens[0]}-{self.output_tokens[1]} tokens; "
                 f"concurrency {self.concurrency}, prefill chunks of {self.chunk_tokens}, "
                 f"{self.drafts} drafts per decode (seed {self.seed})")
+
+
+LAYOUTS = ("mamba-hybrid", "full-attention")
+
+
+def layout(name: str, scheduler_block_size: int):
+    """The replayed model's KV-cache groups, the drafter's (EAGLE) with the
+    hash block of 16.
+
+    ``mamba-hybrid``: a Mamba "align" group whose block is the scheduler block
+    (as vLLM sizes it) and a full-attention EAGLE group: partial hash hits,
+    the path #50062 broke.  ``full-attention``: two full-attention groups, the
+    layout whose lookup the model predicts exactly (``oracles.lookup``), so
+    the spec's ideal is the reference there.
+    """
+    S = scheduler_block_size
+    if name == "mamba-hybrid":
+        groups = (KVCacheGroup(GroupKind.MAMBA_ALIGN, S), KVCacheGroup(GroupKind.FULL_ATTENTION, 16, eagle=True))
+    else:
+        groups = (KVCacheGroup(GroupKind.FULL_ATTENTION, 16, eagle=True), KVCacheGroup(GroupKind.FULL_ATTENTION, S))
+    return CoordinatorConfig(groups=groups, scheduler_block_size=S, hash_block_size=16)

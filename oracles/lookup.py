@@ -25,13 +25,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from model.arith import INT
-from model.domain import GroupKind
-from model.lookup import dense_lookup_hit, group_reach, hit_alignment, lookup_need
-from model.spec import inputs_for_group
+from kvspec.model.arith import INT
+from kvspec.model.capabilities import Capabilities, expected_regime
+from kvspec.model.case import Case
+from kvspec.model.domain import GroupKind
+from kvspec.model.finding import Category
+from kvspec.model.lookup import dense_lookup_hit, group_reach, hit_alignment, lookup_need
+from kvspec.model.spec import inputs_for_group
 
-from .case import Case
-from .oracle import Discrepancy, compare, expected_calls, expected_regime
+from .registration import Discrepancy, compare, expected_calls
 
 __all__ = ["exact_lookup_applies", "expected_hit", "handed_tokens", "contract_violations",
            "admissible_hits", "compare_lookup", "check_case"]
@@ -46,7 +48,7 @@ def exact_lookup_applies(case: Case) -> bool:
         g.kind is GroupKind.FULL_ATTENTION for g in case.config.groups)
 
 
-def expected_hit(case: Case, capabilities: dict[str, Any], calls: list[dict]) -> int:
+def expected_hit(case: Case, capabilities: Capabilities, calls: list[dict]) -> int:
     """The spec's hit for ``case.probe`` given the writer's recorded calls
     (their ``n`` and hashed tokens are the inputs; what was registered is the
     spec's, not the subject's)."""
@@ -72,7 +74,7 @@ def handed_tokens(case: Case, reply: dict[str, Any]) -> list[int]:
     return handed
 
 
-def contract_violations(case: Case, capabilities: dict[str, Any], hit: int,
+def contract_violations(case: Case, capabilities: Capabilities, hit: int,
                         handed: list[int]) -> list[str]:
     """What a hit of ``hit`` tokens for ``case.probe`` breaks of the contract
     (empty: the contract admits it), given what the writer handed each group."""
@@ -101,14 +103,14 @@ def contract_violations(case: Case, capabilities: dict[str, Any], hit: int,
     return found
 
 
-def admissible_hits(case: Case, capabilities: dict[str, Any], handed: list[int]) -> list[int]:
+def admissible_hits(case: Case, capabilities: Capabilities, handed: list[int]) -> list[int]:
     """Every hit length the contract admits for ``case.probe``."""
     assert case.probe is not None
     return [h for h in range(case.probe.total_tokens)
             if not contract_violations(case, capabilities, h, handed)]
 
 
-def compare_lookup(case: Case, capabilities: dict[str, Any], reply: dict[str, Any]) -> list[Discrepancy]:
+def compare_lookup(case: Case, capabilities: Capabilities, reply: dict[str, Any]) -> list[Discrepancy]:
     """Discrepancies of the later request's hit (empty if the reply has no
     probe, e.g. the writer already failed: ``oracle.compare`` reports that)."""
     if not reply.get("ok") or case.probe is None or "probe" not in reply:
@@ -117,18 +119,18 @@ def compare_lookup(case: Case, capabilities: dict[str, Any], reply: dict[str, An
     hit = reply["probe"]["hit"]
     found = contract_violations(case, capabilities, hit, handed_tokens(case, reply))
     if found:
-        return [Discrepancy("lookup_contract", None, None, (), (hit,), detail="; ".join(found))]
+        return [Discrepancy(Category.LOOKUP_CONTRACT, None, None, (), (hit,), detail="; ".join(found))]
     if exact_lookup_applies(case):
         expected = expected_hit(case, capabilities, reply.get("calls", []))
         if hit != expected:
-            return [Discrepancy("hit_mismatch", None, None, (expected,), (hit,),
+            return [Discrepancy(Category.HIT_MISMATCH, None, None, (expected,), (hit,),
                                 detail=f"later request sharing {probe.shared} of "
                                        f"{probe.total_tokens} tokens: hit expected {expected}, "
                                        f"observed {hit}")]
     return []
 
 
-def check_case(case: Case, caps: dict[str, Any], reply: dict[str, Any]) -> list[Discrepancy]:
+def check_case(case: Case, caps: Capabilities, reply: dict[str, Any]) -> list[Discrepancy]:
     """Every check a reply is subject to: registration first (a lookup after a
     wrong registration would only restate it), then the later request's hit
     when the case has a lookup probe."""

@@ -4,31 +4,31 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from model.arith import Arith
-from model.spec import (
+from kvspec.model.arith import Arith
+from kvspec.model.spec import (
     finalized_tokens,
     hashed_tokens,
     registered_full_blocks,
     registration_bound,
     reprefillable_tokens,
 )
-from model.variants import VARIANTS, Verdict, variant
+from kvspec.model.variants import VARIANTS, Conformance, variant
 
 from .encoding import Vars, domain_view, inputs
 from .geometry import geometry_theorem as _geometry
 from .lemmas import LEMMAS, Lemma, lemma
 from .lookup_catalog import LOOKUP_THEOREMS
-from .theorem import Subject, Theorem
+from .theorem import Target, Theorem
 from .verdict import Status
 
 __all__ = ["CATALOG", "theorem", "names"]
 
 
-def _rule(name: str) -> Subject:
-    return Subject(name, variant(name).rule)
+def _rule(name: str) -> Target:
+    return Target(name, variant(name).rule)
 
 
-SPEC = Subject("spec", registration_bound)
+SPEC = Target("spec", registration_bound)
 
 
 def _blocks(ar: Arith, v: Vars, tokens: Any) -> Any:
@@ -200,7 +200,7 @@ def _lemma_theorem(l: Lemma) -> Theorem:
         bools=(),
         assume=lambda ar, v: ar.true(),
         claim=claim,
-        subject=Subject(l.name, l.body),
+        target=Target(l.name, l.body),
         no_refuter_reason="a lemma over all integers; its premises are checked satisfiable",
     )
 
@@ -259,11 +259,11 @@ def _hash_rounding_hints(ar: Arith, v: Vars) -> list:
 def _build() -> tuple[Theorem, ...]:
     theorems: list[Theorem] = [_lemma_theorem(l) for l in LEMMAS]
     for v in VARIANTS:
-        if v.verdict is Verdict.HISTORICAL:
+        if v.conformance is Conformance.HISTORICAL:
             theorems.append(_geometry(
                 f"conformance.{v.name}.in_era", "conformance",
                 f"{v.name} ({v.summary}) equals the spec when {v.restriction_text}",
-                _restricted_equivalent(v.restriction), Subject(v.name, v.rule),
+                _restricted_equivalent(v.restriction), Target(v.name, v.rule),
                 refuters=(_rule("lookahead_dropped"),),
                 extra_text=v.restriction_text,
                 explain=_explain(v.name),
@@ -271,18 +271,18 @@ def _build() -> tuple[Theorem, ...]:
             theorems.append(_geometry(
                 f"conformance.{v.name}", "conformance",
                 f"{v.name} ({v.summary}) equals the spec everywhere (it must not)",
-                _equivalent, Subject(v.name, v.rule), expected=Status.REFUTED,
+                _equivalent, Target(v.name, v.rule), expected=Status.REFUTED,
                 explain=_explain(v.name),
             ))
             continue
         theorems.append(_geometry(
             f"conformance.{v.name}", "conformance",
             f"{v.name} ({v.summary}) equals the spec for every well-formed geometry"
-            + ("" if v.verdict is Verdict.CORRECT else " (it must not)"),
-            _equivalent, Subject(v.name, v.rule),
-            expected=Status.PROVED if v.verdict is Verdict.CORRECT else Status.REFUTED,
-            refuters=(_rule("regression_50062"),) if v.verdict is Verdict.CORRECT else (),
-            no_refuter_reason="" if v.verdict is Verdict.CORRECT else "expected to be refuted",
+            + ("" if v.conformance is Conformance.CORRECT else " (it must not)"),
+            _equivalent, Target(v.name, v.rule),
+            expected=Status.PROVED if v.conformance is Conformance.CORRECT else Status.REFUTED,
+            refuters=(_rule("regression_50062"),) if v.conformance is Conformance.CORRECT else (),
+            no_refuter_reason="" if v.conformance is Conformance.CORRECT else "expected to be refuted",
             explain=_explain(v.name),
         ))
 
@@ -326,42 +326,42 @@ def _build() -> tuple[Theorem, ...]:
         _geometry("reachability.regression_tokens", "reachability",
                   "#50062 changes the token bound iff partial hits and EAGLE and n > R and "
                   "(n - R) mod S > B   (R = max(0, L - 1))",
-                  _iff(_regression_tokens_differ), Subject("(n-R) mod S > B", _reach_tokens(">")),
-                  refuters=(Subject("(n-R) mod S >= B", _reach_tokens(">=")),
-                            Subject("(n-R) mod S != 0", _reach_tokens("!=0"))),
+                  _iff(_regression_tokens_differ), Target("(n-R) mod S > B", _reach_tokens(">")),
+                  refuters=(Target("(n-R) mod S >= B", _reach_tokens(">=")),
+                            Target("(n-R) mod S != 0", _reach_tokens("!=0"))),
                   explain=_explain("regression_50062")),
         _geometry("reachability.regression_blocks", "reachability",
                   "#50062 changes the registered full blocks iff partial hits and EAGLE and "
                   "n > R and floor((n-R)/S)*S + 2B <= min(n-R, hashed tokens)",
-                  _iff(_regression_blocks_differ), Subject("floor + 2B <= reach", _reach_blocks(2)),
-                  refuters=(Subject("floor + B < reach (the token condition)", _reach_blocks(1)),),
+                  _iff(_regression_blocks_differ), Target("floor + 2B <= reach", _reach_blocks(2)),
+                  refuters=(Target("floor + B < reach (the token condition)", _reach_blocks(1)),),
                   hints=_regression_block_hints, explain=_explain("regression_50062")),
         _geometry("loss.regression_closed_form", "loss",
                   "#50062 loses exactly (n - R) mod S - B tokens per call where reachable, "
                   "0 elsewhere",
-                  _loss_claim, Subject("(n-R) mod S - B", _closed_form_loss(True)),
-                  refuters=(Subject("(n-R) mod S", _closed_form_loss(False)),)),
+                  _loss_claim, Target("(n-R) mod S - B", _closed_form_loss(True)),
+                  refuters=(Target("(n-R) mod S", _closed_form_loss(False)),)),
         _geometry("loss.regression_worst_case", "loss",
                   f"over S <= {WORST_CASE_S_MAX}, #50062 loses at most S_max - 2 = "
                   f"{WORST_CASE_S_MAX - 2} tokens per call",
-                  _worst_case_claim, Subject("S_max - 2", _worst_case_value),
-                  refuters=(Subject("S_max - 3 (so S_max - 2 is attained)",
+                  _worst_case_claim, Target("S_max - 2", _worst_case_value),
+                  refuters=(Target("S_max - 3 (so S_max - 2 is attained)",
                                     _just_below_worst_case),),
                   extra_assume=_declared_bounds, extra_text=f"S <= {WORST_CASE_S_MAX}"),
         _geometry("observability.hash_rounding_blocks", "observability",
                   "rounding to the hash block under partial hits never changes the "
                   "registered full blocks",
-                  _same_blocks, Subject("round_to_hash_block", ROUND_TO_H),
+                  _same_blocks, Target("round_to_hash_block", ROUND_TO_H),
                   refuters=(_rule("floor_non_eagle_under_partial"),),
                   hints=_hash_rounding_hints),
         _geometry("observability.hash_rounding_hash_blocks", "observability",
                   "rounding to the hash block never changes floor(tokens / H)",
-                  _same_hash_blocks, Subject("round_to_hash_block", ROUND_TO_H),
+                  _same_hash_blocks, Target("round_to_hash_block", ROUND_TO_H),
                   refuters=(_rule("floor_non_eagle_under_partial"),)),
         _geometry("observability.hash_rounding_tokens", "observability",
                   "rounding to the hash block never changes the token bound (it does: "
                   "only an exact-token check sees it)",
-                  _equivalent, Subject("round_to_hash_block", ROUND_TO_H),
+                  _equivalent, Target("round_to_hash_block", ROUND_TO_H),
                   expected=Status.REFUTED, explain=_explain("round_to_hash_block")),
     ]
     return tuple(theorems)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import z3
 
-from model.arith import Z3Arith
-from model.domain import CoordinatorConfig
-from model.spec import RegistrationRule, registration_bound
+from kvspec.model.arith import Z3Arith
+from kvspec.model.domain import CoordinatorConfig
+from kvspec.model.spec import RegistrationRule, registration_bound
 
 from .encoding import GEOMETRY_BOOLS, GEOMETRY_INTS, Vars, declare, inputs
 

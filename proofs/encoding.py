@@ -16,9 +16,9 @@ from typing import Any
 
 import z3
 
-from model.arith import Arith, Z3Arith
-from model.domain import CoordinatorConfig, GroupKind, KVCacheGroup
-from model.spec import BoundaryInputs, RegistrationRule, evaluate_config
+from kvspec.model.arith import Arith, Z3Arith
+from kvspec.model.domain import CoordinatorConfig, GroupKind, KVCacheGroup
+from kvspec.model.spec import BoundaryInputs, RegistrationRule, evaluate_config
 
 __all__ = [
     "Vars",

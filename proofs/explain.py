@@ -14,11 +14,11 @@ from typing import Any
 
 import attrs
 
-from model.domain import CoordinatorConfig
-from model.finding import Category, Explanation, GroupRow, TheoremRef
-from model.spec import reprefillable_tokens, inputs_for_group
-from model.arith import INT
-from model.variants import variant
+from kvspec.model.domain import CoordinatorConfig
+from kvspec.model.finding import Category, Explanation, GroupRow, TheoremRef
+from kvspec.model.spec import reprefillable_tokens, inputs_for_group
+from kvspec.model.arith import INT
+from kvspec.model.variants import variant
 
 from .catalog import theorem
 from .concrete import group_vars
@@ -125,7 +125,7 @@ def explain(
     v = group_vars(config, row.group, n, total_tokens, partial=partial, eagle=row.eagle,
                    lookahead=lookahead)
     reach = theorem(spec.reachability)
-    reachable = bool(reach.subject.fn(INT, v))
+    reachable = bool(reach.target.fn(INT, v))
     R = reprefillable_tokens(INT, inputs_for_group(config, row.group, n, lookahead=lookahead,
                                                     partial=partial, eagle=row.eagle))
     tail = (n - R) % config.scheduler_block_size
@@ -141,8 +141,8 @@ def explain(
     loss_formula = loss_predicted = worst = None
     if spec.loss:
         loss = theorem(spec.loss)
-        loss_formula = f"{loss.subject.name} tokens per call where reachable, 0 elsewhere"
-        loss_predicted = int(loss.subject.fn(INT, v))
+        loss_formula = f"{loss.target.name} tokens per call where reachable, 0 elsewhere"
+        loss_predicted = int(loss.target.fn(INT, v))
         theorems.append(_ref(spec.loss, timeout_ms, known))
     if spec.worst_case:
         worst = theorem(spec.worst_case).statement

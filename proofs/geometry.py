@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from model.arith import Arith
+from kvspec.model.arith import Arith
 
 from .encoding import GEOMETRY_BOOLS, GEOMETRY_INTS, Vars, well_formed
-from .theorem import Subject, Theorem
+from .theorem import Target, Theorem
 from .verdict import Status
 
 __all__ = ["WF_TEXT", "GEOMETRY_COST", "geometry_theorem"]
@@ -24,10 +24,10 @@ def geometry_theorem(
     category: str,
     statement: str,
     claim: Callable[[Arith, Vars, Callable], Any],
-    subject: Subject,
+    target: Target,
     *,
     expected: Status = Status.PROVED,
-    refuters: tuple[Subject, ...] = (),
+    refuters: tuple[Target, ...] = (),
     no_refuter_reason: str = "",
     extra_ints: tuple[str, ...] = (),
     extra_bools: tuple[str, ...] = (),
@@ -51,7 +51,7 @@ def geometry_theorem(
         bools=GEOMETRY_BOOLS + extra_bools,
         assume=assume,
         claim=claim,
-        subject=subject,
+        target=target,
         expected=expected,
         refuters=refuters,
         no_refuter_reason=no_refuter_reason,

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import attrs
 
-from model.arith import Arith
+from kvspec.model.arith import Arith
 
 __all__ = ["Lemma", "LEMMAS", "lemma"]
 

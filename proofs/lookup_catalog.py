@@ -23,15 +23,15 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from model.arith import INT, Arith
-from model.lookup import draft_dependency_end, eagle_drop_tail, final_extent, hit_alignment, lookup_need
-from model.spec import BoundaryInputs, hashed_tokens, registered_full_blocks, registration_bound
-from model.variants import variant
+from kvspec.model.arith import INT, Arith
+from kvspec.model.lookup import draft_dependency_end, eagle_drop_tail, final_extent, hit_alignment, lookup_need
+from kvspec.model.spec import BoundaryInputs, hashed_tokens, registered_full_blocks, registration_bound
+from kvspec.model.variants import variant
 
 from .encoding import Vars, decode_geometry, inputs
 from .geometry import geometry_theorem
 from .lemmas import lemma
-from .theorem import Subject, Theorem
+from .theorem import Target, Theorem
 from .verdict import Status
 
 __all__ = ["LOOKUP_THEOREMS"]
@@ -39,11 +39,11 @@ __all__ = ["LOOKUP_THEOREMS"]
 TailRule = Callable[[Arith, BoundaryInputs, Any], Any]
 
 LANDING_TEXT = "landing = j * alignment, j >= 1"
-SPEC = Subject("spec", registration_bound)
+SPEC = Target("spec", registration_bound)
 
 
-def _rule(name: str) -> Subject:
-    return Subject(name, variant(name).rule)
+def _rule(name: str) -> Target:
+    return Target(name, variant(name).rule)
 
 
 def _landing(ar: Arith, v: Vars) -> Any:
@@ -228,15 +228,15 @@ def _reading(values: dict[str, Any]) -> dict[str, Any]:
     return {"config": config.describe(), "calls": [], "reading": lines}
 
 
-def _theorem(name: str, category: str, statement: str, claim: Callable, subject: Subject,
+def _theorem(name: str, category: str, statement: str, claim: Callable, target: Target,
              **kwargs: Any) -> Theorem:
     extra_text = LANDING_TEXT + (f"; {kwargs.pop('extra_text')}" if "extra_text" in kwargs else "")
-    return geometry_theorem(name, category, statement, claim, subject, extra_ints=("j",),
+    return geometry_theorem(name, category, statement, claim, target, extra_ints=("j",),
                             extra_bools=("F",), extra_assume=_positive_landing,
                             extra_text=extra_text, explain=_reading, **kwargs)
 
 
-TAIL = Subject("eagle_drop_tail", eagle_drop_tail)
+TAIL = Target("eagle_drop_tail", eagle_drop_tail)
 
 LOOKUP_THEOREMS: tuple[Theorem, ...] = (
     _theorem("lookup.no_lost_hits", "lookup",
@@ -273,17 +273,17 @@ LOOKUP_THEOREMS: tuple[Theorem, ...] = (
              "without partial hits and with B = S (the drop tail is a whole scheduler block), the "
              "guard S >= L prevents stale draft-KV reuse: #52419's justification, where it applies",
              _no_stale_reuse(_whole_scheduler_block_tail), TAIL,
-             refuters=(Subject("a hash-block tail", _hash_block_tail),
-                       Subject("a one-token tail", _one_token_tail))),
+             refuters=(Target("a hash-block tail", _hash_block_tail),
+                       Target("a one-token tail", _one_token_tail))),
     _theorem("mtp.lookahead_hashes_prevent_stale_reuse", "mtp",
              "with lookahead block hashes (each hash covers the L tokens after its block; vLLM 0.33's "
              "default, no drop) no hit keeps stale draft KV, and L tokens are needed",
-             _no_stale_reuse(), Subject("hashes cover L tokens past each block", _lookahead_hash_extent),
-             refuters=(Subject("hashes cover L - 1 tokens past each block", _short_lookahead_hash_extent),)),
+             _no_stale_reuse(), Target("hashes cover L tokens past each block", _lookahead_hash_extent),
+             refuters=(Target("hashes cover L - 1 tokens past each block", _short_lookahead_hash_extent),)),
     _theorem("mtp.stale_reuse_reachability", "mtp",
              "a reachable hit reuses stale draft KV iff EAGLE and L > drop tail (H under partial "
              "hits for full attention and Mamba, the group's block B otherwise)",
-             _stale_iff, Subject("EAGLE and L > drop tail", _lookahead_past_tail),
-             refuters=(Subject("EAGLE and L > S (what the guard assumes)", _lookahead_past_scheduler_block),
-                       Subject("EAGLE and L > B", _lookahead_past_group_block))),
+             _stale_iff, Target("EAGLE and L > drop tail", _lookahead_past_tail),
+             refuters=(Target("EAGLE and L > S (what the guard assumes)", _lookahead_past_scheduler_block),
+                       Target("EAGLE and L > B", _lookahead_past_group_block))),
 )

@@ -8,10 +8,10 @@ from typing import Any, Iterable
 
 import z3
 
-from model.arith import INT, Z3Arith
+from kvspec.model.arith import INT, Z3Arith
 
 from .encoding import Vars, decode_model, declare
-from .theorem import Subject, Theorem
+from .theorem import Target, Theorem
 from .verdict import Counterexample, Status, TheoremResult, VacuityCheck
 
 __all__ = ["run_theorem", "run_catalog", "DEFAULT_TIMEOUT_MS"]
@@ -27,12 +27,12 @@ def _solver(ctx: z3.Context, timeout_ms: int, seed: int) -> z3.Solver:
     return solver
 
 
-def _replays(theorem: Theorem, values: dict[str, Any], subject: Subject) -> bool:
+def _replays(theorem: Theorem, values: dict[str, Any], target: Target) -> bool:
     """The model, run through the integer semantics: assumptions hold and the
     claim fails.  Anything else is a spurious model and never reported."""
     v = Vars(values)
     try:
-        return bool(theorem.assume(INT, v)) and not bool(theorem.claim(INT, v, subject.fn))
+        return bool(theorem.assume(INT, v)) and not bool(theorem.claim(INT, v, target.fn))
     except ZeroDivisionError:
         return False
 
@@ -67,16 +67,16 @@ def _minimise(solver: z3.Solver, theorem: Theorem, v: Vars,
 
 
 def _search(
-    theorem: Theorem, subject: Subject, timeout_ms: int, seed: int, minimise: bool
+    theorem: Theorem, target: Target, timeout_ms: int, seed: int, minimise: bool
 ) -> tuple[Status, Counterexample | None, str]:
-    """Look for an input violating the claim for ``subject``."""
+    """Look for an input violating the claim for ``target``."""
     ctx = z3.Context()
     ar = Z3Arith(ctx)
     v = declare(ar, theorem.ints, theorem.bools)
     parts = [theorem.assume(ar, v)]
     if theorem.hints is not None:
         parts += theorem.hints(ar, v)
-    parts.append(ar.not_(theorem.claim(ar, v, subject.fn)))
+    parts.append(ar.not_(theorem.claim(ar, v, target.fn)))
     query = z3.And(parts)
     # Split on the boolean symbols (EAGLE, partial hits) and substitute each
     # case into the query: the if-then-else terms they guard disappear, which
@@ -101,7 +101,7 @@ def _search(
     minimal = False
     if minimise and theorem.cost:
         values, minimal = _minimise(solver, theorem, v, values)
-    if not _replays(theorem, values, subject):
+    if not _replays(theorem, values, target):
         return Status.UNKNOWN, None, f"spurious model (did not replay on integers): {values}"
     domain = theorem.explain(values) if theorem.explain is not None else {}
     cost_value = sum(values[name] for name in theorem.cost) if theorem.cost else 0
@@ -129,16 +129,19 @@ def run_theorem(
     theorem: Theorem, timeout_ms: int = DEFAULT_TIMEOUT_MS, seed: int = 0, vacuity: bool = True
 ) -> TheoremResult:
     start = time.perf_counter()
-    status, counterexample, detail = _search(theorem, theorem.subject, timeout_ms, seed, minimise=True)
+    status, counterexample, detail = _search(theorem, theorem.target, timeout_ms, seed, minimise=True)
     check = None
     if vacuity:
         satisfiable = _assumptions_satisfiable(theorem, timeout_ms, seed)
-        refuted_by, not_refuted_by = [], []
+        verdicts: dict[Status, list[str]] = {Status.REFUTED: [], Status.PROVED: [], Status.UNKNOWN: []}
         for refuter in theorem.refuters:
             outcome, _, _ = _search(theorem, refuter, timeout_ms, seed, minimise=False)
-            (refuted_by if outcome is Status.REFUTED else not_refuted_by).append(refuter.name)
+            verdicts[outcome].append(refuter.name)
         note = theorem.no_refuter_reason if not theorem.refuters else ""
-        check = VacuityCheck(satisfiable, tuple(refuted_by), tuple(not_refuted_by), note)
+        # A refuter the solver gave up on is unknown, never "not refuted":
+        # only a proof that it satisfies the claim shows the claim vacuous.
+        check = VacuityCheck(satisfiable, tuple(verdicts[Status.REFUTED]), tuple(verdicts[Status.PROVED]),
+                             note, tuple(verdicts[Status.UNKNOWN]))
     return TheoremResult(
         name=theorem.name,
         category=theorem.category,

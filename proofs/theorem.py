@@ -1,4 +1,4 @@
-"""What a theorem is: a claim over named symbols, a subject, and its checks."""
+"""What a theorem is: a claim over named symbols, its target, and its checks."""
 
 from __future__ import annotations
 
@@ -6,16 +6,16 @@ from typing import Any, Callable
 
 import attrs
 
-from model.arith import Arith
+from kvspec.model.arith import Arith
 
 from .encoding import Vars
 from .verdict import Status
 
-__all__ = ["Subject", "Theorem"]
+__all__ = ["Target", "Theorem"]
 
 
 @attrs.frozen
-class Subject:
+class Target:
     """The thing a claim is about: a registration rule or a condition."""
 
     name: str
@@ -30,13 +30,13 @@ class Theorem:
     assumptions_text: str
     ints: tuple[str, ...]
     bools: tuple[str, ...]
-    # assume(ar, v) -> bool term; claim(ar, v, subject_fn) -> bool term.
+    # assume(ar, v) -> bool term; claim(ar, v, target_fn) -> bool term.
     assume: Callable[[Arith, Vars], Any]
     claim: Callable[[Arith, Vars, Callable[..., Any]], Any]
-    subject: Subject
+    target: Target
     expected: Status = Status.PROVED
-    # Known-wrong subjects that must refute the claim (the vacuity check).
-    refuters: tuple[Subject, ...] = ()
+    # Known-wrong targets that must refute the claim (the vacuity check).
+    refuters: tuple[Target, ...] = ()
     # Why no refuter is listed, when none is.
     no_refuter_reason: str = ""
     # Lemma instances (already proved on their own) added as hints.

@@ -34,21 +34,28 @@ class Counterexample:
 
 @attrs.frozen
 class VacuityCheck:
-    assumptions_satisfiable: Status  # PROVED means: a witness exists
+    assumptions_satisfiable: Status  # PROVED means: a witness exists; UNKNOWN: budget ran out
     refuted_by: tuple[str, ...]  # catalogued wrong subjects that refute the claim
-    not_refuted_by: tuple[str, ...]  # listed refuters that failed to refute it
+    not_refuted_by: tuple[str, ...]  # listed refuters the claim was PROVED for: vacuous
     note: str = ""
+    # Listed refuters whose search ran out of budget: no conclusion either way.
+    unknown_refuters: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
-        return (
-            self.assumptions_satisfiable is Status.PROVED
-            and not self.not_refuted_by
-        )
+        """No sign of vacuity: the assumptions have a witness (or ran out of
+        budget) and no listed refuter was proved to satisfy the claim."""
+        return self.assumptions_satisfiable is not Status.REFUTED and not self.not_refuted_by
+
+    @property
+    def unknown(self) -> bool:
+        """Part of the check ran out of budget: the theorem's verdict cannot be vouched for."""
+        return self.assumptions_satisfiable is Status.UNKNOWN or bool(self.unknown_refuters)
 
     def as_dict(self) -> dict[str, Any]:
         d = attrs.asdict(self)
         d["ok"] = self.ok
+        d["unknown"] = self.unknown
         return d
 
 

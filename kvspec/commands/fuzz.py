@@ -1,0 +1,91 @@
+"""``kvspec fuzz``: differential fuzzing of real vLLM against the subject.
+
+Each subject (a release, a source tree, the current environment, a release
+with a ``--mutant`` applied) runs in its own worker.  The JSON and Markdown
+are written after every subject and finding, so an error or an interrupt
+leaves what was found, marked INCOMPLETE or INTERRUPTED, never "no
+discrepancy".
+
+Exit codes: 0 no discrepancy in every subject, 1 a discrepancy, 2 usage or
+setup error, 4 incomplete, 5 infrastructure error, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+
+from kvspec.arguments import (add_mutant_argument, add_run_arguments, add_subject_arguments, check_writable,
+                              subjects, writable)
+from kvspec.model.errors import UsageError
+from kvspec.model.outcome import Outcome
+
+HELP = "differential fuzzing against real vLLM coordinators"
+
+# When this command started (as near as kvspec can tell): progress lines say
+# how long the user has waited, not just how long the fuzzer ran.
+STARTED = time.perf_counter()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_subject_arguments(parser)
+    add_mutant_argument(parser, "fuzz")
+    add_run_arguments(parser, max_examples=2000)
+    parser.add_argument("--markdown", metavar="FILE",
+                        help="write a Markdown report (also appended to $GITHUB_STEP_SUMMARY when set)")
+    parser.add_argument("--no-verify-test", action="store_true",
+                        help="do not run the emitted regression test against the subject")
+    parser.add_argument("--lookup", action="store_true",
+                        help="follow every request with a later one that looks up (get_computed_blocks) and "
+                             "check its hit too: the hit-length differential")
+
+
+def run(args: argparse.Namespace) -> Outcome:
+    named = subjects(args, mutants=True)
+    if not named:
+        raise UsageError("name a subject: --vllm VERSION, --vllm-src PATH or --current")
+    return fuzz_and_write(named, args, markdown=args.markdown, verify_test=not args.no_verify_test,
+                          lookup=args.lookup)
+
+
+def fuzz_and_write(named, args, *, markdown: str | None, verify_test: bool, lookup: bool) -> Outcome:
+    """Check every output and the database first, then fuzz, writing the
+    JSON and Markdown after each subject and once more at the end."""
+    from kvspec import usecases
+    from kvspec.report.files import append_step_summary, write_text
+    from kvspec.report.fuzz import fuzz_document, render_markdown
+    from kvspec.subjects.subject import resolve_subject
+
+    json_path = writable(args.json, "--json")
+    markdown_path = writable(markdown, "--markdown")
+    findings_dir = check_writable(args.findings_dir, "--findings-dir")
+    for subject in named:
+        if subject.kind == "mutant":
+            resolve_subject(subject)  # a mutation that cannot be applied stops here, before the control runs
+    seed = args.seed if args.seed is not None else random.randrange(2**32)
+    print(f"kvspec fuzz: seed {seed} (rerun with --seed {seed})", flush=True)
+    settings = usecases.FuzzSettings(max_examples=args.max_examples, seed=seed, database=args.database,
+                                     jobs=args.jobs, lookup=lookup, verify_test=verify_test,
+                                     progress=sys.stderr.isatty())
+
+    def record(fuzz_run) -> None:
+        if json_path is not None:
+            import json
+
+            write_text(json_path, json.dumps(fuzz_document(fuzz_run), indent=2, sort_keys=True))
+        if markdown_path is not None:
+            write_text(markdown_path, render_markdown(fuzz_run))
+
+    fuzz_run = usecases.FuzzRun(settings, [s.label for s in named])
+    try:
+        usecases.fuzz(named, settings, findings_dir, run=fuzz_run, on_update=record, started=STARTED)
+    finally:
+        record(fuzz_run)
+        if os.environ.get("GITHUB_STEP_SUMMARY"):
+            append_step_summary(render_markdown(fuzz_run))
+    if fuzz_run.status != "COMPLETE":
+        print(f"kvspec fuzz: {fuzz_run.status}: {fuzz_run.stopped_why}", flush=True)
+    return fuzz_run.outcome

@@ -1,0 +1,71 @@
+"""``kvspec report FILE``: render stored findings (text, Markdown, JSON, plot,
+regression test).
+
+The file is untrusted: what it holds is validated by the finding model, text
+copied into Markdown is escaped, and a regression test is emitted anew from
+the finding's inputs, never copied from the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from kvspec.arguments import writable
+from kvspec.model.errors import UsageError
+from kvspec.model.outcome import Outcome
+
+HELP = "render stored findings: text, Markdown, JSON, plot, test"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("finding", metavar="FILE",
+                        help="a stored finding, or a `kvspec fuzz --json` / `kvspec prove --json` result")
+    parser.add_argument("--format", choices=("text", "markdown", "json"), default="text")
+    parser.add_argument("--output", metavar="FILE", help="write the report here instead of stdout")
+    parser.add_argument("--plot", metavar="FILE.svg", help="write the registered-vs-computed plot")
+    parser.add_argument("--emit-test", metavar="FILE.py",
+                        help="write the regression test for tests/v1/core/")
+
+
+def run(args: argparse.Namespace) -> Outcome:
+    from kvspec.report.files import append_step_summary, write_text
+    from kvspec.report.finding import render_markdown, render_text
+    from kvspec.report.plot import render_svg
+    from kvspec.report.regression_test import emit_test
+    from kvspec.report.stored import load_findings
+
+    output = writable(args.output, "--output")
+    plot = writable(args.plot, "--plot")
+    emit = writable(args.emit_test, "--emit-test")
+    findings = load_findings(args.finding)
+    first = findings[0]
+    if plot is not None and not first.sweep:
+        raise UsageError("this finding has no sweep to plot: only fuzz findings against a "
+                         "live subject carry one")
+    code = None
+    if emit is not None:
+        code = emit_test(first, first.subject_capabilities()) if first.source == "fuzz" else None
+        if code is None:
+            raise UsageError("this finding has no regression test: proof findings and crashes "
+                             "without per-group values have none")
+    if args.format == "markdown":
+        text = "\n".join(render_markdown(f, heading="##", plot_path=args.plot or f.artifacts.get("plot"))
+                         for f in findings)
+    elif args.format == "json":
+        text = json.dumps([f.to_dict() for f in findings], indent=2, sort_keys=True) + "\n"
+    else:
+        text = "\n\n".join(render_text(f) for f in findings) + "\n"
+    if output is not None:
+        write_text(output, text)
+    else:
+        sys.stdout.write(text)
+    if args.format == "markdown" and os.environ.get("GITHUB_STEP_SUMMARY"):
+        append_step_summary(text)
+    if plot is not None:
+        write_text(plot, render_svg(first))
+    if emit is not None:
+        write_text(emit, code)
+    return Outcome.OK

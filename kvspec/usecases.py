@@ -1,0 +1,536 @@
+"""What kvspec does, as typed functions: prove, fuzz, the kill matrix, one
+release's history row.  Commands parse arguments and call these; ``check``,
+the tests and the benchmarks call them too (never each other's argparse).
+
+A fuzz run is recorded as it happens: ``FuzzRun`` holds every subject's
+result and finding the moment it exists, and the ``on_update`` callback
+(the command writes its JSON and Markdown there) is called after each one.
+An error or an interrupt ends the run with what it has and an explicit
+status, never a clean verdict.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import attrs
+
+from kvspec.model.errors import KvspecError
+from kvspec.model.outcome import Outcome, worst
+
+__all__ = ["hitrate_row", "compare_with_reference", "mtp_model_side", "mtp_subject_side", "FuzzSettings", "SubjectRun", "FuzzRun", "fuzz", "ProveRun", "prove", "real_code",
+           "kill_matrix", "history_row"]
+
+Say = Callable[[str], None]
+
+
+def _print(message: str) -> None:
+    print(message, flush=True)
+
+
+# -- proofs ---------------------------------------------------------------------
+
+@attrs.frozen
+class ProveRun:
+    results: tuple  # proofs.verdict.TheoremResult, in catalog order
+    settings: dict[str, Any]
+
+    @property
+    def outcome(self) -> Outcome:
+        from kvspec.proofs.verdict import Status
+
+        if any(not r.as_expected and r.status is not Status.UNKNOWN for r in self.results):
+            return Outcome.FINDING
+        if any(r.status is Status.UNKNOWN or (r.vacuity is not None and r.vacuity.unknown)
+               for r in self.results):
+            return Outcome.UNKNOWN
+        return Outcome.OK
+
+
+def prove(names: list[str] | None = None, *, timeout_s: float = 20.0, seed: int = 0,
+          progress: Callable | None = None) -> ProveRun:
+    """The theorem catalog (or the named theorems) over unbounded integers."""
+    from kvspec.model.errors import UsageError
+    from kvspec.proofs.catalog import CATALOG, names as catalog_names, theorem
+    from kvspec.proofs.runner import run_catalog
+
+    if names:
+        unknown = [n for n in names if n not in catalog_names()]
+        if unknown:
+            raise UsageError(f"unknown theorem {unknown[0]!r}; `kvspec prove --list` shows the catalog")
+        chosen = [theorem(n) for n in names]
+    else:
+        chosen = list(CATALOG)
+    results = run_catalog(chosen, timeout_ms=int(timeout_s * 1000), seed=seed, progress=progress)
+    return ProveRun(tuple(results), {"timeout_s": timeout_s, "seed": seed})
+
+
+def real_code(subjects: list, *, timeout_s: float = 60.0, say: Say = _print) -> list:
+    """The symbolic leg: each subject's own registration code against the subject."""
+    from kvspec.subjects.symbolic import symbolic_check
+
+    verdicts = []
+    for subject in subjects:
+        verdict = symbolic_check(subject, timeout=timeout_s)
+        verdicts.append(verdict)
+        say(f"  {subject.label}: {verdict.status.value} {verdict.target} ({verdict.detail}; "
+            f"{verdict.paths} paths, {verdict.seconds:.1f} s symbolic, {verdict.wall_seconds:.1f} s in all)")
+        cx = verdict.counterexample
+        if cx:
+            args_text = ", ".join(f"{k}={v}" for k, v in cx["args"].items())
+            say(f"    counterexample: {args_text}: vLLM {cx['real']}, subject {cx['spec']}")
+            if cx["replay"].get("case"):
+                say(f"    replayed as: {cx['replay']['case']}")
+        for note in verdict.abstracted:
+            say(f"    abstracted: {note}")
+    return verdicts
+
+
+# -- fuzzing --------------------------------------------------------------------
+
+@attrs.frozen
+class FuzzSettings:
+    max_examples: int = 2000
+    seed: int = 0
+    database: str = ""
+    jobs: int = 1
+    lookup: bool = False
+    verify_test: bool = True
+    progress: bool = False  # progress lines on stderr
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "max_examples": self.max_examples, "lookup": self.lookup,
+                "jobs": self.jobs}
+
+
+@attrs.define
+class SubjectRun:
+    """One subject's result and its completed finding (None: no discrepancy)."""
+
+    result: Any  # diff_tests.fuzz.FuzzResult
+    finding: Any = None  # model.finding.Finding
+    finding_path: Path | None = None
+
+
+@attrs.define
+class FuzzRun:
+    settings: FuzzSettings
+    planned: list[str]  # every subject's label, in order
+    subjects: list[SubjectRun] = attrs.Factory(list)
+    errors: list[dict[str, Any]] = attrs.Factory(list)
+    # Why the run stopped before covering everything it was asked to (None: it did not).
+    stopped: Outcome | None = None
+    stopped_why: str = ""
+
+    @property
+    def outcome(self) -> Outcome:
+        parts = [Outcome.FINDING if s.finding is not None or s.result.failure is not None else Outcome.OK
+                 for s in self.subjects]
+        parts += [Outcome.USAGE for _ in self.errors]
+        if self.stopped is not None:
+            parts.append(self.stopped)
+        return worst(parts)
+
+    @property
+    def status(self) -> str:
+        """The run's one-word state, first in every report of it."""
+        if self.stopped is Outcome.INTERRUPTED:
+            return "INTERRUPTED"
+        if self.stopped is not None:
+            return "INCOMPLETE"
+        return "COMPLETE"
+
+
+def _launch(subject):
+    """Start a subject's worker without waiting for it (or the error that stops it)."""
+    from kvspec.subjects.process import SubjectProcess
+
+    try:
+        return SubjectProcess(subject, wait=False)
+    except KvspecError as exc:
+        return exc
+
+
+def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: FuzzRun | None = None,
+         on_update: Callable[[FuzzRun], None] = lambda run: None, say: Say = _print,
+         started: float | None = None) -> FuzzRun:
+    """Fuzz each subject in its own worker; the run is handed to ``on_update``
+    after every subject and finding.  A setup error of one subject is
+    recorded and the next one fuzzed; an infrastructure error or an interrupt
+    stops the run (status INCOMPLETE or INTERRUPTED), keeping what was found.
+
+    With one job, workers start ahead: the next one while the current one
+    is fuzzed, so vLLM's import time overlaps other work."""
+    from kvspec.diff_tests.database import example_database
+    from kvspec.diff_tests.parallel import fuzz_parallel
+    from kvspec.model.about import versions
+    from kvspec.report.completion import complete_finding, store_raw_finding
+
+    started = time.perf_counter() if started is None else started
+    run = FuzzRun(settings, [subject.label for subject in subjects]) if run is None else run
+    jobs = settings.jobs
+    # Built once, before any worker starts: a server that cannot be reached
+    # is a setup error now.  Parallel jobs open it again from its location.
+    database = example_database(settings.database)
+    launched = {0: _launch(subjects[0])} if subjects and jobs == 1 else {}
+    current = None
+    try:
+        for index, subject in enumerate(subjects):
+            current = subject.label
+            in_parallel = f", {jobs} jobs" if jobs > 1 else ""
+            say(f"{subject.label}: starting (seed {settings.seed}, up to {settings.max_examples} "
+                f"examples{in_parallel})")
+            try:
+                if jobs > 1:
+                    result = fuzz_parallel(subject, jobs, settings.max_examples, settings.seed,
+                                           settings.database, lookup=settings.lookup)
+                    proc = _launch(subject) if result.failure is not None else None
+                else:
+                    proc = launched.pop(index)
+                    result = None
+                if isinstance(proc, Exception):
+                    raise proc
+                if proc is not None:
+                    proc.ready()
+                try:
+                    if jobs == 1 and index + 1 < len(subjects):
+                        launched[index + 1] = _launch(subjects[index + 1])
+                    if result is None:
+                        result = _fuzz_one(proc, subject.label, settings, database, started, say)
+                    entry = SubjectRun(result)
+                    if result.failure is not None and result.stopped is None:
+                        say(f"{subject.label}: DISCREPANCY ({result.failure.category.value}) after "
+                            f"{result.cases_to_first_failure} cases ({result.seconds_to_first_failure:.2f} s "
+                            f"into fuzzing); run with shrinking {result.seconds:.1f} s; explaining, "
+                            "sweeping and emitting a regression test")
+                        entry.finding, entry.finding_path = complete_finding(
+                            proc, result, findings_dir, versions(), verify=settings.verify_test)
+                    elif result.failure is not None:  # stopped mid-run: keep what was found, as found
+                        entry.finding, entry.finding_path = store_raw_finding(result, findings_dir, versions())
+                    run.subjects.append(entry)
+                    on_update(run)
+                finally:
+                    if proc is not None:
+                        proc.close()
+            except KvspecError as exc:
+                if exc.outcome is not Outcome.USAGE:
+                    raise
+                run.errors.append({"subject": subject.as_dict(), "error": str(exc)})
+                say(f"{subject.label}: ERROR {exc}")
+                on_update(run)
+                continue
+            _say_result(run.subjects[-1], say, in_parallel)
+            if result.stopped is not None:
+                run.stopped, run.stopped_why = result.stopped, result.stopped_why
+                on_update(run)
+                break
+    except KeyboardInterrupt:
+        run.stopped, run.stopped_why = Outcome.INTERRUPTED, f"interrupted while fuzzing {current}"
+        on_update(run)
+        raise
+    except KvspecError as exc:
+        run.stopped, run.stopped_why = exc.outcome, f"{current}: {exc}"
+        say(f"{current}: {exc.outcome.name}: {exc}")
+        on_update(run)
+    finally:
+        for proc in launched.values():  # started ahead, never reached (an interrupt)
+            if not isinstance(proc, Exception):
+                proc.close()
+    return run
+
+
+def _say_result(entry: SubjectRun, say: Say, in_parallel: str) -> None:
+    from kvspec.report.finding import render_text
+
+    result, finding = entry.result, entry.finding
+    rate = result.cases / result.seconds if result.seconds else 0.0
+    restarts = (f"; {len(result.restarts)} worker restart(s) the retry did not reproduce (the machine's, "
+                f"not vLLM's): {result.restarts[0]}" if result.restarts else "")
+    if finding is None and result.stopped is None:
+        say(f"{result.subject['label']}: no discrepancy in {result.cases} differential cases "
+            f"({result.examples} Hypothesis examples, {result.calls} cache_blocks calls, "
+            f"{result.seconds:.1f} s, {rate:.0f} cases/s{in_parallel}){restarts}")
+    elif finding is None:
+        say(f"{result.subject['label']}: STOPPED after {result.cases} cases: {result.stopped_why}")
+    else:
+        say(render_text(finding))
+        say(f"  stored: {entry.finding_path}")
+        if result.other_failures:
+            say(f"  {len(result.other_failures)} other distinct failure(s) found by other jobs: "
+                + "; ".join(f.case.describe() for f in result.other_failures))
+
+
+def _fuzz_one(proc, label: str, settings: FuzzSettings, database, started: float, say: Say):
+    """One job in this process, with progress lines and the first-counterexample line."""
+    import sys
+
+    from kvspec.diff_tests.fuzz import fuzz_subject
+
+    tick = None
+    if settings.progress:
+        def tick(n: int, seconds: float) -> None:
+            print(f"  {label}: {n} cases, {seconds:.1f} s", file=sys.stderr, flush=True)
+
+    def first(result) -> None:
+        say(f"{label}: first counterexample after {result.cases_to_first_failure} cases, "
+            f"{time.perf_counter() - started:.1f} s after kvspec started; shrinking")
+
+    # Failing examples from earlier runs are replayed first.
+    return fuzz_subject(proc, settings.max_examples, settings.seed, database=database, progress=tick,
+                        on_first_failure=first, lookup=settings.lookup)
+
+
+# -- mutants --------------------------------------------------------------------
+
+def _model_verdict(variant_name: str) -> str:
+    """What the proofs say of the variant a mutant models: 'equivalent' when
+    its conformance theorem is PROVED, else 'non-equivalent' (or 'unknown')."""
+    from kvspec.proofs.catalog import theorem
+    from kvspec.proofs.runner import run_theorem
+    from kvspec.proofs.verdict import Status
+
+    result = run_theorem(theorem(f"conformance.{variant_name}"), vacuity=False)
+    return {Status.PROVED: "equivalent", Status.REFUTED: "non-equivalent"}.get(result.status, "unknown")
+
+
+def _symbolic_cell(subject, operator, version: str, model: str) -> dict[str, Any]:
+    """The symbolic leg on one mutant; out of scope when the mutation lies in
+    code the harness abstracts (it would be 'verified' for the wrong reason)."""
+    from kvspec.subjects.provision import ensure_release
+    from kvspec.subjects.symbolic import SymbolicStatus, symbolic_check
+
+    original = (ensure_release(version) / operator.target_file).read_text(encoding="utf-8")
+    method = operator.mutated_method(original)
+    verdict = symbolic_check(subject)
+    status = verdict.status.value
+    if verdict.target and method != verdict.target and verdict.status is SymbolicStatus.VERIFIED:
+        status = "out of scope"
+    elif verdict.status is SymbolicStatus.VERIFIED and model == "equivalent":
+        status = "verified-equivalent"  # the real code, not just the model, is equivalent
+    return {"symbolic": status, "symbolic_seconds": round(verdict.seconds, 2),
+            "mutated_method": method, "symbolic_detail": verdict.detail}
+
+
+def kill_matrix(version: str, max_examples: int, seed: int, names: list[str] | None = None,
+                symbolic: bool = False, say: Say = _print) -> list[dict[str, Any]]:
+    """Every mutant of ``version`` (or the named ones) against every technique."""
+    from kvspec.diff_tests.exhaustive import Scope, exhaust
+    from kvspec.diff_tests.fuzz import fuzz_subject
+    from kvspec.subjects.mutation import ALL_MUTANTS
+    from kvspec.subjects.process import SubjectProcess
+    from kvspec.subjects.subject import mutant_subject
+
+    exhaustive_scope = Scope(max_groups=2)
+    rows: list[dict[str, Any]] = []
+    for operator in ALL_MUTANTS:
+        if names and operator.name not in names:
+            continue
+        lookup = operator.side == "lookup"
+        # A lookup-side mutant has no registration variant to prove: the model
+        # column says so, and only the hit-length differential can kill it.
+        row: dict[str, Any] = {"mutant": operator.name, "models_variant": operator.models_variant,
+                               "summary": operator.summary, "side": operator.side,
+                               "model": "lookup side" if lookup else _model_verdict(operator.models_variant)}
+        started = time.perf_counter()
+        subject = mutant_subject(version, operator.name)
+        try:
+            with SubjectProcess(subject) as proc:
+                result = fuzz_subject(proc, max_examples, seed, stop_at_first=True, lookup=lookup)
+                swept = None if lookup else exhaust([proc], exhaustive_scope)
+        except KvspecError as exc:
+            if exc.outcome is not Outcome.USAGE:
+                raise
+            row.update(status="error", error=str(exc))
+            rows.append(row)
+            say(f"  {operator.name}: ERROR {exc}")
+            continue
+        killed = result.failure is not None
+        row.update(
+            status="killed" if killed else ("equivalent" if row["model"] == "equivalent" else "survived"),
+            cases_to_kill=result.cases_to_first_failure,
+            seconds_to_kill=result.seconds_to_first_failure,
+            cases=result.cases,
+            wall_seconds=round(time.perf_counter() - started, 2),
+            category=result.failure.category.value if killed else None,
+            example=result.failure.case.describe() if killed else None,
+        )
+        if swept is None:  # the exhaustive scope and the symbolic leg check registration only
+            row.update(exhaustive="n/a", exhaustive_failing="", exhaustive_seconds="")
+        else:
+            row.update(exhaustive="killed" if swept["failing_cases"] else (
+                           "equivalent" if row["model"] == "equivalent" else "survived"),
+                       exhaustive_failing=f"{swept['failing_cases']}/{swept['cases']}",
+                       exhaustive_seconds=swept["seconds"])
+        if symbolic and lookup:
+            row.update(symbolic="n/a", symbolic_seconds="")
+        elif symbolic:
+            row.update(_symbolic_cell(subject, operator, version, row["model"]))
+        rows.append(row)
+        say(f"  {operator.name}: {row['status']}" + (f", symbolic {row['symbolic']}" if symbolic else ""))
+    return rows
+
+
+# -- one release's history row ---------------------------------------------------
+
+def _fuzz_fields(result) -> dict[str, Any]:
+    """What a row keeps of one fuzz run (the registration run's at the row's
+    top level, the lookup run's under ``lookup``)."""
+    return {"cases": result.cases, "examples": result.examples, "seconds": round(result.seconds, 2),
+            "failure": None if result.failure is None else result.failure.as_dict()}
+
+
+def history_row(version: str, max_examples: int, seed: int, symbolic: bool) -> dict[str, Any]:
+    """The registration and lookup differentials (and, with ``symbolic``, the
+    release's own code) on one release."""
+    from kvspec.diff_tests.fuzz import fuzz_subject
+    from kvspec.subjects.process import SubjectProcess
+    from kvspec.subjects.subject import SubjectUnsupported, release
+
+    row: dict[str, Any] = {"version": version}
+    subject = release(version)
+    try:
+        with SubjectProcess(subject) as proc:
+            caps = proc.capabilities
+            result = fuzz_subject(proc, max_examples, seed)
+            # The same worker then answers the hit-length differential.
+            lookup = fuzz_subject(proc, max_examples, seed, lookup=True)
+    except SubjectUnsupported as exc:
+        return {**row, "status": "unsupported", "detail": str(exc)}
+    except KvspecError as exc:
+        if exc.outcome is not Outcome.USAGE:
+            raise
+        return {**row, "status": "error", "detail": str(exc)}
+    row.update(
+        status="discrepancy" if result.failure or lookup.failure else "conforms",
+        capabilities=caps.as_dict(), rule=caps.rule_text(), **_fuzz_fields(result),
+        lookup={"status": "discrepancy" if lookup.failure else "conforms", **_fuzz_fields(lookup)},
+    )
+    if symbolic:
+        from kvspec.subjects.symbolic import symbolic_check
+
+        verdict = symbolic_check(subject)
+        row["symbolic"] = {"status": verdict.status.value, "detail": verdict.detail}
+    return row
+
+
+# -- the multi-module MTP question -------------------------------------------------
+
+MTP_THEOREMS = ("mtp.no_stale_draft_reuse.partial_hits", "mtp.no_stale_draft_reuse",
+                "mtp.stale_reuse_reachability", "mtp.no_stale_draft_reuse.scheduler_block_tail",
+                "mtp.lookahead_hashes_prevent_stale_reuse")
+
+
+def mtp_model_side() -> list[dict[str, Any]]:
+    from kvspec.proofs.catalog import theorem
+    from kvspec.proofs.runner import run_theorem
+
+    out = []
+    for name in MTP_THEOREMS:
+        result = run_theorem(theorem(name))
+        out.append(result.as_dict())
+    return out
+
+
+def mtp_subject_side(subject) -> dict[str, Any]:
+    from kvspec.oracles.mtp import HASH_SCHEMES
+    from kvspec.subjects.drivers.mtp import search_stale_reuse
+    from kvspec.subjects.process import SubjectProcess
+
+    with SubjectProcess(subject) as proc:
+        caps, version = proc.capabilities, proc.identity.get("vllm_version")
+        if not caps.reprefillable_tokens:
+            return {"subject": subject.label, "vllm_version": version,
+                    "unsupported": "no num_prefill_lookahead (multi-module MTP's prefill lookahead "
+                                   "reaches the KV cache manager from 0.28)"}
+        schemes = tuple(name for name in HASH_SCHEMES
+                        if HASH_SCHEMES[name](1) == 0 or caps.lookahead_block_hashes)
+        found = search_stale_reuse(proc, schemes)
+    results = {}
+    for scheme, result in found.items():
+        smallest = result.pop("smallest")
+        rows = result["per_config"]
+        result["smallest"] = None if smallest is None else {**smallest.as_dict(),
+                                                            "text": smallest.describe()}
+        # The model's condition is necessary: vLLM never shows stale reuse where
+        # the model says it cannot happen.  (Not asked of lookahead hashes,
+        # where the model's answer is no stale reuse at all.)
+        result["model_necessary"] = all(r["model_predicts_stale"] for r in rows if r["vllm_stale"])
+        result["model_condition_matches"] = all(
+            bool(r["vllm_stale"]) == r["model_predicts_stale"] for r in rows)
+        result["whole_block_condition_matches"] = all(
+            bool(r["vllm_stale"]) == r["model_predicts_stale_whole_blocks"] for r in rows)
+        results[scheme] = result
+    return {"subject": subject.label, "vllm_version": version, "schemes": results}
+
+
+# -- the hit-rate replay ---------------------------------------------------------
+
+def hitrate_row(subject, label: str, config, workload, variant_name: str | None = None) -> dict[str, Any]:
+    """One subject's replay, its ideal and (for a mutant) its rule's model.
+
+    The ideal is exact only where the model's lookup is (full-attention
+    layouts); with a Mamba group it leaves out how vLLM's scheduler places
+    Mamba state checkpoints, so there it is shown, never used as a verdict."""
+    from kvspec.model.case import Case, prefill
+    from kvspec.model.variants import variant
+    from kvspec.oracles.ideal_cache import SpecCache
+    from kvspec.oracles.lookup import exact_lookup_applies
+    from kvspec.subjects.drivers.hitrate import SubjectCache, replay
+    from kvspec.subjects.process import SubjectProcess
+
+    with SubjectProcess(subject) as proc:
+        cache = SubjectCache(proc, config, workload)
+        observed = replay(workload, cache)
+        version = proc.identity.get("vllm_version")
+    ideal = replay(workload, SpecCache(config, cache.regime))
+    model = None
+    if variant_name is not None:
+        model = replay(workload, SpecCache(config, cache.regime, variant(variant_name).rule,
+                                           f"model of {variant_name}"))
+
+    return {
+        "label": label, "vllm_version": version, "subject": subject.as_dict(),
+        "mutant": variant_name is not None,
+        "scheduler_block_size": config.scheduler_block_size,
+        "ideal_exact": exact_lookup_applies(Case(config, 1, (prefill(1),))),
+        **{k: v for k, v in observed.as_dict().items() if k != "backend"},
+        "per_turn": [round(r, 6) for r in observed.per_turn()],
+        "ideal_hit_rate": round(ideal.hit_rate, 6), "ideal_hits": [o.hit for o in ideal.outcomes],
+        "ideal_per_turn": [round(r, 6) for r in ideal.per_turn()],
+        "model_rule": variant_name or "spec",
+        "model_hit_rate": round((model or ideal).hit_rate, 6),
+        "model_matches_per_request": observed.as_dict()["hits"] == [o.hit for o in (model or ideal).outcomes],
+        "prompt_lengths": [o.prompt_tokens for o in observed.outcomes],
+        "turns": [o.turn for o in observed.outcomes],
+    }
+
+
+def compare_with_reference(rows: list[dict[str, Any]]) -> None:
+    """Give every row its reference and what it loses against it: the spec's
+    ideal where that is exact, else (a Mamba layout) the unmodified release
+    the mutant was made from, replayed at the same scheduler block."""
+    releases = {(r["vllm_version"], r["scheduler_block_size"]): r for r in rows if not r["mutant"]}
+    for row in rows:
+        if row["ideal_exact"]:
+            ref_label, ref_hits, ref_rate, ref_turns = ("spec ideal", row["ideal_hits"], row["ideal_hit_rate"],
+                                                        row["ideal_per_turn"])
+        elif row["mutant"] and (row["vllm_version"], row["scheduler_block_size"]) in releases:
+            base = releases[(row["vllm_version"], row["scheduler_block_size"])]
+            ref_label, ref_hits, ref_rate, ref_turns = (base["label"], base["hits"], base["hit_rate"],
+                                                        base["per_turn"])
+        else:
+            row["reference"] = None  # a release on a Mamba layout: nothing exact to hold it to
+            continue
+        differing = [(i, h, r) for i, (h, r) in enumerate(zip(row["hits"], ref_hits)) if h != r]
+        first = None
+        if differing:
+            i, h, r = differing[0]
+            first = {"request": i, "turn": row["turns"][i], "prompt_tokens": row["prompt_lengths"][i],
+                     "reference_hit": r, "observed_hit": h}
+        row["reference"] = {"label": ref_label, "hit_rate": ref_rate, "per_turn": ref_turns,
+                            "points": round(100 * (row["hit_rate"] - ref_rate), 3),
+                            "requests_differing": len(differing),
+                            "hit_tokens_lost": sum(r - h for _, h, r in differing),
+                            "first_difference": first}

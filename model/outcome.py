@@ -1,0 +1,63 @@
+"""What a run established, as one ordered type; every exit code comes from it.
+
+A command collects the outcome of each thing it did and exits with the most
+urgent one (``worst``).  The order is the order of urgency: a finding
+outranks everything, because it is true whatever else went wrong; an
+interrupt or a setup error outranks an incomplete or unknown result; OK is
+only what remains when everything asked for ran and held.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Iterable
+
+__all__ = ["Outcome", "worst", "OK", "FINDING", "USAGE", "UNKNOWN", "INCOMPLETE", "INFRASTRUCTURE",
+           "HARDENING", "INTERRUPTED", "EXIT_CODES"]
+
+
+class Outcome(enum.Enum):
+    """(urgency rank, exit code, meaning).  Compare with ``<``: by urgency."""
+
+    # Everything asked for ran, in full, and held.
+    OK = (0, 0, "everything asked for ran in full and is as expected")
+    # A finding no known deployment reaches, or whose effect is only on
+    # speculative acceptance: worth fixing, not a regression.
+    HARDENING = (1, 6, "hardening: a finding no known deployment reaches, or one that only affects "
+                       "speculative acceptance")
+    # A solver or symbolic budget ran out: no conclusion either way.
+    UNKNOWN = (2, 3, "unknown: a proof or symbolic budget ran out, no conclusion")
+    # The run stopped before covering what was asked; partial results were written.
+    INCOMPLETE = (3, 4, "incomplete: the run stopped before covering what was asked; partial results "
+                        "were written")
+    # The machine, not vLLM: a worker killed from outside or hung, again after a restart.
+    INFRASTRUCTURE = (4, 5, "infrastructure error: a worker was killed or hung, again after a restart "
+                            "(not a vLLM finding)")
+    # Bad command line, bad input file, or a subject that cannot be set up.
+    USAGE = (5, 2, "usage, input or setup error")
+    # Interrupted by the user (Ctrl-C); partial results were written.
+    INTERRUPTED = (6, 130, "interrupted; partial results were written")
+    # A discrepancy against the spec, or a theorem not as expected.
+    FINDING = (7, 1, "finding: a discrepancy with the spec, or a theorem not as expected")
+
+    def __init__(self, rank: int, exit_code: int, meaning: str):
+        self.rank = rank
+        self.exit_code = exit_code
+        self.meaning = meaning
+
+    def __lt__(self, other: "Outcome") -> bool:
+        if not isinstance(other, Outcome):
+            return NotImplemented
+        return self.rank < other.rank
+
+
+def worst(outcomes: Iterable[Outcome]) -> Outcome:
+    """The most urgent of ``outcomes`` (OK when there are none)."""
+    return max(outcomes, default=Outcome.OK)
+
+
+OK, FINDING, USAGE, UNKNOWN = Outcome.OK, Outcome.FINDING, Outcome.USAGE, Outcome.UNKNOWN
+INCOMPLETE, INFRASTRUCTURE, HARDENING, INTERRUPTED = (
+    Outcome.INCOMPLETE, Outcome.INFRASTRUCTURE, Outcome.HARDENING, Outcome.INTERRUPTED)
+# The one table of exit codes, in the README's order.
+EXIT_CODES = {o.exit_code: o for o in sorted(Outcome, key=lambda o: o.exit_code)}

@@ -1,0 +1,132 @@
+"""The executable oracle: the spec's prediction for a subject's observations.
+
+The oracle derives the regime itself (``model.capabilities``: from the
+configuration and the subject's introspected capabilities) and never adopts
+the subject's flags:
+if vLLM's effective regime differs, that is a regime mismatch of its own
+kind.  For each ``cache_blocks(n)`` call it predicts every group's bound and
+registered full blocks with ``model.spec``, on the integer backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from kvspec.model.capabilities import Capabilities, ExpectedRegime, expected_regime
+from kvspec.model.case import Case
+from kvspec.model.domain import GroupRegistration
+from kvspec.model.finding import Category
+from kvspec.model.spec import RegistrationRule, StepsRule, evaluate_config, registration_bound
+
+__all__ = ["Discrepancy", "expected_calls", "compare"]
+
+# Categories whose summary is their detail text (no per-group token vectors).
+DETAIL_CATEGORIES = (Category.PRECONDITION, Category.REGIME_MISMATCH, Category.SUBJECT_CRASH,
+                     Category.CALL_MISMATCH, Category.LOOKUP_CONTRACT, Category.HIT_MISMATCH)
+
+
+@attrs.frozen
+class Discrepancy:
+    # Lookup-side categories (oracles.lookup) keep the hit length in
+    # expected/observed_tokens.
+    category: Category = attrs.field(converter=Category)
+    call: int | None  # index of the cache_blocks call (None: whole example)
+    n: int | None
+    expected_tokens: tuple[int, ...] = ()
+    observed_tokens: tuple[Any, ...] = ()
+    expected_blocks: tuple[int, ...] = ()
+    observed_blocks: tuple[Any, ...] = ()
+    detail: str = ""
+    # At a differing cache_blocks call: the hashed tokens there, the spec's
+    # per-group registrations with their derivations, and the spec's tokens
+    # at every call up to it (what a finding and its regression test show).
+    hashed_tokens: int | None = None
+    registrations: tuple[GroupRegistration, ...] = ()
+    expected_calls: tuple[tuple[int, ...], ...] = ()
+
+    def summary(self) -> str:
+        if self.category in DETAIL_CATEGORIES:
+            return f"{self.category.value}: {self.detail}"
+        return (
+            f"{self.category.value} at cache_blocks call {self.call} (n={self.n}): per-group tokens "
+            f"expected {list(self.expected_tokens)} vs observed {list(self.observed_tokens)}; "
+            f"blocks expected {list(self.expected_blocks)} vs observed {list(self.observed_blocks)}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**attrs.asdict(self, recurse=True), "category": self.category.value}
+
+
+def expected_calls(case: Case, regime: ExpectedRegime, observed: list[dict],
+                   rule: RegistrationRule = registration_bound, steps: StepsRule | None = None):
+    """Per call: the rule's per-group tokens, (running) registered blocks and
+    per-group registrations (with their derivation when the steps are known).
+
+    The call's ``n`` and hashed-token count are inputs of the unit under test
+    (what ``KVCacheManager`` hands the coordinator), taken from the record.
+    """
+    config = case.config
+    registered = [0] * len(config.groups)
+    out = []
+    for call in observed:
+        n, hashed = call["n"], call["hashed_tokens"]
+        regs = evaluate_config(
+            config, n, max(n, hashed), rule, steps=steps,
+            partial=regime.partial_hash_hits, eagle=regime.eagle,
+            lookahead=regime.num_prefill_lookahead,
+        )
+        tokens = tuple(r.tokens_to_cache for r in regs)
+        # A manager's registered count only grows: it skips a call that would
+        # register no more full blocks than it already has.
+        registered = [max(old, r.registered_full_blocks) for old, r in zip(registered, regs)]
+        out.append((tokens, tuple(registered), regs))
+    return out
+
+
+def compare(case: Case, capabilities: Capabilities, reply: dict[str, Any],
+            rule: RegistrationRule = registration_bound) -> list[Discrepancy]:
+    """Discrepancies between the spec's prediction and one subject reply."""
+    if not reply.get("ok"):
+        if reply.get("phase") == "construct":
+            return [Discrepancy(Category.PRECONDITION, None, None,
+                                detail=f"vLLM rejects a configuration the model accepts: {reply['error']}")]
+        return [Discrepancy(Category.SUBJECT_CRASH, None, None, detail=reply.get("error", "unknown error"))]
+    regime = expected_regime(case.config, capabilities)
+    observed_regime = reply["regime"]
+    found: list[Discrepancy] = []
+    if observed_regime["partial_hash_hits"] != regime.partial_hash_hits:
+        found.append(Discrepancy(
+            Category.REGIME_MISMATCH, None, None,
+            detail=f"partial hash hits: the model derives {regime.partial_hash_hits}, "
+                   f"vLLM chose {observed_regime['partial_hash_hits']}"))
+    if tuple(observed_regime["use_eagle"]) != regime.eagle:
+        found.append(Discrepancy(
+            Category.REGIME_MISMATCH, None, None,
+            detail=f"per-group EAGLE: the model derives {list(regime.eagle)}, "
+                   f"vLLM chose {observed_regime['use_eagle']}"))
+    if found:
+        return found  # a bound under another regime would only restate it
+    calls = reply["calls"]
+    # Every allocate_slots step calls cache_blocks exactly once.
+    if len(calls) != len(case.steps):
+        return [Discrepancy(Category.CALL_MISMATCH, None, None,
+                            detail=f"{len(calls)} cache_blocks calls for {len(case.steps)} steps")]
+    predicted = expected_calls(case, regime, calls, rule)
+    for index, (call, (tokens, blocks, regs)) in enumerate(zip(calls, predicted)):
+        seen_tokens = tuple(call["num_tokens"])
+        seen_blocks = tuple(call["registered_blocks"])
+        if seen_tokens == tokens and seen_blocks == blocks:
+            continue
+        if seen_tokens != tokens:
+            over = any(s is not None and s > e for s, e in zip(seen_tokens, tokens))
+            category = Category.OVER_REGISTRATION if over else Category.UNDER_REGISTRATION
+        else:
+            category = Category.BLOCK_MISMATCH
+        found.append(Discrepancy(
+            category, index, call["n"], tokens, seen_tokens, blocks, seen_blocks,
+            hashed_tokens=call["hashed_tokens"], registrations=regs,
+            expected_calls=tuple(t for t, _, _ in predicted[:index + 1])))
+        break  # later calls inherit the first difference
+    return found

@@ -1,0 +1,369 @@
+"""The worker process that drives one subject, and what happens when it fails.
+
+Each subject runs in its own process (``subjects/worker.py`` under the CPU
+runtime), so a crash, a hang or an import conflict in one vLLM cannot take
+down kvspec or another subject.  Every reply is awaited with a timeout.  A
+worker that dies or stops answering during a case is restarted and the case
+retried once on a fresh worker:
+
+* the retry answers: the first failure was the machine's (a kill from
+  outside, a stall), counted in ``restarts`` and reported, never a finding;
+* the worker's own code exits again (an exit status, no signal): vLLM ended
+  the process on that case, reproduced, so it is a crash reply (a finding);
+* it is killed by a signal or hangs again: ``InfrastructureError`` -- kvspec
+  cannot tell vLLM from the machine there, so it says so and stops.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from kvspec.model.capabilities import Capabilities
+from kvspec.model.errors import InfrastructureError
+
+from .subject import (
+    SubjectError,
+    Subject,
+    SubjectUnsupported,
+    expected_package,
+    interpreter_args,
+    resolve_subject,
+    subject_env,
+)
+
+__all__ = ["SubjectProcess", "REPLY_TIMEOUT_S", "reply_timeout"]
+
+WORKER = Path(__file__).with_name("worker.py")
+# How long one reply may take (one case, one session exchange): a case takes
+# milliseconds, so this only ends a worker that is stopped or looping.
+REPLY_TIMEOUT_S = 120.0
+# The hello comes after vLLM's import: seconds, far more on a loaded machine.
+HELLO_TIMEOUT_S = 600.0
+
+
+def reply_timeout() -> float:
+    """``$KVSPEC_REPLY_TIMEOUT`` (seconds) or the default."""
+    value = os.environ.get("KVSPEC_REPLY_TIMEOUT")
+    if not value:
+        return REPLY_TIMEOUT_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise SubjectError(f"KVSPEC_REPLY_TIMEOUT={value!r} is not a number of seconds") from None
+    if not seconds > 0:
+        raise SubjectError(f"KVSPEC_REPLY_TIMEOUT={value!r} must be more than 0 seconds")
+    return seconds
+
+
+class _Lines:
+    """Lines from a pipe with a timeout per line (a text file's readline
+    cannot time out)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.buffer = b""
+
+    def read(self, timeout: float) -> bytes | None:
+        """One line; b"" at end of file; None when ``timeout`` passed first."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buffer:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([self.fd], [], [], left)
+            if not ready:
+                return None
+            chunk = os.read(self.fd, 1 << 16)
+            if not chunk:
+                return b""
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return line + b"\n"
+
+
+class _Death:
+    """How a worker stopped answering: a timeout, an exit status or a signal."""
+
+    def __init__(self, code: int | None, timed_out: bool, tail: str, timeout: float):
+        self.code, self.timed_out, self.tail, self.timeout = code, timed_out, tail, timeout
+
+    @property
+    def by_its_own_code(self) -> bool:
+        """The process exited with a status (vLLM's code ended it), no signal, no hang."""
+        return not self.timed_out and self.code is not None and self.code >= 0
+
+    def describe(self) -> str:
+        if self.timed_out:
+            return f"gave no answer within {self.timeout:.0f} s (stopped or looping; kvspec ended it)"
+        if self.code is not None and self.code < 0:
+            try:
+                name = signal.Signals(-self.code).name
+            except ValueError:
+                name = f"signal {-self.code}"
+            return f"was killed by {name}"
+        return f"exited (exit {self.code})"
+
+
+class SubjectProcess:
+    """A live worker for one subject."""
+
+    def __init__(self, subject: Subject, *, wait: bool = True, timeout: float | None = None):
+        """Provision and start the worker; with ``wait=False`` return while it
+        is still importing vLLM (``ready()`` waits), so start-up can overlap
+        other work."""
+        self.subject = subject
+        self.python, self.root = resolve_subject(subject)
+        self.timeout = reply_timeout() if timeout is None else timeout
+        self.capabilities = Capabilities()
+        self.identity: dict[str, Any] = {}
+        # Worker restarts after a failure the retry did not reproduce.
+        self.restarts: list[str] = []
+        self._proc: subprocess.Popen | None = None
+        self._lines: _Lines | None = None
+        self._stderr = tempfile.TemporaryFile(mode="w+")
+        self._handshake_pending = False
+        self._timed_out = False  # the last read ended by its timeout
+        self._spawn()
+        if wait:
+            self.ready()
+
+    # -- the process ---------------------------------------------------------
+    def _spawn(self) -> None:
+        self._stderr.seek(0)
+        self._stderr.truncate()
+        self._proc = subprocess.Popen(
+            [self.python, *interpreter_args(self.root), str(WORKER)], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=self._stderr, env=subject_env(self.root),
+        )
+        self._lines = _Lines(self._proc.stdout.fileno())
+        self._handshake_pending = True
+
+    def ready(self) -> "SubjectProcess":
+        """Wait for the worker's hello; SubjectError if vLLM cannot be
+        imported, was imported from somewhere else, or is not one kvspec models."""
+        if not self._handshake_pending:
+            return self
+        self._handshake_pending = False
+        hello = self._read(max(HELLO_TIMEOUT_S, self.timeout))
+        if not isinstance(hello, dict) or not hello.get("ok"):
+            cause = (hello or {}).get("error") if isinstance(hello, dict) else None
+            self._kill()
+            raise SubjectError(f"{self.subject.label}: cannot import vLLM's coordinator "
+                               f"({cause or self._stderr_tail()})")
+        report = hello["capabilities"]
+        self.capabilities = Capabilities.from_dict(report)
+        self.identity = {k: report.get(k) for k in ("vllm_version", "vllm_path", "git_commit")}
+        expected = expected_package(self.root)
+        found = os.path.realpath(report.get("vllm_path") or "")
+        if expected is not None and found != expected:
+            self.close()
+            raise SubjectError(f"{self.subject.label}: the worker imported vllm from {found}, not from the "
+                               f"tree named ({expected}); nothing of it was tested")
+        reason = self.capabilities.unsupported_reason()
+        if reason:
+            self.close()
+            raise SubjectUnsupported(
+                f"{self.subject.label} (vLLM {self.identity.get('vllm_version')}) is unsupported, "
+                f"because {reason}; kvspec supports 0.23.0 and later")
+        return self
+
+    def _alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def _ensure_started(self) -> None:
+        if not self._alive():
+            if self._proc is not None:
+                self._reap(timed_out=False)
+            self._spawn()
+        self.ready()
+
+    def _stderr_tail(self, lines: int = 6) -> str:
+        self._stderr.flush()
+        self._stderr.seek(0)
+        tail = self._stderr.read().strip().splitlines()[-lines:]
+        return " | ".join(tail) or "no output"
+
+    def _read(self, timeout: float | None = None) -> dict[str, Any] | None:
+        """The next reply; None if the worker closed its end or gave none in
+        time (``_timed_out`` says which)."""
+        self._timed_out = False
+        if self._lines is None:
+            return None
+        try:
+            line = self._lines.read(self.timeout if timeout is None else timeout)
+        except OSError:
+            return None
+        if line is None:
+            self._timed_out = True
+            return None
+        if not line:
+            return None
+        try:
+            return json.loads(line)
+        except ValueError:
+            return None
+
+    def _send(self, message: dict[str, Any]) -> bool:
+        self._ensure_started()
+        self._timed_out = False
+        try:
+            self._proc.stdin.write((json.dumps(message) + "\n").encode())
+            self._proc.stdin.flush()
+            return True
+        except (BrokenPipeError, OSError, ValueError):
+            return False
+
+    def _kill(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def _reap(self, timed_out: bool) -> _Death:
+        """End a failed worker and say how it ended."""
+        assert self._proc is not None
+        if timed_out:
+            self._kill()
+        try:
+            code = self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._kill()
+            code = self._proc.returncode
+        death = _Death(code, timed_out, self._stderr_tail(), self.timeout)
+        self._forget()
+        return death
+
+    def _forget(self) -> None:
+        """Close our ends of an ended worker's pipes and let it go."""
+        for stream in (self._proc.stdin, self._proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        self._proc, self._lines = None, None
+
+    def _failed(self) -> _Death:
+        """The worker gave no reply: a hang if the wait timed out, else a death
+        (waited for, so its exit status is known)."""
+        return self._reap(timed_out=self._timed_out)
+
+    # -- one case, a retry on a fresh worker ----------------------------------
+    def _retry(self, case: dict[str, Any], first: _Death) -> dict[str, Any]:
+        """Run ``case`` alone on a fresh worker after ``first``; see the module's
+        docstring for what each outcome means."""
+        if self._send({"op": "run", "case": case}):
+            reply = self._read()
+            if reply is not None:
+                self.restarts.append(f"the worker {first.describe()} and the retry answered")
+                return reply
+        second = self._failed()
+        if first.by_its_own_code and second.by_its_own_code:
+            return {"ok": False, "phase": "drive", "crashed": True,
+                    "error": f"the vLLM worker exited (exit {second.code}) during the case, again on a "
+                             f"fresh worker: {second.tail}"}
+        raise InfrastructureError(
+            f"{self.subject.label}: the worker {first.describe()}, then {second.describe()} on a fresh "
+            f"worker, on the same case; kvspec cannot tell vLLM from the machine here, so nothing is "
+            f"reported as a finding (last stderr: {second.tail})")
+
+    def run(self, case: dict[str, Any]) -> dict[str, Any]:
+        """One case."""
+        for reply in self.stream([case]):
+            return reply
+        raise AssertionError("unreachable: a stream of one case yields one reply")
+
+    def run_many(self, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Several cases, each reply in turn."""
+        return list(self.stream(cases))
+
+    def stream(self, cases: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """Replies one by one as the worker finishes them (the caller's work on
+        a reply overlaps the worker's on the next).  A caller that stops early
+        still leaves the protocol in step: the rest is drained."""
+        pending = list(cases)
+        while pending:
+            if not self._send({"op": "stream", "cases": pending}):
+                yield self._retry(pending[0], self._failed())
+                pending = pending[1:]
+                continue
+            answered, failed = 0, False
+            try:
+                while answered < len(pending):
+                    reply = self._read()
+                    if reply is None:
+                        failed = True
+                        break
+                    answered += 1
+                    yield reply
+            except GeneratorExit:
+                # Stopped early by the caller: drain the rest and the end
+                # marker, so the next message is answered in step.
+                for _ in range(len(pending) - answered + 1):
+                    if self._read() is None:
+                        self._failed()
+                        break
+                raise
+            if not failed:
+                if self._read() is None:  # died after its last reply: restart on next use
+                    self._failed()
+                return
+            yield self._retry(pending[answered], self._failed())
+            pending = pending[answered + 1:]
+
+    def session(self, message: dict[str, Any]) -> dict[str, Any]:
+        """One exchange of a multi-request replay (``open_session`` or
+        ``session_actions``, see ``subjects/drivers/hitrate.py``).  A replay
+        cannot resume on a fresh worker, so a worker that stops is an
+        infrastructure error unless its own code exited."""
+        if self._send(message):
+            reply = self._read()
+            if reply is not None:
+                return reply
+        death = self._failed()
+        if death.by_its_own_code:
+            return {"ok": False, "crashed": True,
+                    "error": f"the vLLM worker exited (exit {death.code}) during the replay: {death.tail}"}
+        raise InfrastructureError(f"{self.subject.label}: the worker {death.describe()} during the replay "
+                                  f"(last stderr: {death.tail})")
+
+    def stats(self) -> dict[str, Any]:
+        """The worker's counters: cases run, KVCacheManagers built for them
+        (fewer when managers are reused), whether reuse is on."""
+        if self._send({"op": "stats"}):
+            reply = self._read()
+            if reply is not None:
+                return reply
+        death = self._failed()
+        raise InfrastructureError(f"{self.subject.label}: the worker {death.describe()} answering stats")
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.subject.as_dict(), **self.identity}
+
+    def close(self) -> None:
+        if self._proc is not None:
+            try:
+                if self._proc.poll() is None and self._proc.stdin is not None:
+                    self._proc.stdin.write(b'{"op": "quit"}\n')
+                    self._proc.stdin.flush()
+                self._proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired, ValueError):
+                self._proc.kill()
+                self._proc.wait()
+            self._forget()
+
+    def __enter__(self) -> "SubjectProcess":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,44 @@
+"""The wire between kvspec and a worker: one JSON object per line each way.
+
+Requests (``op``): ``run`` / ``run_many`` / ``stream`` (cases), ``open_session``
+/ ``session_actions`` (the hit-rate replay), ``stats``, ``quit``.  A case is
+sent as ``case_message``; its reply carries ``ok``, then either the
+observations (``calls``, ``regime``, ``probe``) or ``error`` with ``phase``
+(``construct``: vLLM refused the configuration; ``drive``: vLLM raised) and a
+``traceback``.  The worker's first line is its hello: ``ok``, the
+introspected ``capabilities`` and where ``vllm`` came from.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvspec.model.case import Case
+
+__all__ = ["case_message"]
+
+
+def case_message(case: Case) -> dict[str, Any]:
+    """A case as the worker takes it (written out rather than attrs.asdict:
+    this runs for every case fuzzed)."""
+    c = case.config
+    message = {
+        "groups": [
+            {"kind": g.kind.value, "block_size": g.block_size, "eagle": g.eagle,
+             "sliding_window": g.sliding_window}
+            for g in c.groups
+        ],
+        "scheduler_block_size": c.scheduler_block_size,
+        "hash_block_size": c.hash_block_size,
+        "enable_caching": c.enable_caching,
+        "num_prefill_lookahead": c.num_prefill_lookahead,
+        "dcp_world_size": c.dcp_world_size,
+        "max_model_len": case.max_model_len,
+        "num_blocks": case.num_blocks,
+        "prompt_len": case.prompt_len,
+        "steps": [{"kind": s.kind, "tokens": s.tokens, "drafts": s.drafts, "accepted": s.accepted}
+                  for s in case.steps],
+    }
+    if case.probe is not None:
+        message["probe"] = {"shared": case.probe.shared, "extra": case.probe.extra}
+    return message

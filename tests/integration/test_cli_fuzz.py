@@ -1,0 +1,170 @@
+"""`kvspec fuzz` on real and broken subjects: verdicts, exit codes, JSON."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from kvspec.cli import main
+from kvspec.model.outcome import Outcome
+from kvspec.subjects.provision import ensure_release
+
+from tests.support import planted_tree
+
+REGIME_LINE = "        self.enable_partial_hash_hits = (\n"
+
+
+def test_silently_disabled_partial_hits_is_a_regime_mismatch(tmp_path):
+    # vLLM's derivation is short-circuited to False: the model still derives True.
+    tree = tmp_path / "regime"
+    shutil.copytree(ensure_release("0.33.0"), tree)
+    target = tree / "vllm" / "v1" / "core" / "kv_cache_coordinator.py"
+    text = target.read_text()
+    assert text.count(REGIME_LINE) == 1
+    target.write_text(text.replace(REGIME_LINE, "        self.enable_partial_hash_hits = False and (\n"))
+    code, doc = run(["--vllm-src", str(tree), "--max-examples", "300"], tmp_path)
+    assert code == Outcome.FINDING.exit_code
+    finding = doc["subjects"][0]["finding"]
+    assert finding["category"] == "regime_mismatch"
+    assert "vLLM chose False" in finding["detail"]
+    assert finding["ledger"]["blame"] == "undetermined"
+
+
+def run(args, tmp_path):
+    out = tmp_path / "fuzz.json"
+    # Each test its own example database: a failure saved by one must not
+    # decide what another reports first.
+    code = main(["fuzz", "--seed", "1", "--findings-dir", str(tmp_path / "findings"),
+                 "--database", str(tmp_path / "examples"), "--json", str(out), *args])
+    return code, json.loads(out.read_text())
+
+
+def test_clean_release_json(tmp_path):
+    code, doc = run(["--vllm", "0.33.0", "--max-examples", "50"], tmp_path)
+    assert code == Outcome.OK.exit_code
+    assert doc["schema"] == "kvspec.fuzz/3" and doc["status"] == "COMPLETE"
+    (subject,) = doc["subjects"]
+    assert subject["verdict"] == "no discrepancy" and subject["cases"] >= 50
+    assert subject["capabilities"]["partial_hash_hits"] is True
+
+
+def test_vllm_exception_is_a_finding_with_traceback(tmp_path):
+    tree = planted_tree(tmp_path, "if num_computed_tokens > 5: raise RuntimeError('planted')")
+    code, doc = run(["--vllm-src", str(tree), "--max-examples", "200"], tmp_path)
+    assert code == Outcome.FINDING.exit_code
+    finding = doc["subjects"][0]["finding"]
+    assert finding["category"] == "subject_crash"
+    assert "RuntimeError: planted" in finding["traceback"]
+    assert list((tmp_path / "findings").glob("finding-*.json"))
+
+
+def test_worker_death_is_a_finding_and_other_subjects_still_run(tmp_path):
+    tree = planted_tree(tmp_path, "import os; os._exit(3)")
+    code, doc = run(["--vllm-src", str(tree), "--vllm", "0.33.0", "--max-examples", "30"], tmp_path)
+    assert code == Outcome.FINDING.exit_code
+    by_kind = {s["subject"]["kind"]: s for s in doc["subjects"]}
+    dead, alive = by_kind["source"], by_kind["release"]
+    assert dead["finding"]["category"] == "subject_crash"
+    assert "worker exited (exit 3) during the case, again on a fresh worker" in dead["finding"]["detail"]
+    assert alive["verdict"] == "no discrepancy"
+
+
+def test_broken_checkout_is_a_setup_error(tmp_path, capsys):
+    broken = tmp_path / "checkout"
+    (broken / "vllm").mkdir(parents=True)
+    (broken / "vllm" / "__init__.py").write_text("raise ImportError('half-built checkout')\n")
+    code, doc = run(["--vllm-src", str(broken)], tmp_path)
+    assert code == Outcome.USAGE.exit_code
+    assert "half-built checkout" in doc["errors"][0]["error"]
+    assert "cannot import" in capsys.readouterr().out
+
+
+def test_release_before_023_is_unsupported(tmp_path, capsys):
+    code, doc = run(["--vllm", "0.22.0", "--max-examples", "5"], tmp_path)
+    assert code == Outcome.USAGE.exit_code
+    assert "unsupported, because KVCacheManager takes no scheduler_block_size" in doc["errors"][0]["error"]
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "name a subject"),
+    (["--vllm-src", "/nonexistent"], "no vllm package under /nonexistent"),
+    (["--vllm", "0.33.0", "--mutant", "no_such_rule"], "unknown mutation operator 'no_such_rule'"),
+    (["--current", "--mutant", "refloor_50062"], "--mutant applies to a release: add --vllm VERSION"),
+])
+def test_usage_errors(args, message, capsys):
+    assert main(["fuzz", *args]) == Outcome.USAGE.exit_code
+    assert message in capsys.readouterr().err
+
+
+def test_mutant_option_finding_report_replay_and_regression_test(tmp_path, capsys):
+    """The acceptance run: `kvspec fuzz --vllm 0.33.0 --mutant refloor_50062`
+    fuzzes the release as the control (clean), then the #50062 mutant; the
+    finding carries its explanation, ledger, plot and a regression test that
+    fails on the mutant and passes on the release; replay tells them apart."""
+    markdown = tmp_path / "report.md"
+    code, doc = run(["--vllm", "0.33.0", "--mutant", "refloor_50062", "--max-examples", "300",
+                     "--markdown", str(markdown)], tmp_path)
+    assert code == Outcome.FINDING.exit_code
+    release_run, mutant_run = doc["subjects"]
+    assert release_run["subject"]["label"] == "vllm 0.33.0" and release_run["verdict"] == "no discrepancy"
+    assert mutant_run["subject"]["label"] == "vllm 0.33.0 + refloor_50062"
+    finding = mutant_run["finding"]
+    assert finding["schema"] == "kvspec.finding/1"
+    assert finding["compared"]["mutant"]["operator"] == "refloor_50062"
+    assert finding["ledger"]["blame"] == "implementation bug"
+    assert finding["explanation"]["diagnosis"] == "regression_50062"
+    lost = [g for g in finding["groups"] if g["expected_tokens"] != g["observed_tokens"]]
+    assert lost and all(g["eagle"] and g["observed_tokens"] < g["expected_tokens"] for g in lost)
+    # The proved closed form predicts exactly the loss the real code showed.
+    assert finding["explanation"]["loss_predicted"] == finding["explanation"]["loss_observed"] > 0
+    assert {t["status"] for t in finding["explanation"]["theorems"]} == {"PROVED"}
+    # The emitted test fails on the mutant (on its assertion) and passes on 0.33.0.
+    checks = {c["must"]: c for c in finding["regression_test"]["verified"]}
+    assert checks["failed"]["as_expected"] and checks["passed"]["as_expected"], checks
+    text = markdown.read_text()
+    assert text.startswith("## kvspec fuzz: DISCREPANCY (implementation bug)")
+    for expected in ("**Ledger verdict: implementation bug**", "(n-R) mod S - B",
+                     "reachability (PROVED)", "kvspec replay ", "def test_kvspec_regression_50062",
+                     "passed on unmutated"):
+        assert expected in text, expected
+    stored = tmp_path / "findings"
+    (finding_file,) = stored.glob("finding-*.json")
+    (plot,) = stored.glob("finding-*.svg")
+    assert "<polyline" in plot.read_text()
+    capsys.readouterr()
+    assert main(["replay", str(finding_file)]) == Outcome.FINDING.exit_code
+    assert "STILL FAILING" in capsys.readouterr().out
+    # The release never had the mutation: "not affected", not "fixed".
+    assert main(["replay", str(finding_file), "--vllm", "0.33.0"]) == Outcome.OK.exit_code
+    assert "NOT AFFECTED" in capsys.readouterr().out
+
+
+def test_replay_rejects_other_files(tmp_path, capsys):
+    other = tmp_path / "other.json"
+    other.write_text('{"schema": "something/1"}')
+    assert main(["replay", str(other)]) == Outcome.USAGE.exit_code
+    assert "is not a kvspec finding or result" in capsys.readouterr().err
+    empty = tmp_path / "prove.json"
+    empty.write_text('{"schema": "kvspec.prove/1", "findings": []}')
+    assert main(["replay", str(empty)]) == Outcome.USAGE.exit_code
+    assert "holds no finding" in capsys.readouterr().err
+
+
+def test_emitted_tests_run_outside_the_surrounding_project_config(tmp_path):
+    """Findings are stored under the working directory by default, often a
+    project whose pytest configuration the vLLM runtime cannot parse (kvspec's
+    own adds --kvspec-profile): the regression-test check must not inherit it."""
+    from kvspec.subjects.subject import release
+    from kvspec.subjects.testrun import run_pytest
+
+    project = tmp_path / "project"
+    findings = project / ".kvspec" / "findings"
+    findings.mkdir(parents=True)
+    (project / "pyproject.toml").write_text(
+        '[tool.pytest.ini_options]\naddopts = ["--an-option-only-a-plugin-knows"]\n')
+    test = findings / "test_vllm_imports.py"
+    test.write_text("def test_vllm_imports():\n    import vllm.v1.core.kv_cache_manager\n")
+    outcome = run_pytest(release("0.33.0"), str(test))
+    assert outcome["outcome"] == "passed", outcome

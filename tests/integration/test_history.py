@@ -1,0 +1,33 @@
+"""`kvspec history` on real releases: one row per release, capabilities by
+introspection, registration and lookup conformance by fuzzing, the real code
+symbolically."""
+
+from __future__ import annotations
+
+import json
+
+from kvspec.model.outcome import Outcome
+from kvspec.cli import main
+
+
+def test_history_of_the_ci_releases(tmp_path, capsys):
+    out = tmp_path / "history.json"
+    code = main(["history", "--vllm", "0.28.0", "--vllm", "0.33.0", "--max-examples", "100",
+                 "--symbolic", "--json", str(out)])
+    assert code == Outcome.OK.exit_code
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "kvspec.history/1"
+    by_version = {r["version"]: r for r in doc["releases"]}
+    assert set(by_version) == {"0.28.0", "0.33.0"}
+    for row in by_version.values():
+        assert row["status"] == "conforms" and row["cases"] >= 100
+        assert row["symbolic"]["status"] == "VERIFIED"
+        assert row["lookup"]["status"] == "conforms" and row["lookup"]["cases"] >= 100
+        assert row["capabilities"]["partial_hash_hits"] and row["capabilities"]["reprefillable_tokens"]
+    assert by_version["0.33.0"]["capabilities"]["get_num_cacheable_tokens"] is True
+    assert by_version["0.28.0"]["capabilities"]["get_num_cacheable_tokens"] is False
+    table = capsys.readouterr().out
+    assert "| 0.28.0 | yes | yes |" in table and "(in get_num_cacheable_tokens)" in table
+    # Lookahead block hashes (multi-module MTP) arrived with 0.33.
+    assert by_version["0.33.0"]["capabilities"]["lookahead_block_hashes"] is True
+    assert by_version["0.28.0"]["capabilities"]["lookahead_block_hashes"] is False

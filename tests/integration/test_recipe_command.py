@@ -1,0 +1,56 @@
+"""What the CI recipes run, run here: the recipe's own `kvspec check` line in
+a directory laid out like a vLLM checkout (its `vllm/` package), on the
+unmodified 0.33.0 and on the #50062 mutant of it."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvspec.model.outcome import Outcome
+from kvspec.subjects.provision import ensure_release
+
+from tests.support import check_command, mutant_tree
+
+
+def _checkout(tmp_path: Path, tree: Path) -> Path:
+    checkout = tmp_path / "vllm-checkout"
+    checkout.mkdir()
+    (checkout / "vllm").symlink_to(tree / "vllm", target_is_directory=True)
+    return checkout
+
+
+def _run_recipe(checkout: Path) -> subprocess.CompletedProcess:
+    argv = shlex.split(check_command("github-actions"))
+    argv[0] = str(Path(sys.executable).with_name("kvspec"))
+    return subprocess.run(argv, cwd=checkout, capture_output=True, text=True, timeout=1200)
+
+
+@pytest.mark.parametrize("which", ["release", "mutant"])
+def test_the_recipe_command_on_a_checkout(which, tmp_path):
+    tree = ensure_release("0.33.0") if which == "release" else mutant_tree("0.33.0", "refloor_50062")
+    checkout = _checkout(tmp_path, tree)
+    run = _run_recipe(checkout)
+    results = checkout / "kvspec-results"
+    report = (results / "report.md").read_text()
+    fuzz = json.loads((results / "fuzz.json").read_text())
+    prove = json.loads((results / "prove.json").read_text())
+    assert prove["summary"]["unexpected"] == 0
+    (subject,) = fuzz["subjects"]
+    assert subject["jobs"] == 2
+    if which == "release":
+        assert run.returncode == Outcome.OK.exit_code, run.stdout[-3000:] + run.stderr[-3000:]
+        assert report.startswith("# kvspec check: OK")
+        assert prove["real_code"][0]["status"] == "VERIFIED"
+        assert subject["verdict"] == "no discrepancy"
+    else:
+        assert run.returncode == Outcome.FINDING.exit_code, run.stdout[-3000:] + run.stderr[-3000:]
+        assert report.startswith("# kvspec check: FINDING")
+        assert prove["real_code"][0]["status"] == "REFUTED"
+        assert subject["finding"]["category"] == "under_registration"
+        assert "vLLM observed" in report or "observed" in report

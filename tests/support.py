@@ -1,0 +1,101 @@
+"""What kvspec's own tests share: capabilities of a known release, snapshot
+files, a strategy for single-group inputs, and trees planted with code."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from hypothesis import strategies as st
+
+from kvspec.model.capabilities import Capabilities, known_capabilities
+from kvspec.model.spec import BoundaryInputs
+
+__all__ = ["capabilities", "assert_snapshot", "boundary_inputs", "z3_value", "planted_tree", "mutant_tree",
+           "check_command", "SNAPSHOTS", "FIXTURES"]
+
+SNAPSHOTS = Path(__file__).with_name("snapshots")
+FIXTURES = Path(__file__).with_name("fixtures")
+
+
+def capabilities(version: str = "0.33.0") -> Capabilities:
+    """What release ``version``'s code can do (kvspec's table of eras)."""
+    found = known_capabilities(version)
+    assert found is not None, f"no known era for {version}"
+    return found
+
+
+def assert_snapshot(name: str, text: str) -> None:
+    """Compare with ``tests/snapshots/NAME``, or rewrite it with KVSPEC_UPDATE_SNAPSHOTS=1."""
+    path = SNAPSHOTS / name
+    if os.environ.get("KVSPEC_UPDATE_SNAPSHOTS"):
+        path.write_text(text)
+    assert path.exists(), f"no snapshot {name}: run with KVSPEC_UPDATE_SNAPSHOTS=1 and review it"
+    assert text == path.read_text(), f"{name} changed: review, then KVSPEC_UPDATE_SNAPSHOTS=1"
+
+
+@st.composite
+def boundary_inputs(draw, max_block: int = 6, max_tokens: int = 200) -> BoundaryInputs:
+    """Well-formed single-group inputs of the registration rule."""
+    H = draw(st.integers(1, max_block))
+    B = H * draw(st.integers(1, max_block))
+    S = B * draw(st.integers(1, max_block))
+    eagle = draw(st.booleans())
+    partial = draw(st.booleans()) and H < S
+    L = draw(st.integers(0, S if eagle else 3 * S))
+    n = draw(st.integers(0, max_tokens))
+    return BoundaryInputs(n=n, S=S, H=H, B=B, L=L, eagle=eagle, partial=partial)
+
+
+def z3_value(rule, p: BoundaryInputs) -> int:
+    """``rule`` at the concrete point ``p``, computed by Z3 (the proofs' backend)."""
+    import z3
+
+    from kvspec.model.arith import Z3Arith
+
+    ar = Z3Arith()
+    ctx = ar.ctx
+    symbolic = BoundaryInputs(
+        n=z3.IntVal(p.n, ctx), S=z3.IntVal(p.S, ctx), H=z3.IntVal(p.H, ctx),
+        B=z3.IntVal(p.B, ctx), L=z3.IntVal(p.L, ctx),
+        eagle=z3.BoolVal(p.eagle, ctx), partial=z3.BoolVal(p.partial, ctx),
+    )
+    term = z3.simplify(rule(ar, symbolic))
+    assert z3.is_int_value(term), f"did not reduce to a numeral: {term}"
+    return term.as_long()
+
+
+RULE_LINE = "        cached_num_computed_tokens = self._align_cacheable(num_computed_tokens)\n"
+
+
+def planted_tree(tmp_path: Path, statement: str, before: str = RULE_LINE, name: str = "planted") -> Path:
+    """A copy of 0.33.0 whose coordinator runs ``statement`` just before the
+    line ``before`` (by default: the first line of the registration rule)."""
+    from kvspec.subjects.provision import ensure_release
+
+    tree = tmp_path / name
+    shutil.copytree(ensure_release("0.33.0"), tree)
+    target = tree / "vllm" / "v1" / "core" / "kv_cache_coordinator.py"
+    text = target.read_text()
+    assert text.count(before) == 1, "the 0.33.0 line moved: update this helper"
+    indent = before[: len(before) - len(before.lstrip())]
+    target.write_text(text.replace(before, f"{indent}{statement}\n" + before))
+    return tree
+
+
+def mutant_tree(version: str, operator: str) -> Path:
+    """The (cached, checked) tree of release ``version`` with ``operator`` applied."""
+    from kvspec.subjects.mutation import ensure_mutant_tree, mutant
+
+    return ensure_mutant_tree(version, mutant(operator))
+
+
+def check_command(recipe: str) -> str:
+    """The ``kvspec check`` command line a CI recipe runs."""
+    import re
+
+    from kvspec.commands.recipe import recipe_text
+
+    (command,) = re.findall(r"kvspec check --[^|\n]*", recipe_text(recipe))
+    return command.strip()

@@ -1,0 +1,57 @@
+"""`kvspec history`: release selection and the rule each era's capabilities select."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvspec.arguments import releases
+from kvspec.model.capabilities import Capabilities
+from kvspec.model.errors import UsageError
+from kvspec.report.history import render_table
+
+from tests.support import capabilities
+
+PUBLISHED = ["0.22.1", "0.23.0", "0.24.0", "0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0",
+             "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0"]
+
+
+def test_a_range_takes_the_published_releases_between_its_ends():
+    chosen = releases(["0.25.1..0.28.0"], published=lambda: PUBLISHED)
+    assert chosen == ["0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0"]
+
+
+def test_releases_and_ranges_combine_sorted_without_repeats():
+    chosen = releases(["0.33.0", "0.32.0..0.33.0", "0.23.0"], published=lambda: PUBLISHED)
+    assert chosen == ["0.23.0", "0.32.0", "0.33.0"]
+
+
+@pytest.mark.parametrize("selector, why", [
+    ("0.33", "give a release"), ("latest", "give a release"),
+    ("0.33.0..0.23.0", "the range is empty (its low end is after its high end)"),
+    ("0.23.0...0.33.0", "give a release"),
+    ("0.35.0..0.40.0", "no final release of vLLM on the package index lies in that range"),
+])
+def test_bad_selectors_are_usage_errors_that_say_why(selector, why):
+    with pytest.raises(UsageError, match=".*") as info:
+        releases([selector], published=lambda: PUBLISHED)
+    assert why in str(info.value)
+
+
+def test_each_era_names_its_rule():
+    assert capabilities("0.23.0").rule_text().startswith("floor to S")
+    assert capabilities("0.26.0").rule_text().endswith("f = n")
+    newest = capabilities("0.33.0").rule_text()
+    assert "f = n - max(0, L - 1)" in newest and "get_num_cacheable_tokens" in newest
+
+
+def test_table_rows_for_each_status():
+    caps = Capabilities(lookahead_block_hashes=False).as_dict()
+    rows = [{"version": "0.22.1", "status": "unsupported", "detail": "too old"},
+            {"version": "0.33.0", "status": "conforms", "cases": 10, "rule": "r", "capabilities": caps,
+             "failure": None, "lookup": {"cases": 7, "failure": None}},
+            {"version": "0.34.0", "status": "discrepancy", "cases": 10, "rule": "r", "capabilities": caps,
+             "failure": None, "lookup": {"cases": 3, "failure": {"summary": ["hit 4 vs 8"]}}}]
+    table = render_table(rows, symbolic=False)
+    assert "| 0.22.1 |  |  |  |  |  | unsupported: too old |  |" in table
+    assert "| 0.33.0 | yes | yes | yes | no | r | conforms (10 cases) | conforms (7 cases) |" in table
+    assert "| 0.34.0 | yes | yes | yes | no | r | conforms (10 cases) | DISCREPANCY: hit 4 vs 8 |" in table

@@ -1,0 +1,369 @@
+"""Mutation operators on synthetic coordinator sources (no vLLM needed).
+
+The snippets below are written for these tests: they only mimic the *shape*
+of the two forms of the registration rule (0.28-0.31: inside
+``HybridKVCacheCoordinator.cache_blocks``; 0.32+: inside
+``get_num_cacheable_tokens``), with their own local names, so the operators
+are checked to key on structure and not on vLLM's spelling.  Each mutated
+snippet is executed and compared with the model variant the operator claims
+to re-introduce.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from kvspec.model.arith import INT
+from kvspec.model.spec import BoundaryInputs
+from kvspec.model.variants import WRONG, Conformance, variant
+from kvspec.model.errors import UsageError
+from kvspec.subjects.mutation import (
+    COORDINATOR_FILE,
+    REGISTRATION_MUTANTS as MUTANTS,
+    MutationError,
+    MutationOperator,
+    MutationTargetNotFound,
+    make_mutant_tree,
+    mutant,
+)
+
+BASE = '''
+class KVCacheCoordinator:
+    """Base coordinator: it trims re-prefillable tokens too, and operators
+    must leave this copy of the arithmetic alone."""
+
+    enable_partial_hash_hits = False
+
+    def __init__(self, scheduler_block_size, hash_block_size, managers, num_prefill_lookahead=0):
+        assert scheduler_block_size % hash_block_size == 0
+        self.scheduler_block_size = scheduler_block_size
+        self.num_reprefillable_tokens = max(0, num_prefill_lookahead - 1)
+        self.single_type_managers = managers
+'''
+
+# 0.28-0.31 shape: the rule lives in the hybrid coordinator's cache_blocks.
+SHAPE_CACHE_BLOCKS = BASE + '''
+    def cache_blocks(self, request, num_computed_tokens):
+        for m in self.single_type_managers:
+            m.cache_blocks(request, max(0, num_computed_tokens - self.num_reprefillable_tokens))
+
+
+class HybridKVCacheCoordinator(KVCacheCoordinator):
+    def __init__(self, scheduler_block_size, hash_block_size, managers, num_prefill_lookahead=0, partial=False):
+        super().__init__(scheduler_block_size, hash_block_size, managers, num_prefill_lookahead)
+        self.hash_block_size = hash_block_size
+        self.enable_partial_hash_hits = partial
+
+    def _align_cacheable(self, n):
+        """Identity under partial hits, else down to a scheduler block."""
+        if self.enable_partial_hash_hits:
+            return n
+        return n - n % self.scheduler_block_size
+
+    def cache_blocks(self, request, num_computed_tokens):
+        boundary = self._align_cacheable(num_computed_tokens)
+        for mgr in self.single_type_managers:
+            todo = boundary
+            # lookahead block for EAGLE groups
+            if mgr.use_eagle and boundary > 0:
+                final = max(
+                    0, num_computed_tokens - self.num_reprefillable_tokens
+                )
+                final_boundary = self._align_cacheable(
+                    final
+                )
+                todo = min(
+                    final,
+                    final_boundary + mgr.block_size,
+                )
+            mgr.cache_blocks(request, todo, retention=0)
+'''
+
+# 0.32+ shape: a per-group get_num_cacheable_tokens with an early EAGLE
+# return; a non-ASCII local checks that spans are computed in bytes.
+SHAPE_GET_NUM_CACHEABLE = BASE + '''
+    def get_num_cacheable_tokens(self, num_computed_tokens, group):
+        return max(0, num_computed_tokens - self.num_reprefillable_tokens)
+
+    def cache_blocks(self, request, num_computed_tokens):
+        for gid, m in enumerate(self.single_type_managers):
+            m.cache_blocks(request, self.get_num_cacheable_tokens(num_computed_tokens, gid))
+
+
+class HybridKVCacheCoordinator(KVCacheCoordinator):
+    def __init__(self, scheduler_block_size, hash_block_size, managers, num_prefill_lookahead=0, partial=False):
+        super().__init__(scheduler_block_size, hash_block_size, managers, num_prefill_lookahead)
+        self.hash_block_size = hash_block_size
+        self.enable_partial_hash_hits = partial
+
+    def _align_cacheable(self, tokens):
+        if self.enable_partial_hash_hits:
+            return tokens
+        return tokens // self.scheduler_block_size * self.scheduler_block_size
+
+    def get_num_cacheable_tokens(self, num_computed_tokens, group):
+        aligned = self._align_cacheable(num_computed_tokens)
+        m = self.single_type_managers[group]
+        if m.use_eagle and aligned > 0:
+            finalisé = max(0, num_computed_tokens - self.num_reprefillable_tokens)
+            return min(
+                finalisé,
+                self._align_cacheable(finalisé)
+                + m.block_size,
+            )
+        return aligned
+'''
+
+# 0.26-0.27 shape: partial hits but no finalized tokens and no helper.
+SHAPE_PRE_028 = '''
+class KVCacheCoordinator:
+    def __init__(self, scheduler_block_size):
+        self.scheduler_block_size = scheduler_block_size
+
+
+class HybridKVCacheCoordinator(KVCacheCoordinator):
+    def cache_blocks(self, request, num_computed_tokens):
+        if self.enable_partial_hash_hits:
+            boundary = num_computed_tokens
+        else:
+            boundary = num_computed_tokens // self.scheduler_block_size * self.scheduler_block_size
+        for mgr in self.single_type_managers:
+            todo = boundary
+            if mgr.use_eagle and boundary > 0:
+                todo = min(num_computed_tokens, boundary + mgr.block_size)
+            mgr.cache_blocks(request, todo)
+'''
+
+SHAPES = {"cache_blocks": SHAPE_CACHE_BLOCKS, "get_num_cacheable_tokens": SHAPE_GET_NUM_CACHEABLE}
+
+
+class _Manager:
+    def __init__(self, block_size: int, use_eagle: bool):
+        self.block_size = block_size
+        self.use_eagle = use_eagle
+        self.calls: list[int] = []
+
+    def cache_blocks(self, request, num_tokens, **kwargs):
+        self.calls.append(num_tokens)
+
+
+def _edit(source: str, old: str, new: str) -> str:
+    assert source.count(old) == 1, old
+    return source.replace(old, new)
+
+
+def _load(source: str):
+    ns: dict = {}
+    exec(compile(source, "<snippet>", "exec"), ns)
+    return ns["HybridKVCacheCoordinator"]
+
+
+def _registered(coordinator_cls, S, H, L, partial, groups, n) -> list[int]:
+    managers = [_Manager(B, eagle) for B, eagle in groups]
+    coord = coordinator_cls(S, H, managers, num_prefill_lookahead=L, partial=partial)
+    coord.cache_blocks(SimpleNamespace(), n)
+    assert all(len(m.calls) == 1 for m in managers)
+    return [m.calls[0] for m in managers]
+
+
+def _grid():
+    for S in (4, 8):
+        for H in [h for h in (1, 2, 4) if S % h == 0]:
+            for B in [b for b in (1, 2, 4, 8) if S % b == 0 and b % H == 0]:
+                for L, eagle, partial in itertools.product(range(S + 1), (False, True), (False, True)):
+                    for n in range(2 * S + 3):
+                        yield BoundaryInputs(n=n, S=S, H=H, B=B, L=L, eagle=eagle, partial=partial)
+
+
+def _mismatches(source: str, variant_name: str) -> list[tuple]:
+    cls = _load(source)
+    rule = variant(variant_name).rule
+    bad = []
+    for p in _grid():
+        got = _registered(cls, p.S, p.H, p.L, p.partial, [(p.B, p.eagle)], p.n)[0]
+        want = rule(INT, p)
+        if got != want:
+            bad.append((p, got, want))
+    return bad
+
+
+def test_catalog_shape():
+    names = [op.name for op in MUTANTS]
+    assert names[0] == "refloor_50062"
+    assert len(names) >= 7 and len(set(names)) == len(names)
+    wrong = {v.name for v in WRONG}
+    for op in MUTANTS:
+        assert isinstance(op, MutationOperator)
+        # Each operator models a wrong variant, or a correct one (an equivalent mutant).
+        assert op.models_variant in wrong or variant(op.models_variant).conformance is Conformance.CORRECT, op.name
+        assert op.summary and "\n" not in op.summary
+        assert op.target_file == COORDINATOR_FILE
+    assert mutant("refloor_50062").models_variant == "regression_50062"
+    for required in ("lookahead_dropped", "finalized_ignored", "eagle_guard_always",
+                     "reprefillable_off_by_one", "floor_non_eagle_under_partial",
+                     "missing_clamp_at_zero", "lookahead_unclamped",
+                     "lookahead_scheduler_block", "round_to_hash_block"):
+        assert mutant(required).models_variant == required
+
+
+def test_unknown_mutant_lists_names():
+    with pytest.raises(UsageError, match="refloor_50062"):
+        mutant("no_such_operator")
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_snippets_are_the_fix(shape):
+    assert _mismatches(SHAPES[shape], "fix_52419") == []
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("op", MUTANTS, ids=lambda op: op.name)
+def test_operator_rewrites_and_models_its_variant(op, shape):
+    source = SHAPES[shape]
+    out = op.apply(source)
+    assert out != source
+    ast.parse(out)
+    # The base class's own trimming arithmetic is untouched by rule operators.
+    if op.name != "reprefillable_off_by_one":
+        base = lambda s: s.split("class HybridKVCacheCoordinator")[0]  # noqa: E731
+        assert base(out) == base(source)
+    assert _mismatches(out, op.models_variant) == []
+    # A wrong variant's mutant differs from the fix on this grid; an equivalent one never does.
+    if variant(op.models_variant).conformance is Conformance.WRONG:
+        assert _mismatches(out, "fix_52419") != []
+    else:
+        assert _mismatches(out, "fix_52419") == []
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_refloor_gives_the_regression_numbers(shape):
+    # Full attention (block 2, EAGLE) + Mamba align (block 8), H=2, S=8, 22 tokens.
+    geometry = dict(S=8, H=2, L=0, partial=True, groups=[(2, True), (8, False)], n=22)
+    assert _registered(_load(SHAPES[shape]), **geometry) == [22, 22]
+    mutated = mutant("refloor_50062").apply(SHAPES[shape])
+    assert _registered(_load(mutated), **geometry) == [18, 22]
+
+
+@pytest.mark.parametrize("op", MUTANTS, ids=lambda op: op.name)
+def test_pre_028_shape_is_refused(op):
+    with pytest.raises(MutationTargetNotFound) as info:
+        op.apply(SHAPE_PRE_028)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"{op.name}: {COORDINATOR_FILE}: ")
+
+
+@pytest.mark.parametrize("op", MUTANTS, ids=lambda op: op.name)
+@pytest.mark.parametrize(
+    "source",
+    [
+        "x = 1\n",  # no coordinator at all
+        _edit(SHAPE_CACHE_BLOCKS, "class HybridKVCacheCoordinator", "class OtherCoordinator"),
+        "def broken(:\n",  # does not parse
+        # ambiguous: the EAGLE branch appears twice
+        _edit(
+            SHAPE_CACHE_BLOCKS,
+            "            mgr.cache_blocks(request, todo, retention=0)",
+            "            if mgr.use_eagle and boundary > 0:\n"
+            "                pass\n"
+            "            mgr.cache_blocks(request, todo, retention=0)",
+        ),
+    ],
+    ids=["no-coordinator", "no-hybrid-class", "syntax-error", "ambiguous-eagle-branch"],
+)
+def test_missing_or_ambiguous_target_is_refused(op, source):
+    with pytest.raises(MutationTargetNotFound, match=rf"^{op.name}: "):
+        op.apply(source)
+
+
+def test_duplicate_finalized_computation_is_refused():
+    twice = _edit(
+        SHAPE_CACHE_BLOCKS,
+        "                final_boundary = self._align_cacheable(",
+        "                again = max(0, num_computed_tokens - self.num_reprefillable_tokens)\n"
+        "                final_boundary = self._align_cacheable(",
+    )
+    with pytest.raises(MutationTargetNotFound, match="exactly one finalized tokens"):
+        mutant("missing_clamp_at_zero").apply(twice)
+
+
+def test_reprefillable_operator_needs_its_target():
+    source = _edit(
+        SHAPE_GET_NUM_CACHEABLE, "max(0, num_prefill_lookahead - 1)", "max(0, num_prefill_lookahead)"
+    )
+    with pytest.raises(MutationTargetNotFound, match="num_prefill_lookahead - 1"):
+        mutant("reprefillable_off_by_one").apply(source)
+    # The other operators do not depend on that line.
+    mutant("refloor_50062").apply(source)
+
+
+def test_round_to_hash_block_needs_the_attribute():
+    source = _edit(SHAPE_CACHE_BLOCKS, "self.hash_block_size = hash_block_size", "pass")
+    with pytest.raises(MutationTargetNotFound, match="hash_block_size"):
+        mutant("round_to_hash_block").apply(source)
+
+
+def _release(root, source: str):
+    core = root / "vllm" / "v1" / "core"
+    core.mkdir(parents=True)
+    (root / "vllm" / "__init__.py").write_text("__version__ = 'synthetic'\n")
+    (core / "kv_cache_coordinator.py").write_text(source, encoding="utf-8")
+    cache = core / "__pycache__"
+    cache.mkdir()
+    (cache / "kv_cache_coordinator.cpython-311.pyc").write_bytes(b"stale")
+    (root / "vllm" / "__pycache__").mkdir()
+    (root / "vllm" / "__pycache__" / "__init__.cpython-311.pyc").write_bytes(b"kept")
+    return root
+
+
+def test_make_mutant_tree(tmp_path):
+    release = _release(tmp_path / "release", SHAPE_GET_NUM_CACHEABLE)
+    op = mutant("refloor_50062")
+    dest = make_mutant_tree(release, op, tmp_path / "mutant")
+    assert dest == tmp_path / "mutant"
+    mutated = (dest / COORDINATOR_FILE).read_text(encoding="utf-8")
+    assert mutated == op.apply(SHAPE_GET_NUM_CACHEABLE) != SHAPE_GET_NUM_CACHEABLE
+    assert (release / COORDINATOR_FILE).read_text(encoding="utf-8") == SHAPE_GET_NUM_CACHEABLE
+    assert (dest / "vllm" / "__init__.py").read_text() == "__version__ = 'synthetic'\n"
+    # The mutated module's bytecode must go (it would run instead of the
+    # mutation); the untouched modules' bytecode comes along.
+    assert not list(dest.rglob("kv_cache_coordinator.*.pyc"))
+    assert (dest / "vllm" / "__pycache__" / "__init__.cpython-311.pyc").read_bytes() == b"kept"
+    marker = json.loads((dest / "MUTANT.json").read_text())
+    assert marker["operator"] == "refloor_50062"
+    assert marker["models_variant"] == "regression_50062"
+    assert marker["source_root"] == str(release.resolve())
+    assert marker["target_file"] == COORDINATOR_FILE
+
+
+def test_make_mutant_tree_refuses_before_copying(tmp_path):
+    release = _release(tmp_path / "release", SHAPE_PRE_028)
+    with pytest.raises(MutationTargetNotFound):
+        make_mutant_tree(release, mutant("lookahead_dropped"), tmp_path / "mutant")
+    assert not (tmp_path / "mutant").exists()
+    with pytest.raises(MutationTargetNotFound, match="no such file"):
+        make_mutant_tree(tmp_path / "empty", mutant("lookahead_dropped"), tmp_path / "m2")
+
+
+def test_make_mutant_tree_will_not_overwrite(tmp_path):
+    release = _release(tmp_path / "release", SHAPE_CACHE_BLOCKS)
+    (tmp_path / "mutant").mkdir()
+    (tmp_path / "mutant" / "keep").write_text("x")
+    with pytest.raises(FileExistsError):
+        make_mutant_tree(release, mutant("refloor_50062"), tmp_path / "mutant")
+
+
+def test_a_rewrite_that_escapes_its_method_is_an_error():
+    # An operator whose rewrite touches code outside its method must fail.
+    def rogue(src):
+        tree_node = next(n for n in ast.walk(src.tree) if isinstance(n, ast.Constant) and n.value == 1)
+        return "HybridKVCacheCoordinator.cache_blocks", [src.replace(tree_node, "2")]
+
+    op = MutationOperator("rogue", "test only", "lookahead_dropped", rogue)
+    with pytest.raises(MutationError, match="expected a change in HybridKVCacheCoordinator.cache_blocks only"):
+        op.apply(SHAPE_CACHE_BLOCKS)

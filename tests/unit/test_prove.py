@@ -1,0 +1,93 @@
+"""The whole catalog through `kvspec prove`: verdicts, vacuity, JSON, snapshot."""
+
+import json
+import re
+
+import pytest
+
+from kvspec.model.outcome import Outcome
+from kvspec.cli import main
+from kvspec.model.variants import VARIANTS, Conformance
+
+from tests.support import assert_snapshot
+
+
+@pytest.fixture(scope="module")
+def prove_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("prove") / "prove.json"
+    import contextlib
+    import io
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        code = main(["prove", "--quiet", "--json", str(out)])
+    return code, buffer.getvalue(), json.loads(out.read_text())
+
+
+def by_name(doc):
+    return {t["name"]: t for t in doc["theorems"]}
+
+
+def test_exit_code_and_summary(prove_run):
+    code, _, doc = prove_run
+    assert code == Outcome.OK.exit_code
+    assert doc["schema"] == "kvspec.prove/1"
+    assert doc["summary"]["unknown"] == 0
+    assert doc["summary"]["unexpected"] == 0
+
+
+def test_every_variant_has_its_verdict(prove_run):
+    theorems = by_name(prove_run[2])
+    for v in VARIANTS:
+        t = theorems[f"conformance.{v.name}"]
+        if v.conformance is Conformance.CORRECT:
+            assert t["status"] == "PROVED", v.name
+        else:
+            assert t["status"] == "REFUTED", v.name
+            cx = t["counterexample"]
+            assert cx["replayed"] and cx["minimal"], v.name
+            assert cx["domain"]["calls"], v.name
+        if v.conformance is Conformance.HISTORICAL:
+            assert theorems[f"conformance.{v.name}.in_era"]["status"] == "PROVED"
+
+
+def test_vacuity_checks(prove_run):
+    for t in prove_run[2]["theorems"]:
+        vac = t["vacuity"]
+        assert vac["assumptions_satisfiable"] == "PROVED", t["name"]
+        assert not vac["not_refuted_by"], t["name"]
+        if t["category"] in ("safety", "no-loss", "monotonicity", "reachability", "loss", "lookup",
+                             "mtp") and t["expected"] == "PROVED":
+            assert vac["refuted_by"], f"{t['name']} could not fail"
+
+
+def test_regression_minimal_counterexample(prove_run):
+    cx = by_name(prove_run[2])["conformance.regression_50062"]["counterexample"]
+    values = cx["values"]
+    assert (values["n"], values["S"], values["H"], values["B"], values["L"]) == (2, 3, 1, 1, 0)
+    call = cx["domain"]["calls"][0]
+    assert call["spec"]["tokens"] == [2, 2]
+    assert call["regression_50062"]["tokens"] == [1, 2]
+
+
+def normalise(text: str) -> str:
+    # The padding goes too: a slow machine's 10.23s is one column wider than 9.22s.
+    return re.sub(r" +\d+\.\d\ds", " T.TTs", text)
+
+
+def test_table_snapshot(prove_run):
+    assert_snapshot("prove_table.txt", normalise(prove_run[1]))
+
+
+def test_unknown_theorem_is_usage_error(capsys):
+    assert main(["prove", "--theorem", "no.such"]) == Outcome.USAGE.exit_code
+    assert "unknown theorem 'no.such'" in capsys.readouterr().err
+
+
+def test_timeout_is_unknown_never_proved(capsys):
+    # A 1 ms budget cannot finish the block-level proof: it must say UNKNOWN.
+    code = main(["prove", "--quiet", "--timeout", "0.001", "--theorem", "monotone.blocks_in_n"])
+    out = capsys.readouterr().out
+    assert code == Outcome.UNKNOWN.exit_code
+    row = out.splitlines()[1].split()
+    assert row[:3] == ["monotone.blocks_in_n", "UNKNOWN", "PROVED"]  # verdict, then expected
