@@ -10,22 +10,42 @@ from typing import Any
 import attrs
 
 from .domain import CoordinatorConfig, GroupKind, KVCacheGroup
+from .errors import InputError
 
-__all__ = ["Step", "Case", "LookupProbe", "prefill", "decode"]
+__all__ = ["Step", "Case", "LookupProbe", "InvalidCase", "prefill", "decode", "MAX_TOKENS", "MAX_STEPS",
+           "MAX_DRAFTS"]
+
+# The model's domain for one request: generous for any real prompt kvspec
+# drives, and small enough that no input file can make a worker allocate
+# without bound (a pool is sized from these).
+MAX_TOKENS = 1 << 16
+MAX_STEPS = 4096
+MAX_DRAFTS = 64
+
+
+class InvalidCase(InputError, ValueError):
+    """A request kvspec's model does not describe (outside its domain)."""
+
+
+def _count(limit: int):
+    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
+            raise InvalidCase(f"{attribute.name} must be a whole number from 0 to {limit}, got {value!r}")
+    return check
 
 
 @attrs.frozen
 class Step:
     kind: str  # "prefill" (a chunk of the prompt) or "decode" (1 token + drafts)
-    tokens: int = 0  # prefill: prompt tokens in this chunk
-    drafts: int = 0  # decode: speculative tokens proposed
-    accepted: int = 0  # decode: drafts accepted
+    tokens: int = attrs.field(default=0, validator=_count(MAX_TOKENS))  # prefill: prompt tokens in this chunk
+    drafts: int = attrs.field(default=0, validator=_count(MAX_DRAFTS))  # decode: speculative tokens proposed
+    accepted: int = attrs.field(default=0, validator=_count(MAX_DRAFTS))  # decode: drafts accepted
 
     def __attrs_post_init__(self) -> None:
         if self.kind not in ("prefill", "decode"):
-            raise ValueError(f"step kind must be prefill or decode, got {self.kind!r}")
+            raise InvalidCase(f"step kind must be prefill or decode, got {self.kind!r}")
         if not 0 <= self.accepted <= self.drafts:
-            raise ValueError(f"need 0 <= accepted <= drafts, got {self.accepted}/{self.drafts}")
+            raise InvalidCase(f"need 0 <= accepted <= drafts, got {self.accepted}/{self.drafts}")
 
     def label(self) -> str:
         if self.kind == "prefill":
@@ -47,12 +67,12 @@ class LookupProbe:
     ``shared`` tokens are the writer's (prompt and output), then ``extra``
     tokens of its own."""
 
-    shared: int
-    extra: int = 1
+    shared: int = attrs.field(validator=_count(MAX_TOKENS))
+    extra: int = attrs.field(default=1, validator=_count(MAX_TOKENS))
 
     def __attrs_post_init__(self) -> None:
-        if self.shared < 0 or self.extra < 1:
-            raise ValueError(f"need shared >= 0 and extra >= 1, got {self.shared}/{self.extra}")
+        if self.extra < 1:
+            raise InvalidCase(f"need shared >= 0 and extra >= 1, got {self.shared}/{self.extra}")
 
     @property
     def total_tokens(self) -> int:
@@ -61,20 +81,27 @@ class LookupProbe:
 
 @attrs.frozen
 class Case:
-    config: CoordinatorConfig
-    prompt_len: int
+    config: CoordinatorConfig = attrs.field(validator=attrs.validators.instance_of(CoordinatorConfig))
+    prompt_len: int = attrs.field(validator=_count(MAX_TOKENS))
     steps: tuple[Step, ...] = attrs.field(converter=tuple)
     probe: LookupProbe | None = None
 
     def __attrs_post_init__(self) -> None:
+        if len(self.steps) > MAX_STEPS or not all(isinstance(s, Step) for s in self.steps):
+            raise InvalidCase(f"a request takes at most {MAX_STEPS} steps, each a Step")
+        if self.probe is not None and not isinstance(self.probe, LookupProbe):
+            raise InvalidCase(f"the probe must be a LookupProbe, got {self.probe!r}")
         chunks = [s.tokens for s in self.steps if s.kind == "prefill"]
-        if sum(chunks) != self.prompt_len or any(c < 1 for c in chunks):
-            raise ValueError("prefill chunks must be positive and cover the prompt exactly")
+        if sum(chunks) != self.prompt_len or any(c < 1 for c in chunks) or self.prompt_len < 1:
+            raise InvalidCase("prefill chunks must be positive and cover the prompt exactly")
         kinds = [s.kind for s in self.steps]
         if "decode" in kinds and "prefill" in kinds[kinds.index("decode"):]:
-            raise ValueError("prefill chunks come before decode steps")
+            raise InvalidCase("prefill chunks come before decode steps")
+        if self.max_model_len > 2 * MAX_TOKENS:
+            raise InvalidCase(f"the request runs to {self.max_model_len} tokens; kvspec's model stops at "
+                              f"{2 * MAX_TOKENS}")
         if self.probe is not None and self.probe.shared > self.writer_tokens:
-            raise ValueError(f"the probe shares {self.probe.shared} tokens, the writer has {self.writer_tokens}")
+            raise InvalidCase(f"the probe shares {self.probe.shared} tokens, the writer has {self.writer_tokens}")
 
     @property
     def writer_tokens(self) -> int:
@@ -114,11 +141,23 @@ class Case:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Case":
-        cfg = dict(data["config"])
-        cfg["groups"] = tuple(KVCacheGroup(**g) for g in cfg["groups"])
-        probe = LookupProbe(**data["probe"]) if data.get("probe") else None
-        return cls(CoordinatorConfig(**cfg), data["prompt_len"], tuple(Step(**s) for s in data["steps"]),
-                   probe)
+        """From its JSON form; anything else (a wrong type, a field too many, a
+        value outside the model's domain) is an InputError, never a crash."""
+        try:
+            cfg = dict(data["config"])
+            groups = cfg["groups"]
+            if not isinstance(groups, list) or len(groups) > 16:
+                raise InvalidCase(f"groups must be a list of at most 16 groups, got {groups!r}")
+            cfg["groups"] = tuple(KVCacheGroup(**g) for g in groups)
+            steps = data["steps"]
+            if not isinstance(steps, list):
+                raise InvalidCase(f"steps must be a list, got {steps!r}")
+            probe = LookupProbe(**data["probe"]) if data.get("probe") else None
+            return cls(CoordinatorConfig(**cfg), data["prompt_len"], tuple(Step(**s) for s in steps), probe)
+        except InputError:
+            raise
+        except (TypeError, KeyError, AttributeError) as exc:
+            raise InvalidCase(f"not a kvspec case ({type(exc).__name__}: {exc})") from None
 
     def describe(self) -> str:
         # Runs of the same step are written once with a count ("prefill 1 x16").

@@ -50,14 +50,24 @@ class GroupKind(str, enum.Enum):
         return self is not GroupKind.SLIDING_WINDOW
 
 
+# Sizes above this are outside the model's domain (real pages are at most a
+# few thousand tokens): a configuration read from a file cannot ask a worker
+# for an absurd pool.
+MAX_SIZE = 1 << 16
+
+
 def _positive(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidGeometry(attribute.name, "must be a positive integer", value)
+    if value > MAX_SIZE:
+        raise InvalidGeometry(attribute.name, f"must be at most {MAX_SIZE}", value)
 
 
 def _non_negative(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InvalidGeometry(attribute.name, "must be a non-negative integer", value)
+    if value > MAX_SIZE:
+        raise InvalidGeometry(attribute.name, f"must be at most {MAX_SIZE}", value)
 
 
 def _is_bool(instance: Any, attribute: attrs.Attribute, value: Any) -> None:

@@ -57,12 +57,23 @@ class Subject:
 
 
 def release(version: str) -> Subject:
+    """A release from the package index, by its number (checked now, before
+    anything is provisioned)."""
+    from .provision import VERSION_RE
+
+    if not isinstance(version, str) or not VERSION_RE.match(version):
+        raise SubjectError(f"--vllm expects a release number such as 0.34.0, got {version!r}; "
+                           "use --vllm-src PATH for a source tree")
     return Subject("release", f"vllm {version}", version=version)
 
 
 def mutant_subject(version: str, operator: str) -> Subject:
     """A release with one mutation operator applied (``subjects.mutation``),
     its tree made, cached and verified when resolved."""
+    from .mutation import mutant
+
+    release(version)  # the same check of the number
+    mutant(operator)  # a known operator, or a usage error naming them
     return Subject("mutant", f"vllm {version} + {operator}", version=version, mutant=operator)
 
 

@@ -7,6 +7,8 @@ per group, and folds the details.
 
 from __future__ import annotations
 
+import html
+import re
 from typing import Any
 
 from kvspec.model.finding import Finding
@@ -183,6 +185,26 @@ def render_text(f: Finding) -> str:
     return "\n".join(out)
 
 
+def _md(text: Any) -> str:
+    """Text from a finding, safe inline in Markdown: no raw HTML, no new
+    block (a finding may come from a file kvspec did not write)."""
+    return (html.escape(str(text), quote=False).replace("\r", " ").replace("\n", " ")
+            .replace("|", "\\|"))
+
+
+def _code_span(text: Any) -> str:
+    body = str(text).replace("\r", " ").replace("\n", " ")
+    ticks = "`" * (max((len(m) for m in re.findall(r"`+", body)), default=0) + 1)
+    pad = " " if body.startswith("`") or body.endswith("`") else ""
+    return f"{ticks}{pad}{body}{pad}{ticks}"
+
+
+def _fence(text: str, lang: str = "") -> list[str]:
+    """A fenced block no line of ``text`` can close early."""
+    ticks = "`" * max(3, max((len(m) for m in re.findall(r"`+", text)), default=0) + 1)
+    return [f"{ticks}{lang}", text.rstrip(), ticks]
+
+
 def _md_table(headers: list[str], rows: list[list[str]]) -> list[str]:
     out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for r in rows:
@@ -194,50 +216,65 @@ def _fold(summary: str, body: list[str]) -> list[str]:
     return [f"<details><summary>{summary}</summary>", "", *body, "", "</details>", ""]
 
 
+def _regression_test_code(f: Finding) -> str | None:
+    """The test, emitted anew from the finding's (validated) inputs: code is
+    never copied from a finding into a report."""
+    from kvspec.model.errors import InputError
+
+    from .regression_test import emit_test
+
+    try:
+        return emit_test(f, f.subject_capabilities())
+    except InputError:
+        return None
+
+
 def render_markdown(f: Finding, heading: str = "###", plot_path: str | None = None) -> str:
-    out = [f"{heading} {f.verdict}", ""]
+    out = [f"{heading} {_md(f.verdict)}", ""]
     if f.ledger is not None:
-        out += [f"**Ledger verdict: {f.ledger.blame.value}**", ""]
-    out += [f"Compared: {f.compared.get('spec_rule')} vs **{subject_line(f)}** ({_versions(f)})", "",
-            f"Category: **{f.category.title}** ({f.category.meaning})", "",
-            f"Minimal inputs: `{f.inputs.get('describe')}`", ""]
+        out += [f"**Ledger verdict: {_md(f.ledger.blame.value)}**", ""]
+    out += [f"Compared: {_md(f.compared.get('spec_rule'))} vs **{_md(subject_line(f))}** ({_md(_versions(f))})",
+            "", f"Category: **{f.category.title}** ({f.category.meaning})", "",
+            f"Minimal inputs: {_code_span(f.inputs.get('describe'))}", ""]
     if f.n is not None:
-        call = "" if f.call is None else f"`cache_blocks` call {f.call}, "
-        out += [f"At {call}n = {f.n} computed tokens ({f.hashed_tokens} hashed): "
-                f"{_per_group(f)}.", ""]
+        call = "" if f.call is None else f"`cache_blocks` call {_md(f.call)}, "
+        out += [f"At {call}n = {_md(f.n)} computed tokens ({_md(f.hashed_tokens)} hashed): "
+                f"{_md(_per_group(f))}.", ""]
     if f.groups:
         headers, rows = group_table(f)
+        rows = [[_md(cell) for cell in row] for row in rows]
         for r, g in zip(rows, f.groups):
             if g.differs:
                 r[5] = f"**{r[5]}**"
         out += _md_table(headers, rows) + [""]
     e = f.explanation
     if e is not None:
-        out += [f"- {line}" for line in _explanation_lines(f) if not line.startswith("theorem ")]
+        out += [f"- {_md(line)}" for line in _explanation_lines(f) if not line.startswith("theorem ")]
         out.append("")
     if f.ledger is not None:
-        out += [f"- {_ledger_line(f)}", ""]
+        out += [f"- {_md(_ledger_line(f))}", ""]
     if f.replay:
-        out += [f"Replay: `{f.replay}`", ""]
+        out += [f"Replay: {_code_span(f.replay)}", ""]
     test_line = _test_line(f)
     if test_line:
-        out += [test_line[0].upper() + test_line[1:], ""]
+        out += [_md(test_line[0].upper() + test_line[1:]), ""]
     if sweep_line(f):
-        out += [sweep_line(f)[0].upper() + sweep_line(f)[1:] + ".", ""]
+        out += [_md(sweep_line(f)[0].upper() + sweep_line(f)[1:]) + ".", ""]
     if plot_path:
-        out += [f"Plot of registered vs computed tokens: `{plot_path}`", ""]
+        out += [f"Plot of registered vs computed tokens: {_code_span(plot_path)}", ""]
     if f.groups:
-        out += _fold("Derivation (spec and subject)", _md_table(*derivation_table(f)))
-    if f.regression_test:
-        t = f.regression_test
-        out += _fold(f"Regression test for tests/v1/core/ ({t['file_name']})",
-                     ["```python", t["code"].rstrip(), "```"])
+        headers, rows = derivation_table(f)
+        out += _fold("Derivation (spec and subject)", _md_table(headers, [[_md(c) for c in r] for r in rows]))
+    code = _regression_test_code(f) if f.source == "fuzz" else None
+    if code is not None:
+        name = _md((f.regression_test or {}).get("file_name") or "the regression test")
+        out += _fold(f"Regression test for tests/v1/core/ ({name})", _fence(code, "python"))
     if e is not None and e.theorems:
         out += _fold("Theorems behind the explanation", [
-            f"- `{t.name}`: {t.status}{'' if t.as_expected else ' (NOT as expected)'} "
-            f"({t.seconds:.2f} s): {t.statement}" for t in e.theorems])
+            f"- {_code_span(t.name)}: {_md(t.status)}{'' if t.as_expected else ' (NOT as expected)'} "
+            f"({float(t.seconds):.2f} s): {_md(t.statement)}" for t in e.theorems])
     if f.traceback:
-        out += _fold("vLLM traceback", ["```", f.traceback.strip(), "```"])
+        out += _fold("vLLM traceback", _fence(str(f.traceback).strip()))
     if f.run:
-        out += _fold("Run statistics", [", ".join(f"{k} {v}" for k, v in f.run.items())])
+        out += _fold("Run statistics", [_md(", ".join(f"{k} {v}" for k, v in f.run.items()))])
     return "\n".join(out) + "\n"

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvspec.model.capabilities import Capabilities
+from kvspec.model.errors import InputError
 from kvspec.model.finding import Finding
 from kvspec.model.case import Case
 
@@ -41,7 +42,7 @@ def critical_steps(f: Finding) -> tuple[int, list[dict[str, Any]], list[list[int
         expected = [[sweep["spec"][g][i] for g in range(len(sweep["spec"]))]]
         if None not in expected[0]:
             return n, [{"kind": "prefill", "tokens": n, "drafts": 0, "accepted": 0}], expected
-    calls = (f.regression_test or {}).get("expected_calls") or f.inputs.get("expected_calls")
+    calls = f.inputs.get("expected_calls")
     if not calls:
         return None
     return f.inputs["prompt_len"], list(f.inputs["steps"]), calls
@@ -67,8 +68,52 @@ def _group_spec(i: int, g: dict[str, Any], per_group_eagle: bool) -> str:
     return f'            KVCacheGroupSpec(["layer{i}"], {spec}{eagle}),'
 
 
+def _ints(value: Any, what: str) -> list:
+    """``value`` as a list of ints (None kept), or an InputError: what goes
+    into emitted code is never a string from a file."""
+    if not isinstance(value, (list, tuple)):
+        raise InputError(f"{what}: expected a list, got {type(value).__name__}")
+    out = []
+    for item in value:
+        if isinstance(item, (list, tuple)):
+            out.append(_ints(item, what))
+        elif item is None or (isinstance(item, int) and not isinstance(item, bool)):
+            out.append(item)
+        else:
+            raise InputError(f"{what}: expected whole numbers, got {item!r}")
+    return out
+
+
+def _trusted(f: Finding) -> Finding:
+    """The parts of ``f`` the emitter writes into code, rebuilt from typed
+    values: the case through kvspec's model (its validators), numbers as
+    ints, the diagnosis only when it names a known variant.  A finding read
+    from a file is untrusted input."""
+    import attrs
+
+    from kvspec.model.variants import VARIANTS
+
+    try:
+        inputs = Case.from_dict(f.inputs).as_dict()
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise InputError(f"the finding's case is not one kvspec can emit a test for ({exc})") from None
+    for key in ("expected_calls", "admissible_hits"):
+        if key in f.inputs:
+            inputs[key] = _ints(f.inputs[key], key)
+    if "expected_hit" in f.inputs:
+        inputs["expected_hit"] = _ints([f.inputs["expected_hit"]], "expected_hit")[0]
+    sweep = None
+    if f.sweep:
+        sweep = {key: _ints(f.sweep.get(key, []), f"sweep {key}") for key in ("n", "spec", "differing_n")}
+    explanation = f.explanation
+    if explanation is not None and explanation.diagnosis not in {v.name for v in VARIANTS}:
+        explanation = attrs.evolve(explanation, diagnosis=None)
+    return attrs.evolve(f, inputs=inputs, sweep=sweep, explanation=explanation, regression_test=None)
+
+
 def emit_test(f: Finding, capabilities: Capabilities) -> str | None:
     """The test's source, or None when the finding has nothing to pin."""
+    f = _trusted(f)
     if f.category.value in _LOOKUP_CATEGORIES:
         return _emit_lookup_test(f, capabilities)
     chosen = critical_steps(f)

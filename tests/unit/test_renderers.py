@@ -124,7 +124,7 @@ def test_emitted_lookup_regression_test(finding, pinned):
     from kvspec.report.regression_test import LOOKUP_ASSERT_MESSAGE
     from kvspec.model.finding import Category
 
-    inputs = {**finding.inputs, "probe": {"shared": 6, "extra": 2}, **pinned}
+    inputs = {**finding.inputs, "probe": {"shared": 3, "extra": 2}, **pinned}
     inputs.pop("expected_calls", None)
     lookup = attrs.evolve(finding, category=Category.HIT_MISMATCH, inputs=inputs, sweep=None)
     code = emit_test(lookup, capabilities("0.33.0"))
@@ -132,7 +132,7 @@ def test_emitted_lookup_regression_test(finding, pinned):
         assert code is None  # nothing the subject pins: no test rather than a vacuous one
         return
     ast.parse(code)
-    assert "list(request.all_token_ids)[:6]" in code and "range(2)" in code
+    assert "list(request.all_token_ids)[:3]" in code and "range(2)" in code
     assert "def make_later_request(token_ids):" in code and LOOKUP_ASSERT_MESSAGE in code
     if "expected_hit" in pinned:
         assert "expected = 4" in code and "assert hit == expected" in code

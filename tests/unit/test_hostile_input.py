@@ -1,0 +1,129 @@
+"""Untrusted and bad input, without vLLM: every case ends in one line and the
+right exit code, nothing a file holds is executed or copied raw into a report.
+
+Findings are CI artifacts that reviewers render and replay; each test here
+crafts one the way a hostile or careless hand would.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvspec.cli import main
+from kvspec.model.case import MAX_TOKENS, Case, InvalidCase, prefill
+from kvspec.model.outcome import Outcome
+
+from tests.support import FIXTURES
+
+USAGE = Outcome.USAGE.exit_code
+
+
+def _finding(tmp_path, **changes):
+    data = json.loads((FIXTURES / "finding_refloor_50062.json").read_text())
+    for dotted, value in changes.items():
+        target = data
+        *path, last = dotted.split(".")
+        for key in path:
+            target = target[key]
+        target[last] = value
+    path = tmp_path / "finding.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kvspec: error: ") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def test_report_escapes_what_a_finding_holds_and_never_copies_its_code(tmp_path, capsys):
+    crafted = _finding(tmp_path, **{
+        "verdict": "<script>alert(1)</script> DISCREPANCY",
+        "traceback": "```\n<img src=x onerror=alert(1)>\n```",
+        "detail": "a | table | breaker\n# a new heading",
+        "regression_test.code": "import os\nos.system('echo pwned')\n",
+        "inputs.describe": "`x` <b>bold</b>",
+    })
+    assert main(["report", str(crafted), "--format", "markdown"]) == Outcome.OK.exit_code
+    text = capsys.readouterr().out
+    assert "<script" not in text
+    # Inline fields are escaped, or shown as code spans they cannot leave.
+    assert "Minimal inputs: `` `x` <b>bold</b> ``" in text
+    assert "os.system" not in text  # the test shown is emitted anew from the inputs
+    assert "def test_kvspec_regression_50062" in text
+    # The traceback is shown verbatim, but inside a fence longer than any of
+    # its own, so its ``` cannot close the block and let HTML out.
+    lines = text.splitlines()
+    at = lines.index("<img src=x onerror=alert(1)>")
+    assert lines[at - 1] == "```" and lines[at - 2] == "````" and lines[at + 2] == "````"
+
+
+def test_a_crafted_number_never_reaches_emitted_code(tmp_path, capsys):
+    crafted = _finding(tmp_path, **{"inputs.config.groups": [
+        {"kind": "mamba_align", "block_size": "3), __import__('os').system('x') #", "eagle": False,
+         "sliding_window": 0},
+        {"kind": "full_attention", "block_size": 1, "eagle": True, "sliding_window": 0}]})
+    code = main(["report", str(crafted), "--emit-test", str(tmp_path / "test_x.py")])
+    assert code == USAGE
+    assert "block_size" in _one_line_error(capsys)
+    assert not (tmp_path / "test_x.py").exists()
+
+
+@pytest.mark.parametrize("changes, fragment", [
+    ({"groups": "not a list"}, "malformed finding"),
+    ({"category": "no_such_category"}, "malformed finding"),
+    ({"inputs.steps": [{"kind": "prefill", "tokens": -4}]}, "tokens must be a whole number"),
+])
+def test_malformed_but_parseable_findings_are_one_line_input_errors(tmp_path, capsys, changes, fragment):
+    crafted = _finding(tmp_path, **changes)
+    code = main(["replay", str(crafted), "--vllm", "0.33.0"])
+    assert code == USAGE
+    assert fragment in _one_line_error(capsys)
+
+
+def test_replay_never_takes_the_code_to_run_from_the_finding(tmp_path, capsys):
+    # The fixture was found on a source tree: its path is not trusted.
+    assert main(["replay", str(_finding(tmp_path, **{"compared.subject.path": "/tmp/evil"}))]) == USAGE
+    assert "name what to replay it against with --vllm VERSION or --vllm-src PATH" in _one_line_error(capsys)
+    # A "release" whose number is not a release number is refused before anything runs.
+    crafted = _finding(tmp_path, **{"compared.subject": {"kind": "release", "label": "vllm 0.33.0",
+                                                          "version": "0.33.0; rm -rf /"}})
+    assert main(["replay", str(crafted)]) == USAGE
+    assert "expects a release number" in _one_line_error(capsys)
+
+
+def test_a_prompt_outside_the_model_is_refused_before_it_reaches_vllm(tmp_path, capsys):
+    crafted = _finding(tmp_path, **{"inputs.prompt_len": 10**9,
+                                    "inputs.steps": [{"kind": "prefill", "tokens": 10**9}]})
+    assert main(["replay", str(crafted), "--vllm", "0.33.0"]) == USAGE
+    assert f"from 0 to {MAX_TOKENS}" in _one_line_error(capsys)
+    with pytest.raises(InvalidCase):
+        Case(Case.from_dict(json.loads(crafted.read_text())["inputs"]).config, 1, (prefill(2),))
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["fuzz", "--vllm", "0.33.0", "--max-examples", "0"], "expected 1 or more"),
+    (["fuzz", "--vllm", "0.33.0", "--max-examples", "many"], "expected a whole number"),
+    (["prove", "--timeout", "0"], "above 0"),
+    (["prove", "--timeout", "inf"], "above 0"),
+    (["exhaust", "--vllm", "0.33.0", "--max-prompt", "0"], "expected 1 or more"),
+    (["history", "--vllm", "0.33.0..0.23.0"], "the range is empty"),
+])
+def test_bad_numbers_are_usage_errors_before_anything_runs(argv, fragment, capsys):
+    assert main(argv) == USAGE
+    assert fragment in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", ["--json", "--markdown", "--findings-dir"])
+def test_an_unwritable_output_is_refused_before_any_work(option, capsys):
+    argv = ["fuzz", "--vllm", "0.33.0", option, "/proc/kvspec-cannot-write-here/x"]
+    assert main(argv) == USAGE
+    assert f"{option} /proc/kvspec-cannot-write-here/x: cannot write there" in _one_line_error(capsys)
+
+
+def test_a_bad_redis_url_is_a_one_line_setup_error(capsys):
+    assert main(["fuzz", "--vllm", "0.33.0", "--database", "redis://host:notaport/0"]) == USAGE
+    assert "not a Redis URL" in _one_line_error(capsys) or "cannot reach" in capsys.readouterr().err
