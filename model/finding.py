@@ -28,6 +28,7 @@ __all__ = [
     "GroupRow",
     "TheoremRef",
     "Explanation",
+    "Reach",
     "Finding",
 ]
 
@@ -211,6 +212,25 @@ class Explanation:
 
 
 @attrs.frozen
+class Reach:
+    """Which known deployments reach a finding, and how badly.
+
+    ``profiles``: one entry per deployment profile and flag combination under
+    which the finding's rule differs from the spec on that release, each with
+    how its configuration was derived (which steps called the release's own
+    code, which were modelled) and its impact (tokens lost at a request's end,
+    hit-rate points where measured).  Empty: no known deployment reaches it.
+    ``summary`` is one plain sentence a reviewer decides on; ``hardening`` is
+    True when no deployment reaches it or its effect is only on speculative
+    acceptance (then it is reported as hardening, not as a regression)."""
+
+    summary: str
+    profiles: tuple[dict[str, Any], ...] = attrs.field(default=(), converter=tuple)
+    worst: dict[str, Any] | None = None
+    hardening: bool = False
+
+
+@attrs.frozen
 class Finding:
     source: str  # "fuzz" or "prove"
     verdict: str  # one line, first in every report
@@ -222,6 +242,7 @@ class Finding:
     hashed_tokens: int | None = None
     groups: tuple[GroupRow, ...] = attrs.field(default=(), converter=tuple)
     explanation: Explanation | None = None
+    reach: Reach | None = None  # which real deployments reach it (None: not assessed)
     ledger: Ledger | None = None
     detail: str = ""
     traceback: str | None = None
@@ -251,6 +272,8 @@ class Finding:
             d["explanation"] = Explanation(**e)
         if d.get("ledger") is not None:
             d["ledger"] = Ledger(**d["ledger"])
+        if d.get("reach") is not None:
+            d["reach"] = Reach(**d["reach"])
         return cls(**d)
 
     @property
