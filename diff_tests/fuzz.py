@@ -46,6 +46,9 @@ class FuzzResult:
     # found, unshrunk.
     stopped: Outcome | None = None
     stopped_why: str = ""
+    # What the tree lacks against the release it claims to be, and so was
+    # not fuzzed ("" when the scope is whole).
+    scope_reduction: str = ""
 
     @property
     def examples(self) -> int:
@@ -63,13 +66,19 @@ class FuzzResult:
     def outcome(self) -> Outcome:
         if self.failure is not None:
             return Outcome.FINDING
-        return self.stopped or Outcome.OK
+        if self.stopped is not None:
+            return self.stopped
+        return Outcome.INCOMPLETE if self.scope_reduction else Outcome.OK
 
     @property
     def verdict(self) -> str:
         if self.failure is not None:
             return "discrepancy"
-        return "no discrepancy" if self.stopped is None else f"incomplete ({self.stopped_why})"
+        if self.stopped is not None:
+            return f"incomplete ({self.stopped_why})"
+        if self.scope_reduction:
+            return f"no discrepancy in a reduced scope ({self.scope_reduction})"
+        return "no discrepancy"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -91,6 +100,7 @@ class FuzzResult:
             "lookup": self.lookup,
             "other_failures": [f.as_dict() for f in self.other_failures],
             "worker_restarts": list(self.restarts),
+            "scope_reduction": self.scope_reduction or None,
         }
 
 
@@ -118,7 +128,8 @@ def fuzz_subject(
     With ``lookup``, every request is followed by a later request that looks
     up (``oracles.lookup``): the hit-length differential."""
     caps = proc.capabilities
-    result = FuzzResult(subject=proc.describe(), capabilities=caps, seed=seed, lookup=lookup)
+    result = FuzzResult(subject=proc.describe(), capabilities=caps, seed=seed, lookup=lookup,
+                        scope_reduction=proc.scope_reduction)
     restarts_before = len(proc.restarts)
     failures: list[Failure] = []
     start = time.perf_counter()

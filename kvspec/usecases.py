@@ -49,12 +49,14 @@ class ProveRun:
         return Outcome.OK
 
 
-def prove(names: list[str] | None = None, *, timeout_s: float = 20.0, seed: int = 0,
+def prove(names: list[str] | None = None, *, budget=None, seed: int = 0,
           progress: Callable | None = None) -> ProveRun:
-    """The theorem catalog (or the named theorems) over unbounded integers."""
+    """The theorem catalog (or the named theorems) over unbounded integers,
+    each solver check within ``budget`` (``proofs.runner.Budget``: resource
+    units, the same verdict on any machine)."""
     from kvspec.model.errors import UsageError
     from kvspec.proofs.catalog import CATALOG, names as catalog_names, theorem
-    from kvspec.proofs.runner import run_catalog
+    from kvspec.proofs.runner import Budget, run_catalog
 
     if names:
         unknown = [n for n in names if n not in catalog_names()]
@@ -63,8 +65,9 @@ def prove(names: list[str] | None = None, *, timeout_s: float = 20.0, seed: int 
         chosen = [theorem(n) for n in names]
     else:
         chosen = list(CATALOG)
-    results = run_catalog(chosen, timeout_ms=int(timeout_s * 1000), seed=seed, progress=progress)
-    return ProveRun(tuple(results), {"timeout_s": timeout_s, "seed": seed})
+    budget = budget or Budget()
+    results = run_catalog(chosen, budget=budget, seed=seed, progress=progress)
+    return ProveRun(tuple(results), {**budget.as_dict(), "seed": seed})
 
 
 def real_code(subjects: list, *, timeout_s: float = 60.0, say: Say = _print) -> list:
@@ -126,8 +129,7 @@ class FuzzRun:
 
     @property
     def outcome(self) -> Outcome:
-        parts = [Outcome.FINDING if s.finding is not None or s.result.failure is not None else Outcome.OK
-                 for s in self.subjects]
+        parts = [Outcome.FINDING if s.finding is not None else s.result.outcome for s in self.subjects]
         parts += [Outcome.USAGE for _ in self.errors]
         if self.stopped is not None:
             parts.append(self.stopped)
@@ -135,12 +137,24 @@ class FuzzRun:
 
     @property
     def status(self) -> str:
-        """The run's one-word state, first in every report of it."""
+        """The run's state in a word or two, first in every report of it."""
         if self.stopped is Outcome.INTERRUPTED:
             return "INTERRUPTED"
         if self.stopped is not None:
             return "INCOMPLETE"
+        if self.reductions:
+            return "REDUCED SCOPE"
         return "COMPLETE"
+
+    @property
+    def reductions(self) -> list[str]:
+        """What each subject's tree lacks against the release it claims to be."""
+        return [s.result.scope_reduction for s in self.subjects if s.result.scope_reduction]
+
+    @property
+    def why(self) -> str:
+        """Why the run is not COMPLETE, in words ("" when it is)."""
+        return "; ".join(filter(None, [self.stopped_why, *self.reductions]))
 
 
 def _launch(subject):
@@ -248,8 +262,10 @@ def _say_result(entry: SubjectRun, say: Say, in_parallel: str) -> None:
     rate = result.cases / result.seconds if result.seconds else 0.0
     restarts = (f"; {len(result.restarts)} worker restart(s) the retry did not reproduce (the machine's, "
                 f"not vLLM's): {result.restarts[0]}" if result.restarts else "")
+    if finding is None and result.stopped is None and result.scope_reduction:
+        say(f"{result.subject['label']}: REDUCED SCOPE: {result.scope_reduction}")
     if finding is None and result.stopped is None:
-        say(f"{result.subject['label']}: no discrepancy in {result.cases} differential cases "
+        say(f"{result.subject['label']}: {result.verdict} in {result.cases} differential cases "
             f"({result.examples} Hypothesis examples, {result.calls} cache_blocks calls, "
             f"{result.seconds:.1f} s, {rate:.0f} cases/s{in_parallel}){restarts}")
     elif finding is None:
@@ -314,8 +330,10 @@ def _symbolic_cell(subject, operator, version: str, model: str) -> dict[str, Any
 
 
 def kill_matrix(version: str, max_examples: int, seed: int, names: list[str] | None = None,
-                symbolic: bool = False, say: Say = _print) -> list[dict[str, Any]]:
-    """Every mutant of ``version`` (or the named ones) against every technique."""
+                symbolic: bool = False, say: Say = _print,
+                on_row: Callable[[list[dict[str, Any]]], None] = lambda rows: None) -> list[dict[str, Any]]:
+    """Every mutant of ``version`` (or the named ones) against every technique;
+    ``on_row`` gets the rows so far after each one."""
     from kvspec.diff_tests.exhaustive import Scope, exhaust
     from kvspec.diff_tests.fuzz import fuzz_subject
     from kvspec.subjects.mutation import ALL_MUTANTS
@@ -344,6 +362,7 @@ def kill_matrix(version: str, max_examples: int, seed: int, names: list[str] | N
                 raise
             row.update(status="error", error=str(exc))
             rows.append(row)
+            on_row(rows)
             say(f"  {operator.name}: ERROR {exc}")
             continue
         killed = result.failure is not None
@@ -368,6 +387,7 @@ def kill_matrix(version: str, max_examples: int, seed: int, names: list[str] | N
         elif symbolic:
             row.update(_symbolic_cell(subject, operator, version, row["model"]))
         rows.append(row)
+        on_row(rows)
         say(f"  {operator.name}: {row['status']}" + (f", symbolic {row['symbolic']}" if symbolic else ""))
     return rows
 

@@ -13,7 +13,7 @@ import argparse
 import json
 import random
 
-from kvspec.arguments import add_run_arguments, check_writable, positive_seconds, writable
+from kvspec.arguments import add_budget_arguments, add_run_arguments, budget, check_writable, writable
 from kvspec.model.about import NEWEST_VALIDATED
 from kvspec.model.errors import UsageError
 from kvspec.model.outcome import Outcome, worst
@@ -32,8 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vllm-src", metavar="PATH",
                         help="a vLLM tree to check instead, e.g. the PR's checkout in CI")
     add_run_arguments(parser, max_examples=1000)
-    parser.add_argument("--timeout", type=positive_seconds, default=20.0, metavar="SECONDS",
-                        help="per solver query (default 20)")
+    add_budget_arguments(parser)
     parser.add_argument("--out", metavar="DIR",
                         help="write prove.json, fuzz.json and report.md (Markdown) there, for CI")
     parser.add_argument("--quiet", action="store_true")
@@ -63,11 +62,11 @@ def run(args: argparse.Namespace) -> Outcome:
 
     print(f"== 1/2  kvspec prove: the theorem catalog over unbounded integers, and {label}'s "
           "own registration code symbolically", flush=True)
-    proved = usecases.prove(timeout_s=args.timeout)
+    proved = usecases.prove(budget=budget(args))
     counts = summary(proved.results)
     print(f"{counts['theorems']} theorems: {counts['proved']} proved, {counts['refuted']} refuted, "
           f"{counts['unknown']} unknown; {counts['unexpected']} not as expected", flush=True)
-    verdicts = usecases.real_code([subject], timeout_s=args.timeout * 3)
+    verdicts = usecases.real_code([subject], timeout_s=args.symbolic_timeout)
     if out is not None:
         known = {r.name: r for r in proved.results}
         findings = [f for f in (theorem_finding(r, versions(), known) for r in proved.results) if f]

@@ -82,10 +82,14 @@ def fuzz_and_write(named, args, *, markdown: str | None, verify_test: bool, look
     fuzz_run = usecases.FuzzRun(settings, [s.label for s in named])
     try:
         usecases.fuzz(named, settings, findings_dir, run=fuzz_run, on_update=record, started=STARTED)
+    except KeyboardInterrupt:
+        # Recorded as INTERRUPTED; a finding made before still decides the exit code.
+        fuzz_run.stopped = fuzz_run.stopped or Outcome.INTERRUPTED
+        fuzz_run.stopped_why = fuzz_run.stopped_why or "interrupted"
     finally:
         record(fuzz_run)
         if os.environ.get("GITHUB_STEP_SUMMARY"):
             append_step_summary(render_markdown(fuzz_run))
     if fuzz_run.status != "COMPLETE":
-        print(f"kvspec fuzz: {fuzz_run.status}: {fuzz_run.stopped_why}", flush=True)
+        print(f"kvspec fuzz: {fuzz_run.status}: {fuzz_run.why}", flush=True)
     return fuzz_run.outcome

@@ -43,7 +43,17 @@ def run(args: argparse.Namespace) -> Outcome:
     ensure_release(args.vllm)  # a release that cannot be provisioned is a setup error now
     print(f"kvspec mutants: vLLM {args.vllm}, seed {args.seed}, up to {args.max_examples} examples each")
     started = time.perf_counter()
-    rows = usecases.kill_matrix(args.vllm, args.max_examples, args.seed, args.mutant, symbolic=args.symbolic)
+
+    def record(rows, status: str = "INCOMPLETE") -> None:
+        if json_path is not None:
+            write_text(json_path, json.dumps(
+                {"schema": SCHEMAS["mutants"], "status": status, "vllm": args.vllm, "seed": args.seed,
+                 "max_examples": args.max_examples, "seconds": round(time.perf_counter() - started, 2),
+                 "mutants": rows}, indent=2, sort_keys=True))
+
+    rows = usecases.kill_matrix(args.vllm, args.max_examples, args.seed, args.mutant, symbolic=args.symbolic,
+                                on_row=record)
+    record(rows, "COMPLETE")
     total = time.perf_counter() - started
     print(render_matrix(rows))
     killed = sum(r["status"] == "killed" for r in rows)
@@ -52,11 +62,6 @@ def run(args: argparse.Namespace) -> Outcome:
     print(f"\n{killed}/{len(rows)} killed, {len(survived)} survived, "
           f"{sum(r['status'] == 'equivalent' for r in rows)} equivalent, {len(errors)} errors; "
           f"{total:.1f} s in all")
-    if json_path is not None:
-        write_text(json_path, json.dumps(
-            {"schema": SCHEMAS["mutants"], "vllm": args.vllm, "seed": args.seed,
-             "max_examples": args.max_examples, "seconds": round(total, 2), "mutants": rows},
-            indent=2, sort_keys=True))
     if survived:
         return Outcome.FINDING
     return Outcome.USAGE if errors else Outcome.OK

@@ -25,7 +25,7 @@ def fuzz_document(run) -> dict[str, Any]:
         "versions": versions(),
         "status": run.status,
         "outcome": run.outcome.name,
-        "stopped": run.stopped_why or None,
+        "stopped": run.why or None,
         "planned_subjects": list(run.planned),
         "settings": run.settings.as_dict(),
         "subjects": [{**s.result.as_dict(), "finding": None if s.finding is None else s.finding.to_dict()}
@@ -47,8 +47,7 @@ def verdict_line(run) -> str:
         verdict = "no discrepancy found so far"
     if run.status != "COMPLETE":
         done = len(run.subjects) + len(run.errors)
-        verdict = (f"{run.status} ({run.stopped_why}; {done} of {len(run.planned)} subjects covered): "
-                   + verdict)
+        verdict = f"{run.status} ({run.why}; {done} of {len(run.planned)} subjects covered): " + verdict
     return verdict
 
 
