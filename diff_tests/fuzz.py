@@ -50,9 +50,23 @@ class FuzzResult:
     # not fuzzed ("" when the scope is whole).
     scope_reduction: str = ""
 
+    units = "cases"  # what `cases` counts, in a progress or rate line
+
+    @property
+    def differential(self) -> str:
+        return "lookup" if self.lookup else "registration"
+
     @property
     def examples(self) -> int:
         return self.tally.examples
+
+    def coverage(self) -> str:
+        """What the run exercised, in words."""
+        return (f"{self.cases} differential cases ({self.examples} Hypothesis examples, {self.calls} "
+                f"cache_blocks calls{f', {self.tally.lookups} later-request lookups' if self.lookup else ''})")
+
+    def first_failure(self) -> str:
+        return f"{self.cases_to_first_failure} cases"
 
     @property
     def cases(self) -> int:
@@ -98,6 +112,7 @@ class FuzzResult:
             "failure": None if self.failure is None else self.failure.as_dict(),
             "jobs": self.jobs,
             "lookup": self.lookup,
+            "differential": self.differential,
             "other_failures": [f.as_dict() for f in self.other_failures],
             "worker_restarts": list(self.restarts),
             "scope_reduction": self.scope_reduction or None,

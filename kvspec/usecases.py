@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import attrs
 
-from kvspec.model.errors import KvspecError
+from kvspec.model.errors import KvspecError, UsageError
 from kvspec.model.outcome import Outcome, worst
 
 __all__ = ["hitrate_row", "compare_with_reference", "mtp_model_side", "mtp_subject_side", "FuzzSettings", "SubjectRun", "FuzzRun", "fuzz", "ProveRun", "prove", "real_code",
@@ -93,28 +93,48 @@ def real_code(subjects: list, *, timeout_s: float = 60.0, say: Say = _print) -> 
 
 # -- fuzzing --------------------------------------------------------------------
 
+# The differentials, in the order a run takes them: "registration" compares
+# each request's cache_blocks bounds on a fresh manager; "lookup" does that
+# and follows each request with a later one that looks up (the hit-length
+# differential); "stateful" drives one manager through many requests and
+# checks its state after every operation (diff_tests.stateful).
+DIFFERENTIALS = ("registration", "lookup", "stateful")
+ALL_DIFFERENTIALS = ("lookup", "stateful")  # lookup includes registration
+
+
 @attrs.frozen
 class FuzzSettings:
     max_examples: int = 2000
     seed: int = 0
     database: str = ""
     jobs: int = 1
-    lookup: bool = False
+    differentials: tuple[str, ...] = ("registration",)
     verify_test: bool = True
     progress: bool = False  # progress lines on stderr
 
+    def __attrs_post_init__(self) -> None:
+        unknown = set(self.differentials) - set(DIFFERENTIALS)
+        if unknown or not self.differentials:
+            raise UsageError(f"unknown differential {sorted(unknown)}; known: {', '.join(DIFFERENTIALS)}")
+
+    @property
+    def lookup(self) -> bool:
+        return "lookup" in self.differentials
+
     def as_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "max_examples": self.max_examples, "lookup": self.lookup,
-                "jobs": self.jobs}
+                "differentials": list(self.differentials), "jobs": self.jobs}
 
 
 @attrs.define
 class SubjectRun:
-    """One subject's result and its completed finding (None: no discrepancy)."""
+    """One differential's result on one subject, and its completed finding
+    (None: no discrepancy)."""
 
-    result: Any  # diff_tests.fuzz.FuzzResult
+    result: Any  # diff_tests.fuzz.FuzzResult or diff_tests.stateful.StatefulResult
     finding: Any = None  # model.finding.Finding
     finding_path: Path | None = None
+    differential: str = "registration"
 
 
 @attrs.define
@@ -180,7 +200,6 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
     from kvspec.diff_tests.database import example_database
     from kvspec.diff_tests.parallel import fuzz_parallel
     from kvspec.model.about import versions
-    from kvspec.report.completion import complete_finding, store_raw_finding
 
     started = time.perf_counter() if started is None else started
     run = FuzzRun(settings, [subject.label for subject in subjects]) if run is None else run
@@ -188,46 +207,55 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
     # Built once, before any worker starts: a server that cannot be reached
     # is a setup error now.  Parallel jobs open it again from its location.
     database = example_database(settings.database)
-    launched = {0: _launch(subjects[0])} if subjects and jobs == 1 else {}
+    in_process = jobs == 1 or "stateful" in settings.differentials
+    launched = {0: _launch(subjects[0])} if subjects and in_process else {}
     current = None
     try:
         for index, subject in enumerate(subjects):
             current = subject.label
             in_parallel = f", {jobs} jobs" if jobs > 1 else ""
             say(f"{subject.label}: starting (seed {settings.seed}, up to {settings.max_examples} "
-                f"examples{in_parallel})")
+                f"examples{in_parallel}; {', '.join(settings.differentials)})")
+            proc = None
             try:
-                if jobs > 1:
-                    result = fuzz_parallel(subject, jobs, settings.max_examples, settings.seed,
-                                           settings.database, lookup=settings.lookup)
-                    proc = _launch(subject) if result.failure is not None else None
-                else:
-                    proc = launched.pop(index)
-                    result = None
+                proc = launched.pop(index, None)
                 if isinstance(proc, Exception):
                     raise proc
                 if proc is not None:
                     proc.ready()
-                try:
-                    if jobs == 1 and index + 1 < len(subjects):
-                        launched[index + 1] = _launch(subjects[index + 1])
-                    if result is None:
-                        result = _fuzz_one(proc, subject.label, settings, database, started, say)
-                    entry = SubjectRun(result)
+                if in_process and index + 1 < len(subjects):
+                    launched[index + 1] = _launch(subjects[index + 1])
+                for differential in settings.differentials:
+                    if differential != "stateful" and jobs > 1:
+                        result = fuzz_parallel(subject, jobs, settings.max_examples, settings.seed,
+                                               settings.database, lookup=differential == "lookup")
+                        if result.failure is not None and proc is None:
+                            proc = _launch(subject)
+                            if isinstance(proc, Exception):
+                                raise proc
+                            proc.ready()
+                    elif differential == "stateful":
+                        result = _fuzz_stateful_one(proc, subject.label, settings, database, started, say)
+                    else:
+                        result = _fuzz_one(proc, subject.label, settings, database, started, say,
+                                           lookup=differential == "lookup")
+                    entry = SubjectRun(result, differential=differential)
                     if result.failure is not None and result.stopped is None:
-                        say(f"{subject.label}: DISCREPANCY ({result.failure.category.value}) after "
-                            f"{result.cases_to_first_failure} cases ({result.seconds_to_first_failure:.2f} s "
-                            f"into fuzzing); run with shrinking {result.seconds:.1f} s; explaining, "
-                            "sweeping and emitting a regression test")
-                        entry.finding, entry.finding_path = complete_finding(
-                            proc, result, findings_dir, versions(), verify=settings.verify_test)
+                        say(f"{subject.label}: DISCREPANCY ({result.failure.category.value}, {differential} "
+                            f"differential) after {result.first_failure()} ({result.seconds_to_first_failure:.2f} s "
+                            f"into fuzzing); run with shrinking {result.seconds:.1f} s; completing the finding")
+                        entry.finding, entry.finding_path = _complete(proc, result, differential, findings_dir,
+                                                                      versions(), settings.verify_test)
                     elif result.failure is not None:  # stopped mid-run: keep what was found, as found
-                        entry.finding, entry.finding_path = store_raw_finding(result, findings_dir, versions())
+                        entry.finding, entry.finding_path = _store_raw(result, differential, findings_dir,
+                                                                       versions())
                     run.subjects.append(entry)
                     on_update(run)
-                finally:
-                    if proc is not None:
-                        proc.close()
+                    _say_result(entry, say, in_parallel if differential != "stateful" else "")
+                    if result.stopped is not None:
+                        run.stopped, run.stopped_why = result.stopped, result.stopped_why
+                        on_update(run)
+                        break
             except KvspecError as exc:
                 if exc.outcome is not Outcome.USAGE:
                     raise
@@ -235,10 +263,10 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
                 say(f"{subject.label}: ERROR {exc}")
                 on_update(run)
                 continue
-            _say_result(run.subjects[-1], say, in_parallel)
-            if result.stopped is not None:
-                run.stopped, run.stopped_why = result.stopped, result.stopped_why
-                on_update(run)
+            finally:
+                if proc is not None and not isinstance(proc, Exception):
+                    proc.close()
+            if run.stopped is not None:
                 break
     except KeyboardInterrupt:
         run.stopped, run.stopped_why = Outcome.INTERRUPTED, f"interrupted while fuzzing {current}"
@@ -255,30 +283,53 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
     return run
 
 
+def _complete(proc, result, differential: str, findings_dir: Path, versions: dict[str, str], verify: bool):
+    if differential == "stateful":
+        from kvspec.report.stateful import complete_stateful_finding
+
+        return complete_stateful_finding(proc, result, findings_dir, versions)
+    from kvspec.report.completion import complete_finding
+
+    return complete_finding(proc, result, findings_dir, versions, verify=verify)
+
+
+def _store_raw(result, differential: str, findings_dir: Path, versions: dict[str, str]):
+    if differential == "stateful":
+        from kvspec.report.stateful import store_raw_stateful_finding
+
+        return store_raw_stateful_finding(result, findings_dir, versions)
+    from kvspec.report.completion import store_raw_finding
+
+    return store_raw_finding(result, findings_dir, versions)
+
+
 def _say_result(entry: SubjectRun, say: Say, in_parallel: str) -> None:
     from kvspec.report.finding import render_text
 
     result, finding = entry.result, entry.finding
+    label = f"{result.subject['label']} [{entry.differential}]"
     rate = result.cases / result.seconds if result.seconds else 0.0
     restarts = (f"; {len(result.restarts)} worker restart(s) the retry did not reproduce (the machine's, "
                 f"not vLLM's): {result.restarts[0]}" if result.restarts else "")
     if finding is None and result.stopped is None and result.scope_reduction:
-        say(f"{result.subject['label']}: REDUCED SCOPE: {result.scope_reduction}")
+        say(f"{label}: REDUCED SCOPE: {result.scope_reduction}")
     if finding is None and result.stopped is None:
-        say(f"{result.subject['label']}: {result.verdict} in {result.cases} differential cases "
-            f"({result.examples} Hypothesis examples, {result.calls} cache_blocks calls, "
-            f"{result.seconds:.1f} s, {rate:.0f} cases/s{in_parallel}){restarts}")
+        say(f"{label}: {result.verdict} in {result.coverage()} ({result.seconds:.1f} s, "
+            f"{rate:.0f} {result.units}/s{in_parallel}){restarts}")
+        if entry.differential == "stateful":
+            say(f"  scope: {result.scope()}")
     elif finding is None:
-        say(f"{result.subject['label']}: STOPPED after {result.cases} cases: {result.stopped_why}")
+        say(f"{label}: STOPPED after {result.cases} {result.units}: {result.stopped_why}")
     else:
         say(render_text(finding))
         say(f"  stored: {entry.finding_path}")
-        if result.other_failures:
+        if getattr(result, "other_failures", ()):
             say(f"  {len(result.other_failures)} other distinct failure(s) found by other jobs: "
                 + "; ".join(f.case.describe() for f in result.other_failures))
 
 
-def _fuzz_one(proc, label: str, settings: FuzzSettings, database, started: float, say: Say):
+def _fuzz_one(proc, label: str, settings: FuzzSettings, database, started: float, say: Say, *,
+              lookup: bool):
     """One job in this process, with progress lines and the first-counterexample line."""
     import sys
 
@@ -295,7 +346,17 @@ def _fuzz_one(proc, label: str, settings: FuzzSettings, database, started: float
 
     # Failing examples from earlier runs are replayed first.
     return fuzz_subject(proc, settings.max_examples, settings.seed, database=database, progress=tick,
-                        on_first_failure=first, lookup=settings.lookup)
+                        on_first_failure=first, lookup=lookup)
+
+
+def _fuzz_stateful_one(proc, label: str, settings: FuzzSettings, database, started: float, say: Say):
+    from kvspec.diff_tests.stateful import fuzz_stateful
+
+    def first(result) -> None:
+        say(f"{label}: first broken invariant after {result.programs_to_first_failure} programs, "
+            f"{time.perf_counter() - started:.1f} s after kvspec started; shrinking")
+
+    return fuzz_stateful(proc, settings.max_examples, settings.seed, database=database, on_first_failure=first)
 
 
 # -- mutants --------------------------------------------------------------------

@@ -38,20 +38,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write a Markdown report (also appended to $GITHUB_STEP_SUMMARY when set)")
     parser.add_argument("--no-verify-test", action="store_true",
                         help="do not run the emitted regression test against the subject")
-    parser.add_argument("--lookup", action="store_true",
-                        help="follow every request with a later one that looks up (get_computed_blocks) and "
-                             "check its hit too: the hit-length differential")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--lookup", action="store_true",
+                       help="follow every request with a later one that looks up (get_computed_blocks) and "
+                            "check its hit too: the hit-length differential")
+    which.add_argument("--stateful", action="store_true",
+                       help="the stateful differential alone: one manager driven through many requests "
+                            "(shared prefixes, chunks, drafts, preemption, resets, evictions, a small pool), "
+                            "its state checked after every operation; --max-examples counts programs")
+    which.add_argument("--all", action="store_true", dest="all_differentials",
+                       help="every differential: registration with lookups, then stateful")
 
 
 def run(args: argparse.Namespace) -> Outcome:
     named = subjects(args, mutants=True)
     if not named:
         raise UsageError("name a subject: --vllm VERSION, --vllm-src PATH or --current")
+    from kvspec.usecases import ALL_DIFFERENTIALS
+
+    if args.all_differentials:
+        differentials = ALL_DIFFERENTIALS
+    elif args.stateful:
+        differentials = ("stateful",)
+    else:
+        differentials = ("lookup",) if args.lookup else ("registration",)
     return fuzz_and_write(named, args, markdown=args.markdown, verify_test=not args.no_verify_test,
-                          lookup=args.lookup)
+                          differentials=differentials)
 
 
-def fuzz_and_write(named, args, *, markdown: str | None, verify_test: bool, lookup: bool) -> Outcome:
+def fuzz_and_write(named, args, *, markdown: str | None, verify_test: bool,
+                   differentials: tuple[str, ...]) -> Outcome:
     """Check every output and the database first, then fuzz, writing the
     JSON and Markdown after each subject and once more at the end."""
     from kvspec import usecases
@@ -68,7 +84,7 @@ def fuzz_and_write(named, args, *, markdown: str | None, verify_test: bool, look
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     print(f"kvspec fuzz: seed {seed} (rerun with --seed {seed})", flush=True)
     settings = usecases.FuzzSettings(max_examples=args.max_examples, seed=seed, database=args.database,
-                                     jobs=args.jobs, lookup=lookup, verify_test=verify_test,
+                                     jobs=args.jobs, differentials=differentials, verify_test=verify_test,
                                      progress=sys.stderr.isatty())
 
     def record(fuzz_run) -> None:
