@@ -176,7 +176,9 @@ def geometries(draw, capabilities: Capabilities) -> Program:
     if any(g.kind is GroupKind.SLIDING_WINDOW for g in config.groups) and draw(st.booleans()):
         # A multiple of the scheduler block, as vLLM requires.
         retention = config.scheduler_block_size * draw(st.integers(1, 4))
-    return Program(config, num_blocks, MAX_MODEL_LEN, (), retention)
+    # Most deployments keep vLLM's default full-prompt admission gate.
+    reserve = draw(st.sampled_from((True, True, False)))
+    return Program(config, num_blocks, MAX_MODEL_LEN, (), retention, reserve_full_sequence=reserve)
 
 
 def _prompt(family: int, shared: int, suffix: int, seed: int) -> list[int]:
@@ -185,10 +187,13 @@ def _prompt(family: int, shared: int, suffix: int, seed: int) -> list[int]:
     return [family * 1000 + i for i in range(shared)] + [50_000 + rng.randrange(1000) for _ in range(suffix)]
 
 
-def state_machine(proc: SubjectProcess, on_program: Callable[["StatefulMachine"], None],
-                  on_violation: Callable[[Failure], None]) -> type[RuleBasedStateMachine]:
-    """The rule-based machine bound to one live subject."""
-    caps = proc.capabilities
+def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
+                  on_program: Callable[..., None] = lambda machine, refused=None: None,
+                  on_violation: Callable[[Failure], None] = lambda failure: None) -> type[RuleBasedStateMachine]:
+    """The rule-based machine bound to one live subject, or to a function
+    that gives it on first use (the shipped pytest test: no worker starts
+    while tests are collected)."""
+    live = subject if callable(subject) else (lambda: subject)
     drafts_possible = st.integers(0, 3)
 
     class StatefulMachine(RuleBasedStateMachine):
@@ -202,12 +207,14 @@ def state_machine(proc: SubjectProcess, on_program: Callable[["StatefulMachine"]
             self.serial = 0
             self.has_eagle = False
             self.can_evict = False
+            self.proc: SubjectProcess | None = None
             self.lookups = self.hits = self.preemptions = self.evictions = self.resets = 0
             self.failed = False
             self.last_reset = 0
 
-        @initialize(geometry=geometries(caps))
+        @initialize(geometry=st.deferred(lambda: geometries(live().capabilities)))
         def open(self, geometry: Program) -> None:
+            proc = self.proc = live()
             try:
                 opened = proc.session({"op": "open_machine", "case": geometry.machine_case()})
             except KvspecError as error:
@@ -226,7 +233,7 @@ def state_machine(proc: SubjectProcess, on_program: Callable[["StatefulMachine"]
                 raise _Abort(InfrastructureError(
                     f"asked for retention interval {geometry.retention_interval}, the manager took "
                     f"{opened.get('retention_interval')} (a kvspec bug)"))
-            self.oracle = StateOracle(geometry, caps, opened)
+            self.oracle = StateOracle(geometry, proc.capabilities, opened)
             self.has_eagle = any(g.eagle for g in geometry.config.groups)
             self.can_evict = bool(opened.get("operations", {}).get("evict"))
             on_program(self)
@@ -241,7 +248,7 @@ def state_machine(proc: SubjectProcess, on_program: Callable[["StatefulMachine"]
             assert self.program is not None and self.oracle is not None
             self.program = self.program.with_ops((*self.program.ops, op))
             try:
-                reply = proc.session({"op": "machine_ops", "ops": [op]})
+                reply = self.proc.session({"op": "machine_ops", "ops": [op]})
             except KvspecError as error:  # the worker, not vLLM: no input is to blame
                 raise _Abort(error) from error
             if reply.get("kvspec_error"):
@@ -349,9 +356,11 @@ def fuzz_stateful(
     steps: int = STEPS_PER_PROGRAM,
     stop_at_first: bool = False,
     on_first_failure: Callable[[StatefulResult], None] | None = None,
+    keep_programs: list[Program] | None = None,
 ) -> StatefulResult:
     """Drive ``max_examples`` programs through one live subject; the returned
-    failure is Hypothesis's shrunk minimum."""
+    failure is Hypothesis's shrunk minimum.  ``keep_programs``, when given,
+    receives every program run (the benchmark replays them unchecked)."""
     caps = proc.capabilities
     result = StatefulResult(subject=proc.describe(), capabilities=caps, seed=seed,
                             scope_reduction=proc.scope_reduction)
@@ -379,7 +388,6 @@ def fuzz_stateful(
         failures.append(failure)
 
     machine_class = state_machine(proc, on_program, on_violation)
-    counted: list[Any] = []
 
     class Counted(machine_class):  # type: ignore[valid-type, misc]
         """Adds each finished program's counts to the tally."""
@@ -388,7 +396,8 @@ def fuzz_stateful(
             try:
                 super().teardown()
             finally:
-                counted.append(self)
+                if keep_programs is not None and self.program is not None:
+                    keep_programs.append(self.program)
                 t = result.tally
                 t.operations += len(self.program.ops) if self.program is not None else 0
                 t.schedules += sum(op["do"] == "schedule" for op in self.program.ops) if self.program else 0

@@ -391,14 +391,17 @@ def _symbolic_cell(subject, operator, version: str, model: str) -> dict[str, Any
 
 
 def kill_matrix(version: str, max_examples: int, seed: int, names: list[str] | None = None,
-                symbolic: bool = False, say: Say = _print,
+                symbolic: bool = False, every_technique: bool = False, say: Say = _print,
                 on_row: Callable[[list[dict[str, Any]]], None] = lambda rows: None) -> list[dict[str, Any]]:
-    """Every mutant of ``version`` (or the named ones) against every technique;
-    ``on_row`` gets the rows so far after each one."""
+    """Every mutant of ``version`` (or the named ones) against every technique
+    (the stateful differential on state-side mutants only, unless
+    ``every_technique``); ``on_row`` gets the rows so far after each one."""
     from kvspec.diff_tests.exhaustive import Scope, exhaust
     from kvspec.diff_tests.fuzz import fuzz_subject
-    from kvspec.subjects.mutation import ALL_MUTANTS
+    from kvspec.diff_tests.stateful import fuzz_stateful
+    from kvspec.subjects.mutation import ALL_MUTANTS, MutationTargetNotFound
     from kvspec.subjects.process import SubjectProcess
+    from kvspec.subjects.provision import ensure_release
     from kvspec.subjects.subject import mutant_subject
 
     exhaustive_scope = Scope(max_groups=2)
@@ -406,18 +409,32 @@ def kill_matrix(version: str, max_examples: int, seed: int, names: list[str] | N
     for operator in ALL_MUTANTS:
         if names and operator.name not in names:
             continue
-        lookup = operator.side == "lookup"
-        # A lookup-side mutant has no registration variant to prove: the model
-        # column says so, and only the hit-length differential can kill it.
+        # A registration-side mutant is fuzzed by the registration differential;
+        # a lookup- or state-side one by the hit-length differential (which
+        # checks registration too); every mutant then by the stateful one.
+        lookup = operator.side != "registration"
+        model = {"lookup": "lookup side", "state": "state side"}.get(operator.side)
         row: dict[str, Any] = {"mutant": operator.name, "models_variant": operator.models_variant,
                                "summary": operator.summary, "side": operator.side,
-                               "model": "lookup side" if lookup else _model_verdict(operator.models_variant)}
+                               "model": model or _model_verdict(operator.models_variant)}
         started = time.perf_counter()
         subject = mutant_subject(version, operator.name)
         try:
+            operator.apply((ensure_release(version) / operator.target_file).read_text(encoding="utf-8"))
+        except MutationTargetNotFound as exc:
+            # The release lacks the code the operator rewrites (often: it already has that shape).
+            row.update(status="not applicable", error=str(exc))
+            rows.append(row)
+            on_row(rows)
+            say(f"  {operator.name}: not applicable to {version}: {exc}")
+            continue
+        try:
             with SubjectProcess(subject) as proc:
                 result = fuzz_subject(proc, max_examples, seed, stop_at_first=True, lookup=lookup)
-                swept = None if lookup else exhaust([proc], exhaustive_scope)
+                stateful = None
+                if every_technique or operator.side == "state":
+                    stateful = fuzz_stateful(proc, max_examples, seed, stop_at_first=True)
+                swept = None if operator.side != "registration" else exhaust([proc], exhaustive_scope)
         except KvspecError as exc:
             if exc.outcome is not Outcome.USAGE:
                 raise
@@ -427,29 +444,39 @@ def kill_matrix(version: str, max_examples: int, seed: int, names: list[str] | N
             say(f"  {operator.name}: ERROR {exc}")
             continue
         killed = result.failure is not None
+        killed_stateful = stateful is not None and stateful.failure is not None
+        survived = "equivalent" if row["model"] == "equivalent" else "survived"
         row.update(
-            status="killed" if killed else ("equivalent" if row["model"] == "equivalent" else "survived"),
+            status="killed" if killed or killed_stateful else survived,
+            differential="lookup" if lookup else "registration",
+            fuzz="killed" if killed else survived,
             cases_to_kill=result.cases_to_first_failure,
             seconds_to_kill=result.seconds_to_first_failure,
             cases=result.cases,
-            wall_seconds=round(time.perf_counter() - started, 2),
             category=result.failure.category.value if killed else None,
             example=result.failure.case.describe() if killed else None,
+            stateful="not run" if stateful is None else "killed" if killed_stateful else survived,
+            programs_to_kill=stateful and stateful.programs_to_first_failure,
+            stateful_seconds_to_kill=None if stateful is None or stateful.seconds_to_first_failure is None
+            else round(stateful.seconds_to_first_failure, 2),
+            stateful_category=stateful.failure.category.value if killed_stateful else None,
+            stateful_example=stateful.failure.case.describe() if killed_stateful else None,
+            wall_seconds=round(time.perf_counter() - started, 2),
         )
         if swept is None:  # the exhaustive scope and the symbolic leg check registration only
             row.update(exhaustive="n/a", exhaustive_failing="", exhaustive_seconds="")
         else:
-            row.update(exhaustive="killed" if swept["failing_cases"] else (
-                           "equivalent" if row["model"] == "equivalent" else "survived"),
+            row.update(exhaustive="killed" if swept["failing_cases"] else survived,
                        exhaustive_failing=f"{swept['failing_cases']}/{swept['cases']}",
                        exhaustive_seconds=swept["seconds"])
-        if symbolic and lookup:
+        if symbolic and operator.side != "registration":
             row.update(symbolic="n/a", symbolic_seconds="")
         elif symbolic:
             row.update(_symbolic_cell(subject, operator, version, row["model"]))
         rows.append(row)
         on_row(rows)
-        say(f"  {operator.name}: {row['status']}" + (f", symbolic {row['symbolic']}" if symbolic else ""))
+        say(f"  {operator.name}: {row['status']} (fuzz {row['fuzz']}, stateful {row['stateful']})"
+            + (f", symbolic {row['symbolic']}" if symbolic else ""))
     return rows
 
 
@@ -463,9 +490,10 @@ def _fuzz_fields(result) -> dict[str, Any]:
 
 
 def history_row(version: str, max_examples: int, seed: int, symbolic: bool) -> dict[str, Any]:
-    """The registration and lookup differentials (and, with ``symbolic``, the
-    release's own code) on one release."""
+    """The registration, lookup and stateful differentials (and, with
+    ``symbolic``, the release's own code) on one release."""
     from kvspec.diff_tests.fuzz import fuzz_subject
+    from kvspec.diff_tests.stateful import fuzz_stateful
     from kvspec.subjects.process import SubjectProcess
     from kvspec.subjects.subject import SubjectUnsupported, release
 
@@ -475,8 +503,9 @@ def history_row(version: str, max_examples: int, seed: int, symbolic: bool) -> d
         with SubjectProcess(subject) as proc:
             caps = proc.capabilities
             result = fuzz_subject(proc, max_examples, seed)
-            # The same worker then answers the hit-length differential.
+            # The same worker then answers the hit-length and stateful differentials.
             lookup = fuzz_subject(proc, max_examples, seed, lookup=True)
+            stateful = fuzz_stateful(proc, max_examples, seed)
     except SubjectUnsupported as exc:
         return {**row, "status": "unsupported", "detail": str(exc)}
     except KvspecError as exc:
@@ -484,9 +513,12 @@ def history_row(version: str, max_examples: int, seed: int, symbolic: bool) -> d
             raise
         return {**row, "status": "error", "detail": str(exc)}
     row.update(
-        status="discrepancy" if result.failure or lookup.failure else "conforms",
+        status="discrepancy" if result.failure or lookup.failure or stateful.failure else "conforms",
         capabilities=caps.as_dict(), rule=caps.rule_text(), **_fuzz_fields(result),
         lookup={"status": "discrepancy" if lookup.failure else "conforms", **_fuzz_fields(lookup)},
+        stateful={"status": "discrepancy" if stateful.failure else "conforms", **_fuzz_fields(stateful),
+                  "operations": stateful.tally.operations, "scope": stateful.scope(),
+                  "outcome": stateful.outcome.name},
     )
     if symbolic:
         from kvspec.subjects.symbolic import symbolic_check

@@ -51,6 +51,9 @@ class Program:
     ops: tuple[dict[str, Any], ...] = attrs.field(default=(), converter=_ops)
     retention_interval: int | None = None  # None: dense caching (the release's default)
     num_hash_lookahead_tokens: int = 0
+    # vLLM's --scheduler-reserve-full-isl (on by default in every supported release): a waiting
+    # request is admitted only if its whole prompt would fit.
+    reserve_full_sequence: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
 
     def __attrs_post_init__(self) -> None:
         for name in ("num_blocks", "max_model_len"):
@@ -69,6 +72,7 @@ class Program:
             "dcp_world_size": c.dcp_world_size, "max_model_len": self.max_model_len,
             "num_blocks": self.num_blocks, "retention_interval": self.retention_interval,
             "num_hash_lookahead_tokens": self.num_hash_lookahead_tokens,
+            "full_sequence_must_fit": self.reserve_full_sequence,
         }
 
     def with_ops(self, ops) -> "Program":
@@ -85,7 +89,8 @@ class Program:
                            "allow_partial_hash_hits": self.config.allow_partial_hash_hits},
                 "num_blocks": self.num_blocks, "max_model_len": self.max_model_len,
                 "retention_interval": self.retention_interval,
-                "num_hash_lookahead_tokens": self.num_hash_lookahead_tokens, "ops": [dict(op) for op in self.ops]}
+                "num_hash_lookahead_tokens": self.num_hash_lookahead_tokens,
+                "reserve_full_sequence": self.reserve_full_sequence, "ops": [dict(op) for op in self.ops]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Program":
@@ -93,12 +98,15 @@ class Program:
             cfg = dict(data["config"])
             cfg["groups"] = tuple(KVCacheGroup(**g) for g in cfg["groups"])
             return cls(CoordinatorConfig(**cfg), data["num_blocks"], data["max_model_len"], data["ops"],
-                       data.get("retention_interval"), data.get("num_hash_lookahead_tokens", 0))
+                       data.get("retention_interval"), data.get("num_hash_lookahead_tokens", 0),
+                       data.get("reserve_full_sequence", True))
         except (TypeError, KeyError, AttributeError) as exc:
             raise InvalidCase(f"not a kvspec program ({type(exc).__name__}: {exc})") from None
 
     def describe(self) -> str:
         retention = "" if self.retention_interval is None else f" retention={self.retention_interval}"
+        if not self.reserve_full_sequence:
+            retention += " --no-scheduler-reserve-full-isl"
         ops = "; ".join(describe_op(op) for op in self.ops)
         return (f"{self.config.describe()} pool={self.num_blocks} blocks{retention} "
                 f"ops=[{ops}]")

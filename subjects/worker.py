@@ -573,12 +573,13 @@ class Machine:
     def _drain(self):
         """What the scheduler does at the end of a step: take the blocks to
         zero, run the copy-on-write copies and release their sources."""
-        handed = list(self.manager.take_new_block_ids()) if hasattr(self.manager, "take_new_block_ids") else []
+        handed = []
         if hasattr(self.manager, "take_new_block_ids"):
-            self.trace.append({"call": "take_new_block_ids", "returned": handed})
+            self.trace.append({"call": "take_new_block_ids"})
+            handed = list(self.manager.take_new_block_ids())
         if hasattr(self.manager, "take_kv_cache_block_copies"):
+            self.trace.append({"call": "take_kv_cache_block_copies"})
             _, retained = self.manager.take_kv_cache_block_copies()
-            self.trace.append({"call": "take_kv_cache_block_copies", "released": bool(retained)})
             if retained:
                 self.pool.free_blocks(retained)
         return handed
@@ -586,11 +587,13 @@ class Machine:
     def _allocate(self, request, num_new, **kwargs):
         params = self.driver.allocate_params
         kwargs = {k: v for k, v in kwargs.items() if k in params}
+        # Traced before the call (a call that raises is the one a test must make).
+        entry = {"call": "allocate_slots", "id": request.request_id, "num_new_tokens": num_new,
+                 "kwargs": {k: ("computed" if k == "new_computed_blocks" else v) for k, v in kwargs.items()},
+                 "allocated": None}
+        self.trace.append(entry)
         out = self.manager.allocate_slots(request, num_new, **kwargs)
-        self.trace.append({"call": "allocate_slots", "id": request.request_id, "num_new_tokens": num_new,
-                           "kwargs": {k: ("computed" if k == "new_computed_blocks" else v)
-                                      for k, v in kwargs.items()},
-                           "allocated": out is not None})
+        entry["allocated"] = out is not None
         return out
 
     def _chunk(self, request, budget, local_computed=0, external=0):
@@ -608,13 +611,15 @@ class Machine:
         local sub-block tail the remote hit supersedes, as the scheduler
         does); then schedule a first chunk."""
         before = self._digest()
+        entry = {"call": "get_computed_blocks", "id": request.request_id, "hit": None}
+        self.trace.append(entry)
         found = self.manager.get_computed_blocks(request)
         after = self._digest()
-        self.trace.append({"call": "get_computed_blocks", "id": request.request_id, "hit": found[1],
-                           "group_blocks": [len(g) for g in getattr(found[0], "blocks", ())]})
+        entry["hit"] = found[1]
         blocks, hit = found[0], found[1]
         if len(found) > 2 and hasattr(request, "shared_prefix_boundary"):
             request.shared_prefix_boundary = found[2]
+            self.trace.append({"call": "set_shared_prefix_boundary", "id": request.request_id})
         lookup = {"request": request.request_id, "hit": hit, "num_tokens": request.num_tokens,
                   "group_blocks": [[b.block_id for b in group] for group in getattr(blocks, "blocks", ())],
                   "before": before, "after": after}
@@ -622,9 +627,9 @@ class Machine:
         if external:
             tail = hit % self.case["scheduler_block_size"]
             if tail and external > tail and hasattr(self.manager, "truncate_computed_blocks"):
-                blocks = self.manager.truncate_computed_blocks(blocks, hit - tail)
                 self.trace.append({"call": "truncate_computed_blocks", "id": request.request_id,
                                    "tokens": hit - tail})
+                blocks = self.manager.truncate_computed_blocks(blocks, hit - tail)
                 hit -= tail
             elif tail:
                 external = 0
@@ -632,8 +637,13 @@ class Machine:
         n = self._chunk(request, budget, hit, external)
         if n <= 0:
             return lookup, 0
+        # As the scheduler admits a waiting request: the full-prompt gate when
+        # --scheduler-reserve-full-isl is on (vLLM's default), the watermark
+        # when others are already scheduled.
         out = self._allocate(request, n, num_new_computed_tokens=hit, new_computed_blocks=blocks,
-                             num_external_computed_tokens=external, num_lookahead_tokens=0)
+                             num_external_computed_tokens=external, num_lookahead_tokens=0,
+                             full_sequence_must_fit=self.case.get("full_sequence_must_fit", True),
+                             has_scheduled_reqs=bool(self.running))
         if out is None:
             return lookup, None
         self._set_computed(request, hit + external + n)
@@ -674,8 +684,8 @@ class Machine:
             self.trace.append({"call": "set_status", "id": request.request_id, "status": name})
 
     def _free(self, request):
-        self.manager.free(request)
         self.trace.append({"call": "free", "id": request.request_id})
+        self.manager.free(request)
 
     def next_token(self):
         self.token += 1
@@ -726,8 +736,8 @@ class Machine:
         then the step's zeroing and copy-on-write work; then rejected drafts
         roll back and accepted tokens are appended."""
         if hasattr(self.manager, "new_step_starts"):
-            self.manager.new_step_starts()
             self.trace.append({"call": "new_step_starts"})
+            self.manager.new_step_starts()
         budget = op.get("budget", self.max_tokens)
         drafts, accepted = op.get("drafts", 0), op.get("accepted", 0)
         scheduled, preempted, lookups, decodes = {}, [], [], []
@@ -781,7 +791,9 @@ class Machine:
             raise BadOperation(f"{op['do']} names request {op.get('id')!r}, which is not running")
         return self.running[op["id"]]
 
-    def apply(self, op):
+    def apply(self, op, observe=True):
+        """Apply one operation; its answer carries the state after it unless
+        ``observe`` is off (the benchmark's unchecked baseline)."""
         kind = op["do"]
         result, handed = {}, []
         self.trace.append({"call": "op", "op": op})
@@ -802,8 +814,10 @@ class Machine:
         elif kind == "preempt":
             self._preempt(self._target(op))
         elif kind == "reset":
+            entry = {"call": "reset_prefix_cache", "returned": None}
+            self.trace.append(entry)
             result = {"reset": bool(self.manager.reset_prefix_cache())}
-            self.trace.append({"call": "reset_prefix_cache", "returned": result["reset"]})
+            entry["returned"] = result["reset"]
         elif kind == "evict":
             # A failed KV load under the "fail" policy: the named block and every
             # later one of the request lose their hashes, and its computed
@@ -812,15 +826,15 @@ class Machine:
             table = self.groups[0].req_to_blocks.get(op["id"], [])
             start = min(op.get("from_block", 0), len(table))
             ids = {b.block_id for b in table[start:] if not b.is_null}
-            self.manager.evict_blocks(ids)
             self.trace.append({"call": "evict_blocks", "ids": sorted(ids)})
+            self.manager.evict_blocks(ids)
             self._set_computed(request, min(request.num_computed_tokens, start * self.block_sizes[0]))
             result = {"evicted": sorted(ids)}
         else:
             raise BadOperation(f"unknown machine operation {kind!r}")
         running = {rid: r.num_computed_tokens for rid, r in self.running.items()}
         return {"result": result, "handed_for_zeroing": handed, "running": running,
-                "waiting": list(self.waiting), "state": self.snapshot()}
+                "waiting": list(self.waiting), "state": self.snapshot() if observe else None}
 
 
 class Unsupported(Exception):
@@ -926,7 +940,7 @@ def _machine_op(driver, request):
     answers = []
     for index, op in enumerate(request["ops"]):
         try:
-            answers.append(driver.machine.apply(op))
+            answers.append(driver.machine.apply(op, request.get("observe", True)))
         except Unsupported as exc:
             return {"ok": False, "unsupported": True, "error": str(exc), "answers": answers}
         except BadOperation as exc:

@@ -8,20 +8,26 @@ __all__ = ["render_matrix"]
 
 
 def render_matrix(rows: list[dict[str, Any]]) -> str:
-    """One column per technique: the proof (model), fuzzing, the exhaustive
-    two-group scope, and symbolic when run."""
+    """One column per technique: the proof (model), the per-request
+    differential (registration, or lookup for lookup- and state-side
+    mutants), the stateful differential, the exhaustive two-group scope, and
+    symbolic when run; then the mutant's overall status."""
     width = max(len(r["mutant"]) for r in rows)
     symbolic = any("symbolic" in r for r in rows)
     head = (f"{'mutant':<{width}}  {'proof':<14} {'fuzzing':<10} {'cases':>6} {'s to kill':>9}  "
+            f"{'stateful':<10} {'programs':>8} {'s':>5}  "
             f"{'exhaustive':<10} {'failing':>9} {'s':>5}")
     out = [head + (f"  {'symbolic':<14} {'s':>5}" if symbolic else "") + "  category"]
     for r in rows:
         cases = "" if r.get("cases_to_kill") is None else str(r["cases_to_kill"])
         secs = "" if r.get("seconds_to_kill") is None else f"{r['seconds_to_kill']:.2f}"
-        line = (f"{r['mutant']:<{width}}  {r['model']:<14} {r['status']:<10} {cases:>6} {secs:>9}  "
+        programs = "" if r.get("programs_to_kill") is None else str(r["programs_to_kill"])
+        ssecs = "" if r.get("stateful_seconds_to_kill") is None else f"{r['stateful_seconds_to_kill']:.2f}"
+        line = (f"{r['mutant']:<{width}}  {r['model']:<14} {r.get('fuzz', r['status']):<10} {cases:>6} "
+                f"{secs:>9}  {r.get('stateful', ''):<10} {programs:>8} {ssecs:>5}  "
                 f"{r.get('exhaustive', ''):<10} {r.get('exhaustive_failing', ''):>9} "
                 f"{r.get('exhaustive_seconds', ''):>5}")
         if symbolic:
             line += f"  {r.get('symbolic', ''):<14} {r.get('symbolic_seconds', ''):>5}"
-        out.append(line + f"  {r.get('category') or r.get('error') or ''}")
+        out.append(line + f"  {r.get('category') or r.get('stateful_category') or r.get('error') or ''}")
     return "\n".join(out)

@@ -258,6 +258,8 @@ def emit_stateful_test(finding: Finding, trace: list[dict[str, Any]] | None, cap
                 body.append("pool_before = [b.ref_cnt for b in manager.block_pool.blocks] + "
                             "[manager.block_pool.get_num_free_blocks()]")
             body.append(f"found = manager.get_computed_blocks({r})")
+            if entry["hit"] is None:  # vLLM raised here: the call is the test
+                continue
             if last and category in _LOOKUP_CHECKS:
                 body.append(f"request = {r}")
                 body += _LOOKUP_CHECKS[category](sizes, unit, fa)
@@ -268,13 +270,18 @@ def emit_stateful_test(finding: Finding, trace: list[dict[str, Any]] | None, cap
         elif call == "allocate_slots":
             kwargs = ", ".join(f"{k}=found[0]" if v == "computed" else f"{k}={_q(v)}"
                                for k, v in entry["kwargs"].items())
-            expect = "is not None" if entry["allocated"] else "is None"
-            body.append(f"assert manager.allocate_slots({r}, {entry['num_new_tokens']}"
-                        f"{', ' + kwargs if kwargs else ''}) {expect}, \"{DIVERGED_MESSAGE}\"")
+            call_text = f"manager.allocate_slots({r}, {entry['num_new_tokens']}{', ' + kwargs if kwargs else ''})"
+            if entry["allocated"] is None:  # vLLM raised here: the call is the test
+                body.append(call_text)
+            else:
+                expect = "is not None" if entry["allocated"] else "is None"
+                body.append(f"assert {call_text} {expect}, \"{DIVERGED_MESSAGE}\"")
         elif call == "set_computed":
             body.append(f"{r}.num_computed_tokens = {entry['value']}")
         elif call == "append_output":
             body += [f"{r}.append_output_token_ids({t})" for t in entry["tokens"]]
+        elif call == "set_shared_prefix_boundary":
+            body.append(f"{r}.shared_prefix_boundary = found[2]")
         elif call == "set_drafts":
             body.append(f"{r}.spec_token_ids = [7] * {entry['count']}")
         elif call == "set_status":
@@ -290,6 +297,8 @@ def emit_stateful_test(finding: Finding, trace: list[dict[str, Any]] | None, cap
                 body += [f"held_before_reset = any(b.ref_cnt > 0 for b in manager.block_pool.blocks "
                          "if b.block_id != manager.block_pool.null_block.block_id)",
                          "reset_returned = bool(manager.reset_prefix_cache())"]
+            elif entry["returned"] is None:
+                body.append("manager.reset_prefix_cache()")
             else:
                 body.append(f"assert bool(manager.reset_prefix_cache()) is {entry['returned']}, "
                             f"\"{DIVERGED_MESSAGE}\"")
