@@ -19,6 +19,7 @@ import re
 from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis.stateful import run_state_machine_as_test
 
+from kvspec.diff_tests import session
 from kvspec.diff_tests.property import run_batch
 from kvspec.diff_tests.stateful import STEPS_PER_PROGRAM, programs_database_key, state_machine
 from kvspec.diff_tests.strategies import batches, lookup_batches
@@ -61,20 +62,18 @@ def _state_invariant_tests(subject_id: str):
     """The stateful differential for one of the session's subjects, as the
     unittest-style class Hypothesis gives every state machine (no fixtures:
     the subject comes from the plugin, started on first use)."""
-    from kvspec.pytest_plugin import session_subject, session_subject_label
-
     programs: list[int] = []
-    machine = state_machine(lambda: session_subject(subject_id),
+    machine = state_machine(lambda: session.live(subject_id),
                             on_program=lambda m, refused=None: programs.append(refused is None))
     # Keyed apart per subject in the example database, like `kvspec fuzz --stateful`.
-    machine._hypothesis_internal_add_digest = programs_database_key(session_subject_label(subject_id))
+    machine._hypothesis_internal_add_digest = programs_database_key(session.label(subject_id))
 
     class StateInvariants(machine.TestCase):
         """Every model.state invariant after every operation of vLLM's
         KVCacheManager driven as the scheduler drives it."""
 
         def runTest(self):
-            session_subject(subject_id)  # starts the worker and loads the kvspec profile first
+            session.live(subject_id)  # starts the worker and loads the kvspec profile first
             chosen = settings(deadline=None, suppress_health_check=list(HealthCheck),
                               stateful_step_count=STEPS_PER_PROGRAM)
             programs.clear()
@@ -95,9 +94,7 @@ def _test_class_name(subject_id: str) -> str:
 
 
 def _declare_state_invariant_tests() -> None:
-    from kvspec.pytest_plugin import session_subject_ids
-
-    for subject_id in session_subject_ids():
+    for subject_id in session.subject_ids():
         globals()[_test_class_name(subject_id)] = _state_invariant_tests(subject_id)
 
 

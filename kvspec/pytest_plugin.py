@@ -71,15 +71,14 @@ class _State:
 _STATE_KEY = pytest.StashKey[_State]()
 
 
-# The session's config, for tests that cannot take fixtures: the stateful
-# differential's unittest-style TestCase classes (``diff_tests.test_differential``).
-_SESSION: list[pytest.Config] = []
-
-
 def pytest_configure(config: pytest.Config) -> None:
     state = _State(config)
     config.stash[_STATE_KEY] = state
-    _SESSION[:] = [config]
+    # For tests that cannot take fixtures (the stateful differential's classes).
+    from kvspec.diff_tests import session
+
+    session.configure(state.subject_ids, lambda subject_id: _live(config, subject_id),
+                      lambda subject_id: _spec(subject_id).label)
     config.addinivalue_line("markers", "vllm: drives a real vLLM subject (provisioned on first use)")
     if state.profile is not None or state.database is not None:
         # Only on request: a plain pytest run of vLLM's own suite is untouched.
@@ -180,24 +179,6 @@ def _live(config: pytest.Config, subject_id: str):
             # A setup error, stated once: the tests must not pass without a subject.
             pytest.fail(f"kvspec: subject {subject_id}: {exc}", pytrace=False)
     return state.live[subject_id]
-
-
-def session_subject_ids() -> list[str]:
-    """The subjects this session tests (empty outside a pytest session)."""
-    return _SESSION[0].stash[_STATE_KEY].subject_ids if _SESSION else []
-
-
-def session_subject_label(subject_id: str) -> str:
-    """A subject's label, without starting its worker."""
-    return _spec(subject_id).label
-
-
-def session_subject(subject_id: str):
-    """The session's live worker for ``subject_id`` (started on first use,
-    loading the kvspec profile as a fixture would)."""
-    if not _SESSION:
-        raise RuntimeError("kvspec: no pytest session is configured")
-    return _live(_SESSION[0], subject_id)
 
 
 @pytest.fixture(scope="session")
