@@ -1,11 +1,12 @@
 """Completing a fuzz failure into a stored, reviewable finding.
 
-While the subject is still live: explain the failure with the proofs, sweep
-registered-vs-computed tokens for the plot, then -- at the same time, each in
-its own process -- check the subject's registration code symbolically and
-run the emitted regression test where it must fail (the subject) and, for a
-kvspec mutant, where it must pass (the release it was made from); the test
-is also linted with that release's ruff configuration when ruff is
+While the subject is still live: sweep registered-vs-computed tokens for the
+plot and emit the regression test; meanwhile, overlapping that and one
+another, the proofs explain the failure (Z3, in a thread), the subject's
+registration code is checked symbolically and the emitted test runs where
+it must fail (the subject) and, for a kvspec mutant, where it must pass (the
+release it was made from) -- each of those three in its own process.  The
+test is also linted with that release's ruff configuration when ruff is
 installed.  The finding (JSON) is stored as soon as it exists and again
 after each step, so an error or an interrupt during completion never loses
 it.  How long each stage took is kept in ``run["completion_seconds"]``.
@@ -159,43 +160,48 @@ def _timed(seconds: dict[str, float], stage: str, fn: Callable, *args) -> Any:
 
 def complete_finding(proc, result, findings_dir: Path, versions: dict[str, str],
                      verify: bool = True) -> tuple[Finding, Path]:
+    """The finding of ``result``, completed and stored.  The proofs'
+    explanation (Z3, which releases the interpreter while it solves), the
+    symbolic leg and the two test runs (processes of their own) overlap the
+    rest and one another; the finding is stored after each step."""
+    from kvspec.report.findings import fuzz_finding
     from kvspec.report.regression_test import pytest_command, test_file_name, test_name
     from kvspec.report.vllm_tests import idiom_of, tests_root_of
 
     seconds: dict[str, float] = {}
-    finding = _timed(seconds, "explain", explain_stage, result, versions)
-    findings_dir.mkdir(parents=True, exist_ok=True)
-    stem = _stem(finding)
-    path = findings_dir / f"{stem}.json"
-    artifacts = {"finding": str(path)}
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        explained = pool.submit(_timed, seconds, "explain", explain_stage, result, versions)
+        # Everything but the explanation, at once: the sweep, the plot and the
+        # test need only the case and the per-group values.
+        finding = fuzz_finding(result, versions, explain=False)
+        findings_dir.mkdir(parents=True, exist_ok=True)
+        stem = _stem(finding)
+        path = findings_dir / f"{stem}.json"
+        artifacts = {"finding": str(path)}
 
-    def save(f: Finding) -> Finding:
-        f = attrs.evolve(f, artifacts=dict(artifacts), run={**f.run, "completion_seconds": dict(seconds)})
-        store_finding(f, path)
-        return f
+        def save(f: Finding) -> Finding:
+            f = attrs.evolve(f, artifacts=dict(artifacts), run={**f.run, "completion_seconds": dict(seconds)})
+            store_finding(f, path)
+            return f
 
-    finding = save(attrs.evolve(finding, replay=f"kvspec replay {path}"))
-    swept = finding.category in _SWEPT
-    if swept:
-        finding = attrs.evolve(finding, sweep=_timed(seconds, "sweep", sweep_stage, proc, result, finding))
-        artifacts.update(_timed(seconds, "plot", plot_stage, finding, findings_dir / stem))
-        finding = save(finding)
-    tests_root = None
-    try:
-        tests_root = tests_root_of(proc.subject)
-    except Exception as exc:  # no network, no sdist: the test builds its own manager
-        from kvspec.subjects.provision import report
-
-        report(f"vLLM's test helpers are not available ({exc}); the emitted test builds its own manager")
-    idiom = idiom_of(tests_root)
-    code, xfail_code = _timed(seconds, "emit", emit_stage, finding, proc.capabilities, idiom)
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        # Each of these is its own process: on a two-core machine they overlap.
+        finding = save(attrs.evolve(finding, replay=f"kvspec replay {path}"))
+        swept = finding.category in _SWEPT
         real_code = None
         if finding.ledger is not None and swept:
             real_code = pool.submit(_timed, seconds, "symbolic leg", real_code_stage, proc.subject)
-        checks: list[dict[str, Any]] = []
-        lint = None
+        if swept:
+            finding = attrs.evolve(finding, sweep=_timed(seconds, "sweep", sweep_stage, proc, result, finding))
+            artifacts.update(_timed(seconds, "plot", plot_stage, finding, findings_dir / stem))
+            finding = save(finding)
+        tests_root = None
+        try:
+            tests_root = tests_root_of(proc.subject)
+        except Exception as exc:  # no network, no sdist: the test builds its own manager
+            from kvspec.subjects.provision import report
+
+            report(f"vLLM's test helpers are not available ({exc}); the emitted test builds its own manager")
+        idiom = idiom_of(tests_root)
+        code, xfail_code = _timed(seconds, "emit", emit_stage, finding, proc.capabilities, idiom)
         if code is not None:
             file_name = test_file_name(finding)
             test_dir = findings_dir / stem
@@ -205,6 +211,8 @@ def complete_finding(proc, result, findings_dir: Path, versions: dict[str, str],
             (test_dir / "xfail" / file_name).write_text(xfail_code)
             artifacts["regression_test"] = str(test_path)
             artifacts["regression_test_xfail"] = str(test_dir / "xfail" / file_name)
+            checks: list[dict[str, Any]] = []
+            lint = None
             if verify:
                 checks = verify_test(code, file_name, proc.subject, tests_root, pool)
                 for check in checks:
@@ -217,6 +225,8 @@ def complete_finding(proc, result, findings_dir: Path, versions: dict[str, str],
                 "file_name": file_name, "path": str(test_path), "code": code,
                 "test_name": test_name(finding), "command": pytest_command(finding),
                 "idiom": idiom.as_dict(), "verified": checks, "lint": lint})
+        full = explained.result()
+        finding = attrs.evolve(finding, explanation=full.explanation)
         if real_code is not None:
             finding = attrs.evolve(finding, ledger=attrs.evolve(finding.ledger, real_code=real_code.result()))
     finding = save(finding)

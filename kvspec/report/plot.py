@@ -82,11 +82,12 @@ def _figure(f: Finding):
     fig = Figure(figsize=(10, 4.2 * len(panels)), layout="constrained")
     grid = fig.add_gridspec(2 * len(panels), 1, height_ratios=[3, 1] * len(panels))
     handles = None
+    # One legend for every panel: the spec is "= n" only if it is so in each.
+    everything = all(panel["spec"] == panel["n"] for panel in panels)
     for i, panel in enumerate(panels):
         top = fig.add_subplot(grid[2 * i])
         bottom = fig.add_subplot(grid[2 * i + 1], sharex=top)
         ns = panel["n"]
-        everything = panel["spec"] == ns  # the spec registers every computed token
         computed = None
         if not everything:
             computed, = top.plot(ns, ns, drawstyle="steps-mid", color=_COMPUTED, linewidth=0.9,
@@ -97,8 +98,9 @@ def _figure(f: Finding):
         subject, = top.plot(ns, panel["subject"], drawstyle="steps-mid", color=_SUBJECT, linewidth=1.6,
                             linestyle="--", label=f"{data['subject']}: registers", zorder=3)
         lost = [n for n, loss in zip(ns, panel["lost"]) if loss]
-        top.plot(lost, [o for n, o, loss in zip(ns, panel["subject"], panel["lost"]) if loss],
-                 linestyle="none", marker="v", color=_SUBJECT, markersize=5, zorder=4)
+        if len(lost) <= 12:  # a few losses marked where they are; many would blot the line
+            top.plot(lost, [o for n, o, loss in zip(ns, panel["subject"], panel["lost"]) if loss],
+                     linestyle="none", marker="v", color=_SUBJECT, markersize=5, zorder=4)
         bars = bottom.bar(ns, panel["lost"], width=0.8, color=_LOSS, label="tokens lost at n")
         top.set_title(panel["title"], loc="left", fontsize=11)
         top.set_ylabel(data["y_label"])
