@@ -1,4 +1,8 @@
-"""The kill matrix: one row per mutant, one column per technique."""
+"""The kill matrix: one row per mutant, one column per technique.
+
+Fuzzing's columns are named for what they count: the differential cases
+run until the first discrepancy, and the seconds into fuzzing it took
+(not the whole run with shrinking)."""
 
 from __future__ import annotations
 
@@ -12,16 +16,16 @@ def render_matrix(rows: list[dict[str, Any]]) -> str:
     two-group scope, and symbolic when run."""
     width = max(len(r["mutant"]) for r in rows)
     symbolic = any("symbolic" in r for r in rows)
-    head = (f"{'mutant':<{width}}  {'proof':<14} {'fuzzing':<10} {'cases':>6} {'s to kill':>9}  "
+    head = (f"{'mutant':<{width}}  {'proof':<14} {'fuzzing':<10} {'cases to kill':>13} {'s to kill':>9}  "
             f"{'exhaustive':<10} {'failing':>9} {'s':>5}")
     out = [head + (f"  {'symbolic':<14} {'s':>5}" if symbolic else "") + "  category"]
     for r in rows:
         cases = "" if r.get("cases_to_kill") is None else str(r["cases_to_kill"])
         secs = "" if r.get("seconds_to_kill") is None else f"{r['seconds_to_kill']:.2f}"
-        line = (f"{r['mutant']:<{width}}  {r['model']:<14} {r['status']:<10} {cases:>6} {secs:>9}  "
+        line = (f"{r['mutant']:<{width}}  {r['model']:<14} {r['status']:<10} {cases:>13} {secs:>9}  "
                 f"{r.get('exhaustive', ''):<10} {r.get('exhaustive_failing', ''):>9} "
                 f"{r.get('exhaustive_seconds', ''):>5}")
         if symbolic:
             line += f"  {r.get('symbolic', ''):<14} {r.get('symbolic_seconds', ''):>5}"
-        out.append(line + f"  {r.get('category') or r.get('error') or ''}")
+        out.append((line + f"  {r.get('category') or r.get('error') or ''}").rstrip())
     return "\n".join(out)

@@ -346,3 +346,60 @@ def test_report_of_a_file_without_findings_is_a_usage_error(tmp_path, capsys):
     empty.write_text('{"schema": "kvspec.prove/1", "findings": []}')
     assert main(["report", str(empty)]) == Outcome.USAGE.exit_code
     assert "holds no finding" in capsys.readouterr().err
+
+
+# -- the other renderers: one snapshot each, on small fixed inputs --------------
+
+def test_kill_matrix_snapshot():
+    from kvspec.report.mutants import render_matrix
+
+    rows = [{"mutant": "refloor_50062", "model": "non-equivalent", "status": "killed", "cases_to_kill": 3708,
+             "seconds_to_kill": 2.67, "exhaustive": "killed", "exhaustive_failing": 412, "exhaustive_seconds": 9.8,
+             "symbolic": "REFUTED", "symbolic_seconds": 2.9, "category": "under_registration"},
+            {"mutant": "clamp_as_conditional", "model": "equivalent", "status": "survived",
+             "cases_to_kill": None, "seconds_to_kill": None, "exhaustive": "survived", "exhaustive_failing": 0,
+             "exhaustive_seconds": 9.5, "symbolic": "VERIFIED", "symbolic_seconds": 3.1, "category": None}]
+    text = render_matrix(rows)
+    assert "cases to kill" in text.splitlines()[0]
+    assert_snapshot("mutants_matrix.txt", text + "\n")
+
+
+def test_history_table_snapshot():
+    from kvspec.report.history import render_table
+
+    caps = capabilities("0.33.0").as_dict()
+    rows = [{"version": "0.33.0", "status": "conforms", "capabilities": caps, "rule": "cacheable_tokens_032",
+             "cases": 11234, "failure": None, "lookup": {"cases": 10987, "failure": None},
+             "symbolic": {"status": "VERIFIED"}},
+            {"version": "0.22.0", "status": "unsupported", "detail": "KVCacheManager takes no scheduler_block_size"}]
+    assert_snapshot("history_table.md", render_table(rows, symbolic=True) + "\n")
+
+
+def test_hitrate_text_snapshot():
+    from kvspec.report.hitrate import render_text
+    from kvspec.usecases import compare_with_reference
+
+    from tests.unit.test_hitrate_model import _row
+
+    rows = [_row("vllm 0.33.0", [50, 50], False, True), _row("0.33.0 + m", [50, 30], True, True)]
+    compare_with_reference(rows)
+    doc = {"verdict": "HIT-RATE DIFFERENCE", "layout": "full attention 16", "workload": {"text": "2 requests"},
+           "subjects": rows, "errors": []}
+    assert_snapshot("hitrate.txt", render_text(doc) + "\n")
+
+
+def test_mtp_reports_snapshot():
+    from kvspec.report.mtp import render_markdown as mtp_markdown
+    from kvspec.report.mtp import render_text as mtp_text
+
+    theorem = {"name": "mtp.no_stale_draft_reuse.partial_hits", "statement": "no hit keeps stale draft KV",
+               "status": "REFUTED", "as_expected": True,
+               "counterexample": {"values": {"S": 4, "H": 2, "B": 4, "L": 3, "n": 4, "E": True, "P": True}}}
+    scheme = {"witnesses": 2, "cases": 354, "error_count": 0, "errors": [],
+              "smallest": {"text": "S=4 H=2 L=3 prompt=6 shared=4"}, "model_necessary": True,
+              "model_condition_matches": True, "whole_block_condition_matches": False}
+    doc = {"verdict": "COUNTEREXAMPLE", "command": "kvspec mtp --vllm 0.33.0", "theorems": [theorem],
+           "subjects": [{"subject": "vllm 0.33.0", "vllm_version": "0.33.0",
+                         "schemes": {"legacy hashes + EAGLE drop": scheme}}]}
+    assert_snapshot("mtp.txt", mtp_text(doc) + "\n")
+    assert_snapshot("mtp.md", mtp_markdown(doc) + "\n")
