@@ -436,13 +436,9 @@ class _Emitter:
     def _bound_assertion(self) -> list[str]:
         calls = self.f.inputs["expected_calls"]
         per_group = [[call[g] for call in calls] for g in range(len(self.groups))]
-        expected = f"    expected = {per_group!r}"
         out = ["    # Per group, the bound of each cache_blocks call: every computed token the",
-               "    # group can register (full blocks past the last one are registered later)."]
-        if len(expected) <= 88:
-            out.append(expected)
-        else:
-            out += ["    expected = [", *[f"        {g!r}," for g in per_group], "    ]"]
+               "    # group can register (full blocks past the last one are registered later).",
+               *_assign("expected", per_group)]
         out.append(f'    assert recorded == expected, "{ASSERT_MESSAGE}"')
         return out
 
@@ -455,10 +451,12 @@ class _Emitter:
         out.append("    hit = manager.get_computed_blocks(later)[1]")
         if "expected_hit" in self.f.inputs:
             out += ["    # Every registered block the lookup can reach, no more.",
-                    f"    assert hit == {self.f.inputs['expected_hit']!r}, \"{LOOKUP_ASSERT_MESSAGE}\""]
+                    *_assign("expected", self.f.inputs["expected_hit"]),
+                    f'    assert hit == expected, "{LOOKUP_ASSERT_MESSAGE}"']
         else:
             out += ["    # The hit lengths the registered blocks and the lookup rules admit.",
-                    f"    assert hit in {self.f.inputs['admissible_hits']!r}, \"{LOOKUP_ASSERT_MESSAGE}\""]
+                    *_assign("admissible", self.f.inputs["admissible_hits"]),
+                    f'    assert hit in admissible, "{LOOKUP_ASSERT_MESSAGE}"']
         return out
 
 
@@ -475,3 +473,23 @@ def _wrap(text: str, width: int, first_indent: int = 4) -> list[str]:
     if line:
         lines.append("    " + line)
     return lines
+
+
+def _assign(name: str, value: Any) -> list[str]:
+    """``name = value`` (an int or nested lists of ints) as ruff format lays
+    it out: one line if it fits, else the items on one line inside the
+    brackets, else one item per line with a trailing comma (recursively)."""
+    return _layout(f"{name} = ", value, "    ")
+
+
+def _layout(prefix: str, value: Any, indent: str, suffix: str = "") -> list[str]:
+    line = f"{indent}{prefix}{value!r}{suffix}"
+    if len(line) <= 88 or not isinstance(value, list) or not value:
+        return [line]
+    inner = ", ".join(repr(item) for item in value)
+    if len(f"{indent}    {inner}") <= 88:
+        return [f"{indent}{prefix}[", f"{indent}    {inner}", f"{indent}]{suffix}"]
+    out = [f"{indent}{prefix}["]
+    for item in value:
+        out += _layout("", item, indent + "    ", ",")
+    return out + [f"{indent}]{suffix}"]

@@ -245,7 +245,7 @@ def _ruff(*args, cwd):
 
 @pytest.mark.parametrize("helpers", [True, False])
 @pytest.mark.parametrize("xfail", [False, True])
-@pytest.mark.parametrize("variant", ["finding", "drafts", "three groups", "lookup"])
+@pytest.mark.parametrize("variant", ["finding", "drafts", "three groups", "lookup", "long lists"])
 def test_emitted_tests_pass_vllm_ruff(finding, caps, tmp_path, helpers, xfail, variant):
     """``ruff check`` and ``ruff format --check`` with vLLM 0.33.0's own
     configuration, the test placed as in vLLM's repository (ruff tells
@@ -268,12 +268,25 @@ def test_emitted_tests_pass_vllm_ruff(finding, caps, tmp_path, helpers, xfail, v
                       expected_calls=[[96, 79, 99]])
     elif variant == "lookup":
         inputs.update(probe={"shared": 3, "extra": 2}, expected_hit=2)
+    elif variant == "long lists":  # many calls, many admissible hits: ruff format's wrapping
+        steps = [{"kind": "prefill", "tokens": 1, "drafts": 0, "accepted": 0}]
+        steps += [{"kind": "decode", "tokens": 0, "drafts": 0, "accepted": 0}] * 40
+        inputs.update(prompt_len=1, steps=steps, expected_calls=[[n, n] for n in range(1, 42)],
+                      probe={"shared": 40, "extra": 1}, admissible_hits=list(range(0, 42)))
     f = attrs.evolve(finding, inputs=inputs)
+    if variant == "long lists":
+        code = emit_test(attrs.evolve(f, category="hit_mismatch"), caps, Idiom(helpers=helpers), xfail=xfail)
+        assert "    admissible = [\n" in code
+        _ruff_clean(tmp_path, code)
     if variant == "lookup":
         from kvspec.model.finding import Category
 
         f = attrs.evolve(f, category=Category.HIT_MISMATCH)
     code = emit_test(f, caps, Idiom(helpers=helpers), xfail=xfail)
+    _ruff_clean(tmp_path, code)
+
+
+def _ruff_clean(tmp_path, code):
     ast.parse(code)
     (tmp_path / "pyproject.toml").write_text((FIXTURES / "vllm-0.33.0-ruff.toml").read_text())
     for module in ("vllm/__init__.py", "vllm/sampling_params.py", "vllm/utils/__init__.py",
@@ -314,9 +327,9 @@ def test_emitted_lookup_regression_test(finding, pinned):
     assert "shared = list(req.all_token_ids)[:3]" in code and "range(2)" in code
     assert LOOKUP_ASSERT_MESSAGE in code
     if "expected_hit" in pinned:
-        assert "assert hit == 4, " in code
+        assert "expected = 4\n    assert hit == expected, " in code
     else:
-        assert "assert hit in [0, 2, 4], " in code
+        assert "admissible = [0, 2, 4]\n    assert hit in admissible, " in code
     assert "def test_prefix_hit_hybrid_eagle_partial_hits_after_decode():" in code
 
 
