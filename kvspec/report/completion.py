@@ -223,7 +223,8 @@ def complete_finding(proc, result, findings_dir: Path, versions: dict[str, str],
                     seconds["ruff"] = lint["seconds"]
             finding = attrs.evolve(finding, regression_test={
                 "file_name": file_name, "path": str(test_path), "code": code,
-                "test_name": test_name(finding), "command": pytest_command(finding),
+                "test_name": test_name(finding, proc.capabilities),
+                "command": pytest_command(finding, proc.capabilities),
                 "idiom": idiom.as_dict(), "verified": checks, "lint": lint})
         full = explained.result()
         finding = attrs.evolve(finding, explanation=full.explanation)

@@ -91,17 +91,19 @@ def _trusted(f: Finding) -> Finding:
     if "expected_hit" in f.inputs:
         inputs["expected_hit"] = _ints([f.inputs["expected_hit"]], "expected_hit")[0]
     calls = inputs.get("expected_calls")
-    if calls is not None and (not calls or any(not isinstance(c, list) or None in c for c in calls)
-                              or len(calls) > len(inputs["steps"])):
+    groups = len(inputs["config"]["groups"])
+    if calls is not None and (not calls or any(not isinstance(c, list) or None in c or len(c) != groups
+                                               for c in calls) or len(calls) > len(inputs["steps"])):
         raise InputError("expected_calls: one list of per-group bounds per step, no gaps")
     return attrs.evolve(f, inputs=inputs, sweep=None, explanation=None, regression_test=None,
                         compared={"capabilities": f.compared.get("capabilities") or {}})
 
 
-def test_name(f: Finding) -> str:
-    """The test function's name, from the scenario (never from a finding's text)."""
+def test_name(f: Finding, capabilities: Capabilities | None = None) -> str:
+    """The test function's name, from the scenario (never from a finding's
+    text), for the subject's capabilities (by default as the finding records them)."""
     f = _trusted(f)
-    return _test_name(f)
+    return _test_name(f, capabilities or f.subject_capabilities())
 
 
 test_name.__test__ = False  # type: ignore[attr-defined]
@@ -137,9 +139,9 @@ def _calls(f: Finding) -> int:
     return len(calls) if calls else len(f.inputs["steps"])
 
 
-def pytest_command(f: Finding) -> str:
+def pytest_command(f: Finding, capabilities: Capabilities | None = None) -> str:
     """The command that runs the test from the root of vLLM's repository."""
-    return f"pytest {TEST_DIR}/{FILE_NAME}::{test_name(f)}"
+    return f"pytest {TEST_DIR}/{FILE_NAME}::{test_name(f, capabilities)}"
 
 
 def xfail_decorator(f: Finding) -> str:
