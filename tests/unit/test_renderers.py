@@ -392,9 +392,15 @@ def test_hitrate_text_snapshot():
     from kvspec.report.hitrate import render_text
     from kvspec.usecases import compare_with_reference
 
-    from tests.unit.test_hitrate_model import _row
+    def row(label, hits, mutant):
+        rate = sum(hits) / (100 * len(hits))
+        return {"label": label, "vllm_version": "0.33.0", "mutant": mutant, "scheduler_block_size": 64,
+                "ideal_exact": True, "hits": hits, "hit_rate": rate, "requests": len(hits),
+                "prompt_lengths": [100] * len(hits), "turns": [0] * len(hits), "per_turn": [rate],
+                "ideal_hits": [50] * len(hits), "ideal_hit_rate": 0.5, "ideal_per_turn": [0.5],
+                "model_rule": "spec", "model_hit_rate": 0.5, "model_matches_per_request": hits == [50, 50]}
 
-    rows = [_row("vllm 0.33.0", [50, 50], False, True), _row("0.33.0 + m", [50, 30], True, True)]
+    rows = [row("vllm 0.33.0", [50, 50], False), row("0.33.0 + m", [50, 30], True)]
     compare_with_reference(rows)
     doc = {"verdict": "HIT-RATE DIFFERENCE", "layout": "full attention 16", "workload": {"text": "2 requests"},
            "subjects": rows, "errors": []}
