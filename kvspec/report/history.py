@@ -12,7 +12,7 @@ def render_table(rows: list[dict[str, Any]], symbolic: bool) -> str:
         return "yes" if flag else "no"
 
     def verdict(cases: int, failure: dict[str, Any] | None) -> str:
-        return f"conforms ({cases} cases)" if failure is None else f"DISCREPANCY: {failure['summary'][0]}"
+        return f"no discrepancy ({cases} cases)" if failure is None else f"DISCREPANCY: {failure['summary'][0]}"
 
     header = ["release", "partial hits", "lookahead", "per-group EAGLE", "lookahead hashes",
               "rule (spec era)", "registration", "lookup (hit length)", "stateful (state invariants)"]

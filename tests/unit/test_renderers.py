@@ -371,9 +371,13 @@ def test_kill_matrix_snapshot():
              "symbolic": "REFUTED", "symbolic_seconds": 2.9, "category": "under_registration"},
             {"mutant": "clamp_as_conditional", "model": "equivalent", "status": "survived",
              "cases_to_kill": None, "seconds_to_kill": None, "exhaustive": "survived", "exhaustive_failing": 0,
-             "exhaustive_seconds": 9.5, "symbolic": "VERIFIED", "symbolic_seconds": 3.1, "category": None}]
+             "exhaustive_seconds": 9.5, "symbolic": "VERIFIED", "symbolic_seconds": 3.1, "category": None},
+            {"mutant": "touch_keeps_free_block", "model": "state side", "status": "killed", "fuzz": "survived",
+             "cases_to_kill": None, "seconds_to_kill": None, "stateful": "killed", "programs_to_kill": 7,
+             "stateful_seconds_to_kill": 0.21, "exhaustive": "n/a", "symbolic": "n/a",
+             "stateful_category": "state_free_blocks"}]
     text = render_matrix(rows)
-    assert "cases to kill" in text.splitlines()[0]
+    assert "cases to kill" in text.splitlines()[0] and "programs to kill" in text.splitlines()[0]
     assert_snapshot("mutants_matrix.txt", text + "\n")
 
 
@@ -383,6 +387,7 @@ def test_history_table_snapshot():
     caps = capabilities("0.33.0").as_dict()
     rows = [{"version": "0.33.0", "status": "conforms", "capabilities": caps, "rule": "cacheable_tokens_032",
              "cases": 11234, "failure": None, "lookup": {"cases": 10987, "failure": None},
+             "stateful": {"examples": 300, "operations": 7021, "failure": None},
              "symbolic": {"status": "VERIFIED"}},
             {"version": "0.22.0", "status": "unsupported", "detail": "KVCacheManager takes no scheduler_block_size"}]
     assert_snapshot("history_table.md", render_table(rows, symbolic=True) + "\n")
