@@ -486,7 +486,19 @@ def _fuzz_fields(result) -> dict[str, Any]:
     """What a row keeps of one fuzz run (the registration run's at the row's
     top level, the lookup run's under ``lookup``)."""
     return {"cases": result.cases, "examples": result.examples, "seconds": round(result.seconds, 2),
-            "failure": None if result.failure is None else result.failure.as_dict()}
+            "failure": None if result.failure is None else result.failure.as_dict(),
+            # A run that stopped early is never "no discrepancy" (exit 4 or 5 for the command).
+            "outcome": result.outcome.name, "stopped": result.stopped_why or None}
+
+
+def _row_status(runs) -> str:
+    """One word for runs: a finding first, then a run that did not finish,
+    and "no discrepancy" only when every run ran in full."""
+    if any(r.failure is not None for r in runs):
+        return "discrepancy"
+    if any(r.outcome is not Outcome.OK for r in runs):
+        return "incomplete"
+    return "no discrepancy"
 
 
 def history_row(version: str, max_examples: int, seed: int, symbolic: bool) -> dict[str, Any]:
@@ -512,13 +524,13 @@ def history_row(version: str, max_examples: int, seed: int, symbolic: bool) -> d
         if exc.outcome is not Outcome.USAGE:
             raise
         return {**row, "status": "error", "detail": str(exc)}
+    runs = (result, lookup, stateful)
     row.update(
-        status="discrepancy" if result.failure or lookup.failure or stateful.failure else "conforms",
+        status=_row_status(runs), outcome=worst([r.outcome for r in runs]).name,
         capabilities=caps.as_dict(), rule=caps.rule_text(), **_fuzz_fields(result),
-        lookup={"status": "discrepancy" if lookup.failure else "conforms", **_fuzz_fields(lookup)},
-        stateful={"status": "discrepancy" if stateful.failure else "conforms", **_fuzz_fields(stateful),
-                  "operations": stateful.tally.operations, "scope": stateful.scope(),
-                  "outcome": stateful.outcome.name},
+        lookup={"status": _row_status([lookup]), **_fuzz_fields(lookup)},
+        stateful={"status": _row_status([stateful]), **_fuzz_fields(stateful),
+                  "operations": stateful.tally.operations, "scope": stateful.scope()},
     )
     if symbolic:
         from kvspec.subjects.symbolic import symbolic_check

@@ -478,37 +478,43 @@ class Machine:
                 os.environ["VLLM_PREFIX_CACHE_RETENTION_INTERVAL"] = old
 
     def _mamba_split(self):
-        """vLLM's own Mamba-aligned prefill split, or None without a Mamba group."""
+        """vLLM's own Mamba-aligned prefill split, or None without a Mamba
+        group.  What the method reads of its scheduler is derived as the
+        release's ``Scheduler.__init__`` derives it, from the same vLLM
+        objects (the manager, its coordinator, the groups' specs)."""
         mamba = [g["block_size"] for g in self.case["groups"] if g["kind"] == "mamba_align"]
         if not mamba:
             return None
         from vllm.v1.core.sched import scheduler
+        from vllm.v1.kv_cache_interface import MambaSpec
 
         method = getattr(scheduler.Scheduler, "_mamba_block_aligned_split", None)
         if method is None:
             raise Unsupported("this vLLM's scheduler has no _mamba_block_aligned_split to chunk a Mamba prefill")
         S, H = self.case["scheduler_block_size"], self.case["hash_block_size"]
+        specs = [g.kv_cache_spec for g in self.manager.kv_cache_config.kv_cache_groups
+                 if isinstance(g.kv_cache_spec, MambaSpec)]
         use_eagle = bool(getattr(self.manager, "use_eagle", False))
-        partial = bool(getattr(self.coordinator, "enable_partial_hash_hits", False))
-        class Namespace:
-            pass
-        cache_config = Namespace()
-        cache_config.block_size = mamba[0]
-        cache_config.mamba_cache_mode = "align"
-        cache_config.enable_prefix_caching = self.case["enable_caching"]
-        scheduler_config = Namespace()
-        scheduler_config.long_prefill_token_threshold = 0
+        # Scheduler.block_size is the scheduler block; the split's
+        # cache_config.block_size is the Mamba block (one per model in vLLM).
+        partial = H < S and bool(getattr(self.coordinator, "enable_partial_hash_hits", False))
         stand_in = _SchedulerStandIn({
-            "cache_config": cache_config, "scheduler_config": scheduler_config,
-            "block_size": mamba[0], "hash_block_size": H, "use_eagle": use_eagle,
-            "use_eagle_block_drop": use_eagle,
+            "cache_config": _SchedulerStandIn({"block_size": mamba[0], "mamba_cache_mode": "align",
+                                               "enable_prefix_caching": self.case["enable_caching"]}),
+            "scheduler_config": _SchedulerStandIn({"long_prefill_token_threshold": 0}),
+            "block_size": S, "hash_block_size": H, "use_eagle": use_eagle, "use_eagle_block_drop": use_eagle,
             "num_hash_lookahead_tokens": self.case.get("num_hash_lookahead_tokens", 0),
             "max_num_scheduled_tokens": self.case["max_model_len"],
-            "mamba_partial_cache_hit": partial and H < mamba[0],
-            "mamba_has_prefill_checkpoint_blocks": False, "mamba_prefill_checkpoint_alignment": mamba[0],
-            "mamba_shared_prefix_checkpoint": bool(getattr(self.manager, "mamba_shared_prefix_checkpoint", False))
-            and partial and H < mamba[0],
             "need_mamba_block_aligned_split": True, "scheduler_block_size": S,
+            "mamba_partial_cache_hit": partial,
+            "mamba_prefill_checkpoint_alignment": next(
+                (getattr(spec, "prefill_checkpoint_alignment", None) for spec in specs), None),
+            "mamba_has_prefill_checkpoint_blocks": all(
+                getattr(spec, "num_prefill_checkpoint_blocks", 0) > 0 for spec in specs),
+            "mamba_fine_grained_prefix_cache": partial and bool(
+                getattr(self.manager, "mamba_fine_grained_prefix_cache", False)),
+            "mamba_shared_prefix_checkpoint": partial and bool(
+                getattr(self.manager, "mamba_shared_prefix_checkpoint", False)),
         })
         return lambda request, num_new, local=0, external=0: method(stand_in, request, num_new, local, external)
 

@@ -11,8 +11,12 @@ def render_table(rows: list[dict[str, Any]], symbolic: bool) -> str:
     def yes(flag: Any) -> str:
         return "yes" if flag else "no"
 
-    def verdict(cases: int, failure: dict[str, Any] | None) -> str:
-        return f"no discrepancy ({cases} cases)" if failure is None else f"DISCREPANCY: {failure['summary'][0]}"
+    def verdict(cell: dict[str, Any]) -> str:
+        if cell["failure"] is not None:
+            return f"DISCREPANCY: {cell['failure']['summary'][0]}"
+        if cell.get("stopped") or cell.get("outcome", "OK") != "OK":
+            return f"INCOMPLETE after {cell['cases']} cases: {cell.get('stopped') or cell.get('outcome')}"
+        return f"no discrepancy ({cell['cases']} cases)"
 
     header = ["release", "partial hits", "lookahead", "per-group EAGLE", "lookahead hashes",
               "rule (spec era)", "registration", "lookup (hit length)", "stateful (state invariants)"]
@@ -28,8 +32,7 @@ def render_table(rows: list[dict[str, Any]], symbolic: bool) -> str:
             lookup = row["lookup"]
             cells = [row["version"], yes(caps["partial_hash_hits"]), yes(caps["reprefillable_tokens"]),
                      yes(caps["per_group_eagle"]), yes(caps["lookahead_block_hashes"]), row["rule"],
-                     verdict(row["cases"], row["failure"]),
-                     verdict(lookup["cases"], lookup["failure"]), _stateful(row.get("stateful"))]
+                     verdict(row), verdict(lookup), _stateful(row.get("stateful"))]
             if symbolic:
                 cells.append(row["symbolic"]["status"])
         lines.append("| " + " | ".join(cells) + " |")
@@ -39,6 +42,9 @@ def render_table(rows: list[dict[str, Any]], symbolic: bool) -> str:
 def _stateful(cell: dict[str, Any] | None) -> str:
     if cell is None:
         return "not run"
+    if cell["failure"] is None and (cell.get("stopped") or cell.get("outcome", "OK") != "OK"):
+        return (f"INCOMPLETE after {cell['examples']} programs, {cell['operations']} operations: "
+                f"{cell.get('stopped') or cell.get('outcome')}")
     if cell["failure"] is None:
         return f"no invariant broken ({cell['examples']} programs, {cell['operations']} operations)"
     failure = cell["failure"]

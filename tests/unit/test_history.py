@@ -57,3 +57,15 @@ def test_table_rows_for_each_status():
             "not run |") in table
     assert "| 0.34.0 | yes | yes | yes | no | r | no discrepancy (10 cases) | DISCREPANCY: hit 4 vs 8 |" in table
     assert "conforms" not in table  # a column says what it compared, never a blanket verdict
+
+
+def test_a_run_that_stopped_early_is_never_no_discrepancy():
+    caps = Capabilities().as_dict()
+    stopped = {"cases": 80, "examples": 3, "operations": 80, "failure": None, "outcome": "INFRASTRUCTURE",
+               "stopped": "the worker died twice"}
+    rows = [{"version": "0.30.0", "status": "incomplete", "cases": 10, "rule": "r", "capabilities": caps,
+             "failure": None, "outcome": "INFRASTRUCTURE", "lookup": {"cases": 7, "failure": None},
+             "stateful": stopped}]
+    table = render_table(rows, symbolic=False)
+    assert "INCOMPLETE after 3 programs, 80 operations: the worker died twice" in table
+    assert "no invariant broken" not in table
