@@ -526,7 +526,7 @@ def history_row(version: str, max_examples: int, seed: int, symbolic: bool) -> d
         return {**row, "status": "error", "detail": str(exc)}
     runs = (result, lookup, stateful)
     row.update(
-        status=_row_status(runs), outcome=worst([r.outcome for r in runs]).name,
+        status=_row_status(runs), overall=worst([r.outcome for r in runs]).name,
         capabilities=caps.as_dict(), rule=caps.rule_text(), **_fuzz_fields(result),
         lookup={"status": _row_status([lookup]), **_fuzz_fields(lookup)},
         stateful={"status": _row_status([stateful]), **_fuzz_fields(stateful),

@@ -76,4 +76,4 @@ def run(args: argparse.Namespace) -> Outcome:
     if any(r["status"] in ("unsupported", "error") for r in rows):
         return Outcome.USAGE
     # A release whose runs did not all finish is not "no discrepancy".
-    return worst([Outcome[r.get("outcome", "OK")] for r in rows] or [Outcome.OK])
+    return worst([Outcome[r.get("overall", "OK")] for r in rows] or [Outcome.OK])

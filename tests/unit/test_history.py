@@ -64,7 +64,7 @@ def test_a_run_that_stopped_early_is_never_no_discrepancy():
     stopped = {"cases": 80, "examples": 3, "operations": 80, "failure": None, "outcome": "INFRASTRUCTURE",
                "stopped": "the worker died twice"}
     rows = [{"version": "0.30.0", "status": "incomplete", "cases": 10, "rule": "r", "capabilities": caps,
-             "failure": None, "outcome": "INFRASTRUCTURE", "lookup": {"cases": 7, "failure": None},
+             "failure": None, "overall": "INFRASTRUCTURE", "lookup": {"cases": 7, "failure": None},
              "stateful": stopped}]
     table = render_table(rows, symbolic=False)
     assert "INCOMPLETE after 3 programs, 80 operations: the worker died twice" in table
