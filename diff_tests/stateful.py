@@ -38,8 +38,8 @@ from .fuzz import _Abort
 from .property import Failure
 from .strategies import configs
 
-__all__ = ["StatefulResult", "StatefulTally", "fuzz_stateful", "replay_program", "programs_database_key",
-           "STEPS_PER_PROGRAM"]
+__all__ = ["StatefulResult", "StatefulTally", "StateViolation", "fuzz_stateful", "replay_program",
+           "programs_database_key", "state_machine", "geometries", "STEPS_PER_PROGRAM"]
 
 STEPS_PER_PROGRAM = 40  # Hypothesis's stateful_step_count: rules after the manager opens
 MAX_PROMPT = 48
@@ -199,7 +199,8 @@ def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
     class StatefulMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
-            self.program: Program | None = None
+            self.program: Program | None = None  # the geometry; its operations are in `ops`
+            self.ops: list[dict[str, Any]] = []  # validated once, when the program is taken
             self.oracle: StateOracle | None = None
             self.running: list[str] = []
             self.waiting: list[str] = []
@@ -244,34 +245,43 @@ def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
             on_violation(failure)
             raise StateViolation(failure)
 
-        def _apply(self, op: dict[str, Any]) -> dict[str, Any]:
+        def _apply(self, *ops: dict[str, Any]) -> None:
+            """Send ``ops`` in one message and check every answer in order; a
+            failing program ends with the operation that failed."""
             assert self.program is not None and self.oracle is not None
-            self.program = self.program.with_ops((*self.program.ops, op))
             try:
-                reply = self.proc.session({"op": "machine_ops", "ops": [op]})
+                reply = self.proc.session({"op": "machine_ops", "ops": list(ops)})
             except KvspecError as error:  # the worker, not vLLM: no input is to blame
                 raise _Abort(error) from error
             if reply.get("kvspec_error"):
-                raise _Abort(InfrastructureError(f"kvspec sent an operation the worker refused ({describe_op(op)}): "
+                raise _Abort(InfrastructureError(f"kvspec sent an operation the worker refused "
+                                                 f"({describe_op(ops[reply.get('index', 0)])}): "
                                                  f"{reply['kvspec_error']} (a kvspec bug)"))
             if reply.get("unsupported"):
-                raise _Abort(InfrastructureError(f"the worker cannot drive {describe_op(op)} on this vLLM: "
+                raise _Abort(InfrastructureError(f"the worker cannot drive {describe_op(ops[0])} on this vLLM: "
                                                  f"{reply.get('error')}"))
-            if not reply.get("ok"):
-                self._fail(self.program, [StateOracle.crash(op, reply)], reply)
-            answer = reply["answers"][0]
-            found = self.oracle.check(op, answer)
-            if found:
-                self._fail(self.program, found, answer)
-            self.running = list(answer["running"])
-            self.waiting = list(answer["waiting"])
-            result = answer["result"]
-            self.lookups += len(result.get("lookups", ()))
-            self.hits += sum(lk["hit"] > 0 for lk in result.get("lookups", ()))
-            self.preemptions += len(result.get("preempted", ())) + (op["do"] == "preempt")
-            self.evictions += len(result.get("evicted", ()))
-            self.resets += bool(result.get("reset"))
-            return answer
+            for index, (op, answer) in enumerate(zip(ops, reply.get("answers", ()))):
+                self.ops.append(op)
+                found = self.oracle.check(op, answer)
+                if found:
+                    self._fail(self.taken(), found, answer)
+                self.running = list(answer["running"])
+                self.waiting = list(answer["waiting"])
+                result = answer["result"]
+                self.lookups += len(result.get("lookups", ()))
+                self.hits += sum(lk["hit"] > 0 for lk in result.get("lookups", ()))
+                self.preemptions += len(result.get("preempted", ())) + (op["do"] == "preempt")
+                self.evictions += len(result.get("evicted", ()))
+                self.resets += bool(result.get("reset"))
+            if not reply.get("ok"):  # vLLM raised on the operation after the last answer
+                failed = reply.get("index", len(reply.get("answers", ())))
+                self.ops.append(ops[failed])
+                self._fail(self.taken(), [StateOracle.crash(ops[failed], reply)], reply)
+
+        def taken(self) -> Program:
+            """The program so far: the geometry and every operation applied."""
+            assert self.program is not None
+            return self.program.with_ops(self.ops)
 
         def _arrive(self, tokens: list[int], external: int = 0) -> None:
             name = f"r{self.serial}"
@@ -306,10 +316,11 @@ def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
                 op.update(drafts=drafts, accepted=min(accepted, drafts))
             self._apply(op)
 
-        @rule()
-        def schedule_again(self) -> None:
-            """Steps are the common move: a second rule makes them twice as likely."""
-            self._apply({"do": "schedule"})
+        @rule(steps=st.integers(1, 4))
+        def schedule_again(self, steps: int) -> None:
+            """Steps are the common move: a second rule makes them more likely,
+            up to four steps in one message (each one's state still checked)."""
+            self._apply(*({"do": "schedule"} for _ in range(steps)))
 
         @precondition(lambda self: self.running)
         @rule(which=st.integers(0, 2**16))
@@ -322,10 +333,10 @@ def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
             self._apply({"do": "preempt", "id": self.running[which % len(self.running)]})
 
         # A reset empties the cache the other rules fill, so it waits its turn.
-        @precondition(lambda self: self.program is not None and len(self.program.ops) - self.last_reset >= 8)
+        @precondition(lambda self: self.program is not None and len(self.ops) - self.last_reset >= 8)
         @rule()
         def reset(self) -> None:
-            self.last_reset = len(self.program.ops)
+            self.last_reset = len(self.ops)
             self._apply({"do": "reset"})
 
         @precondition(lambda self: self.running and self.can_evict)
@@ -337,8 +348,8 @@ def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
             # Drain: every request finishes, so a leak shows as blocks not free.
             if self.program is None or self.oracle is None or self.failed:
                 return
-            for name in list(self.running):
-                self._apply({"do": "finish", "id": name})
+            if self.running:
+                self._apply(*({"do": "finish", "id": name} for name in self.running))
 
     return StatefulMachine
 
@@ -397,10 +408,10 @@ def fuzz_stateful(
                 super().teardown()
             finally:
                 if keep_programs is not None and self.program is not None:
-                    keep_programs.append(self.program)
+                    keep_programs.append(self.taken())
                 t = result.tally
-                t.operations += len(self.program.ops) if self.program is not None else 0
-                t.schedules += sum(op["do"] == "schedule" for op in self.program.ops) if self.program else 0
+                t.operations += len(self.ops)
+                t.schedules += sum(op["do"] == "schedule" for op in self.ops)
                 t.lookups += self.lookups
                 t.nonzero_hits += self.hits
                 t.preemptions += self.preemptions

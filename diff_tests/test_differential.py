@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import re
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvspec.diff_tests import session
 from kvspec.diff_tests.property import run_batch
-from kvspec.diff_tests.stateful import STEPS_PER_PROGRAM, programs_database_key, state_machine
+from kvspec.diff_tests.stateful import STEPS_PER_PROGRAM, StateViolation, programs_database_key, state_machine
+from kvspec.model.known import known_bugs
 from kvspec.diff_tests.strategies import batches, lookup_batches
 from kvspec.model.case import Case, prefill
 from kvspec.model.corpus import case as corpus_case
@@ -58,6 +60,9 @@ def test_seed_geometry_on_real_vllm(kvspec_subject):
     assert reply["regime"]["partial_hash_hits"] is True
 
 
+PROGRAMS_PER_EXAMPLE = 4  # the profile's examples per stateful program
+
+
 def _state_invariant_tests(subject_id: str):
     """The stateful differential for one of the session's subjects, as the
     unittest-style class Hypothesis gives every state machine (no fixtures:
@@ -73,11 +78,25 @@ def _state_invariant_tests(subject_id: str):
         KVCacheManager driven as the scheduler drives it."""
 
         def runTest(self):
-            session.live(subject_id)  # starts the worker and loads the kvspec profile first
+            proc = session.live(subject_id)  # starts the worker and loads the kvspec profile first
+            # A program is about 25 operations, each checked: a quarter of the
+            # profile's examples as programs keeps this test's time near the others'.
+            version = proc.subject.version if proc.subject.kind == "release" else None
+            # On a release with known state bugs, a failure is reported as found
+            # (shrinking a stateful program costs minutes, and the bug is known).
+            phases = [p for p in Phase if p is not Phase.shrink or not known_bugs(version)]
             chosen = settings(deadline=None, suppress_health_check=list(HealthCheck),
-                              stateful_step_count=STEPS_PER_PROGRAM)
+                              stateful_step_count=STEPS_PER_PROGRAM, phases=phases,
+                              max_examples=max(1, settings().max_examples // PROGRAMS_PER_EXAMPLE))
             programs.clear()
-            run_state_machine_as_test(machine, settings=chosen)
+            try:
+                run_state_machine_as_test(machine, settings=chosen)
+            except StateViolation as violation:
+                known = known_bugs(version, violation.failure.category, violation.failure.discrepancies[0].summary())
+                if known:  # said as such, never passed
+                    pytest.xfail(f"known vLLM bug in {proc.subject.label} (first without it: "
+                                 f"{known[0].fixed_in or 'none yet'}): {known[0].summary}; found: {violation}")
+                raise
             # Not vacuous: the budget's programs really drove the subject.
             assert sum(programs) >= chosen.max_examples, (
                 f"kvspec: {sum(programs)} of {chosen.max_examples} programs ran ({len(programs) - sum(programs)} "

@@ -16,6 +16,7 @@ observations only; it never asks vLLM what vLLM should have done.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from typing import Any, Callable, Iterable
 
@@ -35,7 +36,7 @@ class Block:
 
     id: int
     ref_cnt: int
-    keys: tuple[str, ...] = ()  # the hash-map keys the block says it owns (opaque ids)
+    keys: tuple[int, ...] = ()  # the hash-map keys the block says it owns (opaque ids)
 
 
 @attrs.frozen
@@ -53,17 +54,26 @@ class ManagerState:
     null_block: int
     num_free: int  # the pool's own counter
     free_queue: tuple[int, ...]  # the free queue, head first
-    blocks: tuple[Block, ...]
-    hash_map: tuple[tuple[str, int], ...]  # every (key, block id) entry of the map
+    blocks: tuple[Block, ...]  # indexed by block id, as vLLM's pool is
+    hash_map: tuple[tuple[int, int], ...]  # every (key id, block id) entry of the map
     tables: tuple[Table, ...]
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ManagerState":
-        return cls(
-            null_block=data["null_block"], num_free=data["num_free"], free_queue=tuple(data["free_queue"]),
-            blocks=tuple(Block(b[0], b[1], tuple(b[2])) for b in data["blocks"]),
-            hash_map=tuple((k, b) for k, b in data["hash_map"]),
-            tables=tuple(Table(t[0], t[1], tuple(t[2]), t[3]) for t in data["tables"]))
+        """From the worker's compact snapshot (``Machine.snapshot``): blocks
+        left out are unreferenced and keyless; the free queue comes as
+        sorted [first, last] runs."""
+        blocks = list(_idle_pool(data["num_blocks"]))
+        for block_id, ref_cnt, keys in data["blocks"]:
+            blocks[block_id] = Block(block_id, ref_cnt, tuple(keys))
+        queue = tuple(i for first, last in data["free_runs"] for i in range(first, last + 1))
+        return cls(null_block=data["null_block"], num_free=data["num_free"], free_queue=queue, blocks=tuple(blocks),
+                   hash_map=tuple((k, b) for k, b in data["hash_map"]),
+                   tables=tuple(Table(t[0], t[1], tuple(t[2]), t[3]) for t in data["tables"]))
+
+    def keyed(self) -> list[Block]:
+        """The blocks that own a key."""
+        return [b for b in self.blocks if b.keys]
 
     def held(self) -> Counter:
         """How many table slots hold each block."""
@@ -71,6 +81,12 @@ class ManagerState:
 
     def tables_of(self, request: str) -> list[Table]:
         return [t for t in self.tables if t.request == request]
+
+
+@functools.lru_cache(maxsize=8)
+def _idle_pool(num_blocks: int) -> tuple[Block, ...]:
+    """A pool of unreferenced, keyless blocks (immutable values, made once per size)."""
+    return tuple(Block(i, 0) for i in range(num_blocks))
 
 
 @attrs.frozen
@@ -165,15 +181,20 @@ def _hash_map(t: Transition) -> list[str]:
     for key, block in s.hash_map:
         by_block.setdefault(block, set()).add(key)
     out = []
-    for b in s.blocks:
-        mapped = by_block.get(b.id, set())
-        if b.id == s.null_block and (mapped or b.keys):
+    pool = len(s.blocks)
+    # Only blocks that own a key or that the map names can break the rule.
+    for block_id in sorted(set(by_block) | {b.id for b in s.keyed()}):
+        if not 0 <= block_id < pool:
+            continue
+        b = s.blocks[block_id]
+        mapped = by_block.get(block_id, set())
+        if block_id == s.null_block and (mapped or b.keys):
             out.append("the null block is registered in the hash map")
         elif mapped != set(b.keys):
             extra, missing = sorted(mapped - set(b.keys)), sorted(set(b.keys) - mapped)
             out.append(f"block {b.id}: the map has {len(extra)} key(s) the block does not own and the block "
                        f"owns {len(missing)} key(s) the map does not have")
-    unknown = sorted(set(by_block) - {b.id for b in s.blocks})
+    unknown = sorted(b for b in by_block if not 0 <= b < pool)
     if unknown:
         out.append(f"the hash map points at block {unknown[0]}, which is not in the pool")
     return out[:3]

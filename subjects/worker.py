@@ -458,6 +458,7 @@ class Machine:
         # it returned where the rest depends on it: an emitted regression
         # test replays exactly these (``kvspec.report.stateful_test``).
         self.trace = []
+        self._key_ids = {}
 
     def _build(self, retention):
         """The manager, with the retention interval where this release takes
@@ -520,8 +521,12 @@ class Machine:
 
     # -- reading the state ------------------------------------------------------
     def _key(self, key):
-        # Keys are opaque: only their identity matters to the rules.
-        return hashlib.sha256(repr(key).encode()).hexdigest()[:12]
+        # Keys are opaque: only their identity matters to the rules, so each
+        # distinct key gets a small number, first seen first.
+        found = self._key_ids.get(key)
+        if found is None:
+            found = self._key_ids[key] = len(self._key_ids)
+        return found
 
     def _block_keys(self, block):
         primary = getattr(block, "block_hash", None)
@@ -558,22 +563,41 @@ class Machine:
         return out
 
     def snapshot(self):
+        """The manager's observable state, compact: blocks neither referenced
+        nor keyed are left out (``num_blocks`` says how many there are), the
+        free queue is sent as sorted runs [first, last] (a block queued twice
+        starts a new run; its order is not checked)."""
         tables = []
         for index, group in enumerate(self.groups):
             cached = getattr(group, "num_cached_block", {})
             for rid, blocks in getattr(group, "req_to_blocks", {}).items():
                 tables.append([rid, index, [b.block_id for b in blocks], cached.get(rid, 0)])
+        blocks = []
+        extra = self._extra_keyed()
+        for b in self.pool.blocks:
+            keyed = (getattr(b, "block_hash", None) is not None or getattr(b, "_block_hash", None) is not None
+                     or b.block_id in extra)
+            keys = self._block_keys(b) if keyed else []
+            if b.ref_cnt or keys:
+                blocks.append([b.block_id, b.ref_cnt, keys])
         return {
             "null_block": self.pool.null_block.block_id,
             "num_free": self.pool.get_num_free_blocks(),
-            "free_queue": self._free_queue(),
-            "blocks": [[b.block_id, b.ref_cnt, self._block_keys(b)] for b in self.pool.blocks],
+            "num_blocks": len(self.pool.blocks),
+            "free_runs": _runs(sorted(self._free_queue())),
+            "blocks": blocks,
             "hash_map": self._hash_map(),
             "tables": sorted(tables),
         }
 
+    def _extra_keyed(self):
+        return getattr(self.pool, "cached_block_hashes_by_block", {})
+
     def _digest(self):
-        return [[b.ref_cnt for b in self.pool.blocks], self.pool.get_num_free_blocks(), len(self._hash_map())]
+        # A fingerprint is enough: the rule compares before with after.
+        size = self.pool.cached_block_hash_to_block
+        keys = len(size) if hasattr(size, "__len__") else len(self._hash_map())
+        return [hash(tuple(b.ref_cnt for b in self.pool.blocks)), self.pool.get_num_free_blocks(), keys]
 
     # -- the scheduler's moves ---------------------------------------------------
     def _drain(self):
@@ -841,6 +865,18 @@ class Machine:
         running = {rid: r.num_computed_tokens for rid, r in self.running.items()}
         return {"result": result, "handed_for_zeroing": handed, "running": running,
                 "waiting": list(self.waiting), "state": self.snapshot() if observe else None}
+
+
+def _runs(ids):
+    """Sorted ids as [first, last] runs of consecutive ids; a repeated id
+    starts a new run, so the count and any duplicate survive."""
+    runs = []
+    for block_id in ids:
+        if runs and block_id == runs[-1][1] + 1:
+            runs[-1][1] = block_id
+        else:
+            runs.append([block_id, block_id])
+    return runs
 
 
 class Unsupported(Exception):

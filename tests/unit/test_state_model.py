@@ -116,11 +116,16 @@ def test_every_invariant_has_its_own_category_and_the_scope_says_what_is_not_che
     assert all(i.name in text for i in INVARIANTS) and all(o in text for o in OUT_OF_SCOPE)
 
 
-def test_state_round_trips_from_the_worker_shape():
-    data = {"null_block": 0, "num_free": 1, "free_queue": [2], "blocks": [[0, 0, []], [1, 1, ["a"]], [2, 0, []]],
-            "hash_map": [["a", 1]], "tables": [["r0", 0, [1], 1]]}
+def test_state_is_read_from_the_workers_compact_snapshot():
+    # Blocks 2-5 are left out (no reference, no key); the free queue comes as runs,
+    # a block queued twice starting a run of its own.
+    data = {"null_block": 0, "num_free": 5, "num_blocks": 6, "free_runs": [[2, 5], [5, 5]],
+            "blocks": [[1, 1, [7]]], "hash_map": [[7, 1]], "tables": [["r0", 0, [1], 1]]}
     state = ManagerState.from_dict(data)
     assert state.held() == {1: 1} and state.tables_of("r0")[0].blocks == (1,)
+    assert state.free_queue == (2, 3, 4, 5, 5) and state.blocks[3] == Block(3, 0)
+    assert [i.category for i, _ in check_transition(_transition(state, before=state, running={"r0": 1}))] == [
+        Category.STATE_FREE_LIST]
 
 
 @pytest.mark.parametrize("ops, why", [
