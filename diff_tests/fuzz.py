@@ -65,8 +65,9 @@ class FuzzResult:
         return (f"{self.cases} differential cases ({self.examples} Hypothesis examples, {self.calls} "
                 f"cache_blocks calls{f', {self.tally.lookups} later-request lookups' if self.lookup else ''})")
 
-    def first_failure(self) -> str:
-        return f"{self.cases_to_first_failure} cases"
+    def first_failure(self) -> str | None:
+        """How far in the first discrepancy came (None: none came)."""
+        return None if self.cases_to_first_failure is None else f"{self.cases_to_first_failure} cases"
 
     @property
     def cases(self) -> int:

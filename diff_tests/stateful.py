@@ -102,8 +102,9 @@ class StatefulResult:
                 f"{t.lookups} lookups of which {t.nonzero_hits} hit, {t.preemptions} preemptions, "
                 f"{t.evictions} blocks invalidated, {t.resets} cache resets)")
 
-    def first_failure(self) -> str:
-        return f"{self.programs_to_first_failure} programs"
+    def first_failure(self) -> str | None:
+        """How far in the first broken invariant came (None: none came)."""
+        return None if self.programs_to_first_failure is None else f"{self.programs_to_first_failure} programs"
 
     @property
     def outcome(self) -> Outcome:

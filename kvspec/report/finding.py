@@ -174,6 +174,10 @@ def impact_sentence(f: Finding) -> str:
     if f.category in (Category.LOOKUP_CONTRACT, Category.HIT_MISMATCH):
         return (f"For this finding's own geometry only (no deployment profile assessed), a later "
                 f"request's prefix-cache hit is wrong: {f.category.meaning}.")
+    if f.category.is_state or "program" in f.inputs:
+        return (f"For this finding's own program only (no deployment profile assessed), vLLM's KV-cache "
+                f"manager, driven as its scheduler drives it, ends in a state its own rules forbid: "
+                f"{f.category.meaning}.")
     return f"Not quantified ({scope}): {f.category.meaning}."
 
 

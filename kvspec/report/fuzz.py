@@ -1,7 +1,8 @@
 """A fuzz run as JSON (``kvspec.fuzz/3``) and as Markdown: each finding's
 impact sentence first, then the run's status and verdict, a row per subject
-(examples, cases, cases to the first discrepancy and the time of fuzzing
-with shrinking, each under its own name), then each finding.
+and differential (examples, what was checked -- cases or operations --, how
+far in the first discrepancy came and the time of fuzzing with shrinking,
+each under its own name), then each finding.
 
 "no discrepancy" is printed only for a run that covered every subject it was
 asked to, in full; a run that stopped says INCOMPLETE or INTERRUPTED and why,
@@ -63,25 +64,25 @@ def render_markdown(run) -> str:
     lines += [""] if lines else []
     lines += [f"## kvspec fuzz: {_md(public_label(verdict_line(run)))}", "",
               f"seed {run.settings.seed}, kvspec {v['kvspec']}, z3 {v['z3']}, hypothesis {v['hypothesis']}", "",
-              "| subject | vLLM | verdict | Hypothesis examples | differential cases | "
-              "cases to the first discrepancy | fuzzing and shrinking (s) |",
-              "|---|---|---|---|---|---|---|"]
+              "| subject | vLLM | differential | verdict | Hypothesis examples | checked | "
+              "to the first discrepancy | fuzzing and shrinking (s) |",
+              "|---|---|---|---|---|---|---|---|"]
     for s in run.subjects:
         subj = s.result.subject
         version = subj.get("vllm_version") or ""
         if subj.get("git_commit"):
             version += f" @ {subj['git_commit'][:12]}"
-        first = s.result.cases_to_first_failure
-        lines.append(f"| {_md(public_label(subj['label']))} | {_md(version)} | {_md(s.result.verdict)} | "
-                     f"{s.result.examples} | {s.result.cases} | {'-' if first is None else first} | "
-                     f"{s.result.seconds:.1f} |")
+        first = s.result.first_failure() or "-"
+        lines.append(f"| {_md(public_label(subj['label']))} | {_md(version)} | {s.differential} | "
+                     f"{_md(s.result.verdict)} | {s.result.examples} | {s.result.cases} {s.result.units} | "
+                     f"{first} | {s.result.seconds:.1f} |")
     for e in run.errors:
-        lines.append(f"| {_md(public_label(e['subject']['label']))} | | error: "
+        lines.append(f"| {_md(public_label(e['subject']['label']))} | | | error: "
                      f"{_md(public_label(str(e['error'])))} | | | | |")
     covered = {s.result.subject["label"] for s in run.subjects} | {e["subject"]["label"] for e in run.errors}
     for label in run.planned:
         if label not in covered:
-            lines.append(f"| {_md(public_label(label))} | | not run | | | | |")
+            lines.append(f"| {_md(public_label(label))} | | | not run | | | | |")
     lines.append("")
     for f in findings:
         lines.append(render_finding_markdown(f, heading="###", lead=False))

@@ -158,7 +158,7 @@ def test_fuzz_markdown(finding, monkeypatch):
     text = render_fuzz_markdown(run)
     assert text.startswith("**Impact:** For this finding's own geometry only")
     assert text.count("**Impact:**") == 1  # once, first: not again in the finding's section
-    assert ("| Hypothesis examples | differential cases | cases to the first discrepancy | "
+    assert ("| differential | verdict | Hypothesis examples | checked | to the first discrepancy | "
             "fuzzing and shrinking (s) |") in text
     assert_snapshot("fuzz_report.md", text)
 
@@ -172,7 +172,7 @@ def test_an_interrupted_run_never_reads_as_clean(finding):
     text = render_fuzz_markdown(run)
     first = text.splitlines()[0]
     assert first.startswith("## kvspec fuzz: INTERRUPTED (interrupted while fuzzing vllm 0.34.0; 1 of 2")
-    assert "no discrepancy found so far" in first and "| vllm 0.34.0 | | not run | | | | |" in text
+    assert "no discrepancy found so far" in first and "| vllm 0.34.0 | | | not run | | | | |" in text
 
 
 def test_json(finding):

@@ -148,3 +148,27 @@ def test_a_program_round_trips_and_describes_itself():
     assert "a connector offers 2 more" in program.describe() and "retention=4" in program.describe()
     with pytest.raises(InvalidCase):
         Program.from_dict({"config": {"groups": "nope"}})
+
+
+def test_a_stateful_finding_renders_and_round_trips():
+    """A stateful finding (program, scope, the failing answer) goes through the
+    same reports as any other, and says it was made on a program."""
+    from kvspec.diff_tests.property import Failure
+    from kvspec.diff_tests.stateful import StatefulResult
+    from kvspec.model.finding import Finding
+    from kvspec.oracles.registration import Discrepancy
+    from kvspec.report.finding import render_markdown, render_text
+    from kvspec.report.stateful import stateful_finding
+
+    program = Program(CONFIG, 16, 64, [{"do": "arrive", "id": "r0", "tokens": [1, 2, 3]}, {"do": "schedule"}])
+    found = Discrepancy(Category.STATE_HIT_GROUPS, None, None, detail="hit_groups: request r0: group 1 ...")
+    result = StatefulResult(subject={"kind": "release", "version": "0.28.0", "label": "vllm 0.28.0"},
+                            capabilities=CAPS, seed=1, failure=Failure(program, (found,), {"state": {}}),
+                            programs_to_first_failure=3, seconds_to_first_failure=0.2)
+    finding = stateful_finding(result, versions={"kvspec": "0"})
+    again = Finding.from_dict(finding.to_dict())
+    assert Program.from_dict(again.inputs["program"]) == program
+    assert "not checked" in again.compared["scope"]
+    text, markdown = render_text(again), render_markdown(again)
+    assert "arrive r0 (3 tokens)" in text and "state-hit-groups" in text
+    assert "own program only" in markdown
