@@ -102,6 +102,17 @@ class ExpectedRegime:
     partial_hash_hits: bool
     eagle: tuple[bool, ...]
     num_prefill_lookahead: int
+    # Tokens past each block its hash covers (0: legacy hashes).
+    num_hash_lookahead_tokens: int = 0
+
+    @property
+    def eagle_branch_live(self) -> bool:
+        """Whether any group takes the EAGLE branch of the registration bound."""
+        return any(self.eagle)
+
+    @property
+    def hash_scheme(self) -> str:
+        return "lookahead" if self.num_hash_lookahead_tokens else "legacy"
 
 
 def expected_regime(config: CoordinatorConfig, capabilities: Capabilities) -> ExpectedRegime:
@@ -109,12 +120,15 @@ def expected_regime(config: CoordinatorConfig, capabilities: Capabilities) -> Ex
     adopted from the subject's own flags: a difference is a finding)."""
     partial = capabilities.partial_hash_hits and derive_partial_hash_hits(
         config, require_fine_grained_lookups=capabilities.fine_grained_lookup_fallback)
-    if capabilities.per_group_eagle:
+    # Lookahead block hashes replace the EAGLE drop (the scheduler builds the
+    # manager with use_eagle=False): config.effective_eagle is all off then.
+    hash_lookahead = config.num_hash_lookahead_tokens if capabilities.lookahead_block_hashes else 0
+    if capabilities.per_group_eagle or not config.eagle_drop:
         eagle = config.effective_eagle
     else:  # one global use_eagle flag: every group is EAGLE
         eagle = tuple(config.any_eagle for _ in config.groups)
     lookahead = config.num_prefill_lookahead if capabilities.reprefillable_tokens else 0
-    return ExpectedRegime(partial, eagle, lookahead)
+    return ExpectedRegime(partial, eagle, lookahead, hash_lookahead)
 
 
 # What each published release's code holds, as introspected (``kvspec

@@ -33,6 +33,9 @@ def case_message(case: Case) -> dict[str, Any]:
         "enable_caching": c.enable_caching,
         "num_prefill_lookahead": c.num_prefill_lookahead,
         "dcp_world_size": c.dcp_world_size,
+        # Lookahead block hashes (0: legacy); the worker then builds the
+        # manager with use_eagle=False, as vLLM's scheduler does.
+        "num_hash_lookahead_tokens": c.num_hash_lookahead_tokens,
         "max_model_len": case.max_model_len,
         "num_blocks": case.num_blocks,
         "prompt_len": case.prompt_len,

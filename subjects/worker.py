@@ -160,9 +160,9 @@ class Driver:
         return self.KVCacheManager(**{k: v for k, v in wanted.items() if k in self.manager_params})
 
     def _hash_lookahead(self, case):
-        """Tokens past each block its hash covers: only the MTP evidence
-        (``oracles.mtp``) asks for them; the registration oracle models the
-        legacy hashes."""
+        """Tokens past each block its hash covers (``num_hash_lookahead_tokens``;
+        0: legacy hashes): from the configuration's hash scheme
+        (``model.domain.HashScheme``), or set by the MTP search."""
         lookahead = case.get("num_hash_lookahead_tokens", 0)
         if lookahead and not self.capabilities["lookahead_block_hashes"]:
             raise Unsupported("this vLLM has no lookahead block hashes (added in 0.33)")
