@@ -249,18 +249,21 @@ class CoordinatorConfig:
 
 
 def derive_partial_hash_hits(
-    config: CoordinatorConfig, *, require_fine_grained_lookups: bool = True
+    config: CoordinatorConfig, *, require_fine_grained_lookups: bool = True, dcp_partial: bool = True
 ) -> bool:
     """Whether fine-grained (sub-block) prefix-cache hits are on.
 
     They need prefix caching, the switch on, a Mamba "align" group whose block
-    is coarser than the hash block (or equal to it under DCP), and -- from 0.28,
+    is coarser than the hash block (or equal to it under DCP, from 0.29:
+    ``dcp_partial``; 0.26-0.28 had none under DCP), and -- from 0.28,
     ``require_fine_grained_lookups`` -- every other group able to look up
     inside its block (full attention, Mamba) or with a block equal to the hash
     block; 0.26-0.27 did not have that last fallback.
     """
     H, dcp = config.hash_block_size, config.dcp_world_size
     if not (config.enable_caching and config.allow_partial_hash_hits):
+        return False
+    if dcp > 1 and not dcp_partial:
         return False
     has_aligned_mamba = any(
         g.kind is GroupKind.MAMBA_ALIGN and (g.block_size > H if dcp == 1 else g.block_size >= H)

@@ -71,8 +71,33 @@ def introspect():
         "fine_grained_lookup_fallback": hasattr(stm, "supports_fine_grained_hash_lookup"),
         "get_num_cacheable_tokens": hasattr(hybrid, "get_num_cacheable_tokens"),
         "lookahead_block_hashes": "num_hash_lookahead_tokens" in manager_params,
+        **_deployment_features(hybrid_source, kv_cache_interface, kv_cache_coordinator),
         "manager_keywords": sorted(manager_params),
         "request_keywords": sorted(request_params),
+    }
+
+
+def _deployment_features(hybrid_source, kv_cache_interface, kv_cache_coordinator):
+    """Features a deployment can switch on that kvspec's differential does
+    not drive (``Capabilities.not_covered`` words them): partial hash hits
+    under DCP > 1, the prefix-cache retention interval, replay boundaries
+    handed to ``cache_blocks``, groups that opt out of prefix caching."""
+    from vllm.v1.core import kv_cache_utils
+
+    rule = hybrid_source
+    if hasattr(kv_cache_utils, "partial_hash_hits_enabled"):
+        rule += inspect.getsource(kv_cache_utils.partial_hash_hits_enabled)
+    config_fields = {f.name for f in dataclasses.fields(kv_cache_interface.KVCacheConfig)}
+    try:
+        import vllm.envs as envs
+        retention_env = "VLLM_PREFIX_CACHE_RETENTION_INTERVAL" in inspect.getsource(envs)
+    except Exception:
+        retention_env = False
+    return {
+        "dcp_partial_hash_hits": "block_size >= hash_block_size" in rule,
+        "retention_interval": "prefix_cache_retention_interval" in config_fields or retention_env,
+        "replay_boundaries": "replay_boundaries" in inspect.getsource(kv_cache_coordinator),
+        "per_group_caching": hasattr(kv_cache_interface.KVCacheSpec, "prefix_cacheable"),
     }
 
 
