@@ -99,10 +99,12 @@ class FuzzSettings:
     lookup: bool = False
     verify_test: bool = True
     progress: bool = False  # progress lines on stderr
+    hash_schemes: tuple[str, ...] | None = None  # --hash-scheme (None: every one the subject has)
+    reach: bool = True  # assess which deployments reach a finding (kvspec.reach)
 
     def as_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "max_examples": self.max_examples, "lookup": self.lookup,
-                "jobs": self.jobs}
+                "jobs": self.jobs, "hash_schemes": list(self.hash_schemes) if self.hash_schemes else "all"}
 
 
 @attrs.define
@@ -126,7 +128,10 @@ class FuzzRun:
 
     @property
     def outcome(self) -> Outcome:
-        parts = [Outcome.FINDING if s.finding is not None or s.result.failure is not None else Outcome.OK
+        parts = [Outcome.OK if s.finding is None and s.result.failure is None
+                 # A finding no deployment reaches, or acceptance-only: hardening (kvspec.reach).
+                 else Outcome.HARDENING if s.finding is not None and s.finding.reach is not None
+                 and s.finding.reach.hardening else Outcome.FINDING
                  for s in self.subjects]
         parts += [Outcome.USAGE for _ in self.errors]
         if self.stopped is not None:
@@ -185,7 +190,8 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
             try:
                 if jobs > 1:
                     result = fuzz_parallel(subject, jobs, settings.max_examples, settings.seed,
-                                           settings.database, lookup=settings.lookup)
+                                           settings.database, lookup=settings.lookup,
+                                           hash_schemes=settings.hash_schemes)
                     proc = _launch(subject) if result.failure is not None else None
                 else:
                     proc = launched.pop(index)
@@ -207,6 +213,8 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
                             "sweeping and emitting a regression test")
                         entry.finding, entry.finding_path = complete_finding(
                             proc, result, findings_dir, versions(), verify=settings.verify_test)
+                        if settings.reach:  # who is affected (kvspec.reach), stored with the finding
+                            entry.finding = _reach(entry.finding, entry.finding_path, proc, say)
                     elif result.failure is not None:  # stopped mid-run: keep what was found, as found
                         entry.finding, entry.finding_path = store_raw_finding(result, findings_dir, versions())
                     run.subjects.append(entry)
@@ -241,6 +249,15 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
     return run
 
 
+def _reach(finding, path, proc, say: Say):
+    from kvspec.reach import attach
+    from kvspec.report.completion import store_finding
+
+    finding = attach(finding, proc=proc, say=say)
+    store_finding(finding, path)
+    return finding
+
+
 def _say_result(entry: SubjectRun, say: Say, in_parallel: str) -> None:
     from kvspec.report.finding import render_text
 
@@ -256,10 +273,20 @@ def _say_result(entry: SubjectRun, say: Say, in_parallel: str) -> None:
         say(f"{result.subject['label']}: STOPPED after {result.cases} cases: {result.stopped_why}")
     else:
         say(render_text(finding))
+        if finding.reach is not None:
+            say(f"  who is affected: {finding.reach.summary}")
         say(f"  stored: {entry.finding_path}")
         if result.other_failures:
             say(f"  {len(result.other_failures)} other distinct failure(s) found by other jobs: "
                 + "; ".join(f.case.describe() for f in result.other_failures))
+    # Under which hash schemes and scopes the result holds, and what was not driven.
+    say(f"  {result.scheme_text}; deployment profiles: "
+        + (f"{result.tally.deployment_cases} cases on {result.deployment_configs} derived configurations"
+           if result.deployment_configs else result.deployments_note))
+    for item in result.capabilities.not_covered():
+        say(f"  not covered: {item}")
+    for known in result.known_excluded:
+        say(f"  known finding kept out of the draw (diff_tests/known.py): {known.name}: {known.reach}")
 
 
 def _fuzz_one(proc, label: str, settings: FuzzSettings, database, started: float, say: Say):
@@ -279,7 +306,7 @@ def _fuzz_one(proc, label: str, settings: FuzzSettings, database, started: float
 
     # Failing examples from earlier runs are replayed first.
     return fuzz_subject(proc, settings.max_examples, settings.seed, database=database, progress=tick,
-                        on_first_failure=first, lookup=settings.lookup)
+                        on_first_failure=first, lookup=settings.lookup, hash_schemes=settings.hash_schemes)
 
 
 # -- mutants --------------------------------------------------------------------

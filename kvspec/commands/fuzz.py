@@ -38,6 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write a Markdown report (also appended to $GITHUB_STEP_SUMMARY when set)")
     parser.add_argument("--no-verify-test", action="store_true",
                         help="do not run the emitted regression test against the subject")
+    parser.add_argument("--hash-scheme", choices=("lookahead", "legacy"), default=None,
+                        help="fuzz only this hash scheme (default: every one the subject has; on 0.33+ "
+                             "lookahead, its default, and legacy, where the EAGLE branch of the bound runs); "
+                             "the verdict says what was left out")
     parser.add_argument("--lookup", action="store_true",
                         help="follow every request with a later one that looks up (get_computed_blocks) and "
                              "check its hit too: the hit-length differential")
@@ -69,7 +73,9 @@ def fuzz_and_write(named, args, *, markdown: str | None, verify_test: bool, look
     print(f"kvspec fuzz: seed {seed} (rerun with --seed {seed})", flush=True)
     settings = usecases.FuzzSettings(max_examples=args.max_examples, seed=seed, database=args.database,
                                      jobs=args.jobs, lookup=lookup, verify_test=verify_test,
-                                     progress=sys.stderr.isatty())
+                                     progress=sys.stderr.isatty(),
+                                     hash_schemes=(args.hash_scheme,) if getattr(args, "hash_scheme", None)
+                                     else None)
 
     def record(fuzz_run) -> None:
         if json_path is not None:
