@@ -15,7 +15,7 @@ the spec differ.
 Impact in the worst affected profile: tokens lost (or registered beyond the
 spec) at a request's end, the largest and the mean over request lengths, and
 the hit-rate points of the hit-rate replay on that profile
-(``kvspec.usecases.hitrate_row``) where affordable.  The explanation's knob
+(``subjects/drivers/hitrate.py``, what ``kvspec hitrate`` runs) where affordable.  The explanation's knob
 lines are generated here from the derivations (what the reached profiles
 share and the others lack, and the release's own speculative-method table),
 never written per rule.  A finding no profile reaches, or whose effect is
@@ -209,8 +209,9 @@ def _hitrate(finding: Finding, worst: Derivation, say: Say) -> dict[str, Any]:
     """Hit-rate points lost on the worst profile: the subject replayed against
     the release it was made from (a mutant), or, for a release, against the
     model of the diagnosed rule beside the spec's ideal (both modelled)."""
-    from kvspec import usecases
     from kvspec.model.workload import Workload
+    from kvspec.subjects.drivers.hitrate import SubjectCache, replay
+    from kvspec.subjects.process import SubjectProcess
     from kvspec.subjects.subject import mutant_subject, release
 
     subject = finding.compared.get("subject") or {}
@@ -218,13 +219,14 @@ def _hitrate(finding: Finding, worst: Derivation, say: Say) -> dict[str, Any]:
     workload = Workload()
     if subject.get("kind") == "mutant":
         say(f"  reach: hit-rate replay of {subject['label']} and vLLM {subject['version']} on {worst.profile}")
-        mutated = usecases.hitrate_row(mutant_subject(subject["version"], subject["mutant"]), subject["label"],
-                                       config, workload)
-        base = usecases.hitrate_row(release(subject["version"]), f"vllm {subject['version']}", config, workload)
-        return {"profile": worst.profile, "subject_hit_rate": mutated["hit_rate"], "reference": base["label"],
-                "reference_hit_rate": base["hit_rate"],
-                "points": round(100 * (mutated["hit_rate"] - base["hit_rate"]), 2),
-                "how": "measured: both replayed on real vLLM"}
+        rates = []
+        for replayed in (mutant_subject(subject["version"], subject["mutant"]), release(subject["version"])):
+            with SubjectProcess(replayed) as proc:
+                rates.append(replay(workload, SubjectCache(proc, config, workload)).hit_rate)
+        return {"profile": worst.profile, "subject_hit_rate": round(rates[0], 6),
+                "reference": f"vllm {subject['version']}", "reference_hit_rate": round(rates[1], 6),
+                "points": round(100 * (rates[0] - rates[1]), 2),
+                "how": "measured: both replayed on real vLLM (kvspec hitrate's default workload)"}
     diagnosis = finding.explanation.diagnosis if finding.explanation else None
     if diagnosis is None or subject.get("kind") != "release":
         return {"profile": worst.profile, "points": None,

@@ -100,7 +100,6 @@ class FuzzSettings:
     verify_test: bool = True
     progress: bool = False  # progress lines on stderr
     hash_schemes: tuple[str, ...] | None = None  # --hash-scheme (None: every one the subject has)
-    reach: bool = True  # assess which deployments reach a finding (kvspec.reach)
 
     def as_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "max_examples": self.max_examples, "lookup": self.lookup,
@@ -160,18 +159,20 @@ def _launch(subject):
 
 def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: FuzzRun | None = None,
          on_update: Callable[[FuzzRun], None] = lambda run: None, say: Say = _print,
-         started: float | None = None) -> FuzzRun:
+         started: float | None = None, on_finding: Callable | None = None) -> FuzzRun:
     """Fuzz each subject in its own worker; the run is handed to ``on_update``
     after every subject and finding.  A setup error of one subject is
     recorded and the next one fuzzed; an infrastructure error or an interrupt
     stops the run (status INCOMPLETE or INTERRUPTED), keeping what was found.
 
     With one job, workers start ahead: the next one while the current one
-    is fuzzed, so vLLM's import time overlaps other work."""
+    is fuzzed, so vLLM's import time overlaps other work.  ``on_finding``
+    (the command passes ``kvspec.reach.attach``) completes each finding with
+    who it reaches, while its subject is still live; the finding is stored again."""
     from kvspec.diff_tests.database import example_database
     from kvspec.diff_tests.parallel import fuzz_parallel
     from kvspec.model.about import versions
-    from kvspec.report.completion import complete_finding, store_raw_finding
+    from kvspec.report.completion import complete_finding, store_finding, store_raw_finding
 
     started = time.perf_counter() if started is None else started
     run = FuzzRun(settings, [subject.label for subject in subjects]) if run is None else run
@@ -213,8 +214,9 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
                             "sweeping and emitting a regression test")
                         entry.finding, entry.finding_path = complete_finding(
                             proc, result, findings_dir, versions(), verify=settings.verify_test)
-                        if settings.reach:  # who is affected (kvspec.reach), stored with the finding
-                            entry.finding = _reach(entry.finding, entry.finding_path, proc, say)
+                        if on_finding is not None:  # who is affected (kvspec.reach.attach), stored with it
+                            entry.finding = on_finding(entry.finding, proc, say)
+                            store_finding(entry.finding, entry.finding_path)
                     elif result.failure is not None:  # stopped mid-run: keep what was found, as found
                         entry.finding, entry.finding_path = store_raw_finding(result, findings_dir, versions())
                     run.subjects.append(entry)
@@ -247,15 +249,6 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
             if not isinstance(proc, Exception):
                 proc.close()
     return run
-
-
-def _reach(finding, path, proc, say: Say):
-    from kvspec.reach import attach
-    from kvspec.report.completion import store_finding
-
-    finding = attach(finding, proc=proc, say=say)
-    store_finding(finding, path)
-    return finding
 
 
 def _say_result(entry: SubjectRun, say: Say, in_parallel: str) -> None:

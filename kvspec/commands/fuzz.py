@@ -55,6 +55,13 @@ def run(args: argparse.Namespace) -> Outcome:
                           lookup=args.lookup)
 
 
+def _who_is_affected(finding, proc, say):
+    """Every finding says which deployments it reaches (kvspec.reach)."""
+    from kvspec.reach import attach
+
+    return attach(finding, proc=proc, say=say)
+
+
 def fuzz_and_write(named, args, *, markdown: str | None, verify_test: bool, lookup: bool) -> Outcome:
     """Check every output and the database first, then fuzz, writing the
     JSON and Markdown after each subject and once more at the end."""
@@ -87,7 +94,8 @@ def fuzz_and_write(named, args, *, markdown: str | None, verify_test: bool, look
 
     fuzz_run = usecases.FuzzRun(settings, [s.label for s in named])
     try:
-        usecases.fuzz(named, settings, findings_dir, run=fuzz_run, on_update=record, started=STARTED)
+        usecases.fuzz(named, settings, findings_dir, run=fuzz_run, on_update=record, started=STARTED,
+                      on_finding=_who_is_affected)
     finally:
         record(fuzz_run)
         if os.environ.get("GITHUB_STEP_SUMMARY"):
