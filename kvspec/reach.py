@@ -254,11 +254,20 @@ def _assess(finding: Finding, *, proc=None, hitrate: bool = True,
     """The Reach and the knob lines generated from the same derivations."""
     from kvspec.model.variants import variant
 
-    derived, release = _derivations(finding, say)
     caps = finding.subject_capabilities()
     diagnosis = finding.explanation.diagnosis if finding.explanation else None
     rule = variant(diagnosis).rule if diagnosis else None
-    registration = finding.category in _REGISTRATION or finding.category is Category.SUBJECT_CRASH
+    # The live subject is driven only for registration-side findings, and not
+    # when the worker itself died on the case (every request would kill it again).
+    died = bool((finding.observations or {}).get("crashed"))
+    registration = (finding.category in _REGISTRATION or finding.category is Category.SUBJECT_CRASH) and not died
+    if rule is None and not (proc is not None and registration):
+        why = ("the worker process died on the case" if died else
+               "no live subject was at hand to drive the profiles" if registration else
+               "the profiles are not driven for this category")
+        return Reach(f"not assessed: no model variant explains this {finding.category.title} finding and {why}",
+                     (), None, hardening=False), ()
+    derived, release = _derivations(finding, say)
     entries, reached = [], []
     assessed = 0
     for d in derived:
@@ -279,10 +288,6 @@ def _assess(finding: Finding, *, proc=None, hitrate: bool = True,
     knobs = knob_lines(reached, derived, facts, release)
     out_of_scope = sorted({f"{d.profile}: {d.in_scope}" for d in derived if d.in_scope})
     acceptance_only = finding.category.value in ACCEPTANCE_ONLY
-    if rule is None and not (proc is not None and registration):
-        summary = (f"not assessed: no model variant explains this {finding.category.title} finding and no live "
-                   "subject was at hand to drive the profiles")
-        return Reach(summary, (), None, hardening=False), knobs
     worst = None
     if entries:
         best = max(range(len(entries)), key=lambda i: (entries[i]["impact"].get("max_tokens_lost", 0),
@@ -366,5 +371,7 @@ def attach(finding: Finding, *, proc=None, hitrate: bool = True, say: Say = _qui
     explanation = finding.explanation
     if explanation is not None:
         explanation = attrs.evolve(explanation, knobs=knobs)
-    return attrs.evolve(finding, reach=reach, explanation=explanation)
+    # What the release can do that the differential does not drive, with the finding.
+    compared = {**finding.compared, "not_covered": list(finding.subject_capabilities().not_covered())}
+    return attrs.evolve(finding, reach=reach, explanation=explanation, compared=compared)
 

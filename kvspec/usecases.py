@@ -454,7 +454,12 @@ def mtp_model_side() -> list[dict[str, Any]]:
 
 
 def mtp_subject_side(subject) -> dict[str, Any]:
-    from kvspec.oracles.mtp import HASH_SCHEMES
+    """The stale-reuse search on one subject (the writer chunked by its own
+    scheduler), the model's condition checked per configuration, the
+    suggested fix checked against what vLLM did, and which deployment
+    profiles (as the release's own configuration code derives them) reach it."""
+    from kvspec.oracles.mtp import HASH_SCHEMES, fix_rejects, profiles_reaching
+    from kvspec.subjects.drivers.deployments import derivations
     from kvspec.subjects.drivers.mtp import search_stale_reuse
     from kvspec.subjects.process import SubjectProcess
 
@@ -479,10 +484,25 @@ def mtp_subject_side(subject) -> dict[str, Any]:
         result["model_necessary"] = all(r["model_predicts_stale"] for r in rows if r["vllm_stale"])
         result["model_condition_matches"] = all(
             bool(r["vllm_stale"]) == r["model_predicts_stale"] for r in rows)
+        # The condition a single-chunk writer showed (kept to show it does not match).
         result["whole_block_condition_matches"] = all(
             bool(r["vllm_stale"]) == r["model_predicts_stale_whole_blocks"] for r in rows)
+        # The suggested guard against what vLLM did: it must refuse every
+        # configuration with stale reuse and nothing vLLM handles safely.
+        result["fix_refuses_every_stale"] = all(r["fix_rejects"] for r in rows if r["vllm_stale"])
+        result["fix_refuses_safe"] = [r["config"] for r in rows if r["fix_rejects"] and not r["vllm_stale"]]
         results[scheme] = result
-    return {"subject": subject.label, "vllm_version": version, "schemes": results}
+    try:
+        derived = derivations(subject, version)
+        reach = {"profiles": profiles_reaching(derived), "derivations": len(derived),
+                 "fix_refuses_profiles": [d.profile for d in derived
+                                          if d.coordinator_config() is not None and d.eagle_branch_live
+                                          and fix_rejects(d.coordinator_config())],
+                 "called": sum(bool(d.called) for d in derived)}
+    except Exception as exc:  # the deployment derivation is extra evidence; say why it is missing
+        reach = {"error": f"{type(exc).__name__}: {exc}"}
+    return {"subject": subject.label, "vllm_version": version, "schemes": results, "reach": reach,
+            "not_covered": list(caps.not_covered())}
 
 
 # -- the hit-rate replay ---------------------------------------------------------

@@ -53,7 +53,6 @@ stand-in holding only ``method``), which kvspec's knob lines quote.
 import dataclasses
 import inspect
 import json
-import math
 import os
 import sys
 import tempfile

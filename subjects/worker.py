@@ -150,7 +150,7 @@ class Driver:
         if kind == "mamba_align":
             return self.iface.MambaSpec(
                 block_size=block, shapes=((4, 4),), dtypes=(torch.float16,),
-                mamba_cache_mode="align")
+                mamba_cache_mode="align", **group.get("mamba_spec", {}))
         raise ValueError(f"unknown group kind {kind!r}")
 
     def _manager(self, case):
@@ -379,6 +379,92 @@ class Driver:
         return reply
 
 
+# -- vLLM's prefill chunking of a Mamba "align" layout (the MTP search) ----------------
+
+def mamba_layer_checkpoint_fields():
+    """The prefill-checkpoint fields vLLM's own Mamba2 layer gives its
+    MambaSpec in this release ({} where it declares none), read from the
+    layer's source text (importing the model layers is not needed)."""
+    import vllm
+
+    path = os.path.join(os.path.dirname(vllm.__file__), "model_executor", "layers", "mamba", "mamba_mixer2.py")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError:
+        return {}
+    if "num_prefill_checkpoint_blocks=1" in text and "prefill_checkpoint_alignment=1" in text:
+        return {"num_prefill_checkpoint_blocks": 1, "prefill_checkpoint_alignment": 1}
+    return {}
+
+
+class _SchedulerStandIn:
+    """The attributes ``Scheduler._mamba_block_aligned_split`` and
+    ``_reserve_prefill_lookahead`` read, set as ``Scheduler.__init__`` sets
+    them from the manager kvspec built (kvspec's model of that constructor;
+    the two methods themselves are vLLM's, called unbound)."""
+
+    def __init__(self, manager, case):
+        import types
+
+        coordinator = manager.coordinator
+        mamba = [m.kv_cache_spec for m in coordinator.single_type_managers
+                 if type(m.kv_cache_spec).__name__ == "MambaSpec"]
+        drop = any(getattr(m, "use_eagle", False) for m in coordinator.single_type_managers)
+        H, S = case["hash_block_size"], case["scheduler_block_size"]
+        self.cache_config = types.SimpleNamespace(block_size=mamba[0].block_size if mamba else S)
+        self.block_size = S
+        self.hash_block_size = H
+        partial = bool(getattr(coordinator, "enable_partial_hash_hits", False))
+        self.mamba_partial_cache_hit = bool(mamba) and H < S and partial
+        self.use_eagle = self.use_eagle_block_drop = drop
+        self.mamba_fine_grained_prefix_cache = False
+        self.mamba_has_prefill_checkpoint_blocks = bool(mamba) and all(
+            getattr(spec, "num_prefill_checkpoint_blocks", 0) > 0 for spec in mamba)
+        self.mamba_prefill_checkpoint_alignment = getattr(mamba[0], "prefill_checkpoint_alignment", None) \
+            if mamba else None
+        self.mamba_shared_prefix_checkpoint = False
+        self.max_num_scheduled_tokens = 1 << 16
+        self.scheduler_config = types.SimpleNamespace(long_prefill_token_threshold=0)
+        self.num_hash_lookahead_tokens = case.get("num_hash_lookahead_tokens", 0)
+        self.num_prefill_lookahead = case["num_prefill_lookahead"]
+
+
+def prefill_chunks(driver, request):
+    """vLLM's scheduler chunking of each prompt length for one geometry:
+    ``_mamba_block_aligned_split`` then ``_reserve_prefill_lookahead`` in
+    ``schedule()``'s order, until the prompt is computed (a step that
+    schedules nothing is a stall, reported as such)."""
+    import types
+
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    case = request["case"]
+    split = getattr(Scheduler, "_mamba_block_aligned_split", None)
+    reserve = getattr(Scheduler, "_reserve_prefill_lookahead", None)
+    if split is None:
+        return {"ok": False, "unsupported": True, "error": "this vLLM's scheduler has no _mamba_block_aligned_split"}
+    manager = driver._manager(case)
+    scheduler = _SchedulerStandIn(manager, case)
+    out = []
+    for prompt in request["prompts"]:
+        req = types.SimpleNamespace(num_computed_tokens=0, num_prompt_tokens=prompt, num_tokens=prompt,
+                                    shared_prefix_boundary=0)
+        chunks, computed = [], 0
+        while computed < prompt:
+            new = split(scheduler, req, prompt - computed)
+            if reserve is not None:
+                new = reserve(scheduler, req, computed, new)
+            if new <= 0:
+                break
+            chunks.append(new)
+            computed += new
+            req.num_computed_tokens = computed
+        out.append({"prompt": prompt, "chunks": chunks, "stalled_at": None if computed >= prompt else computed})
+    return {"ok": True, "results": out, "reserve": reserve is not None,
+            "checkpoint_blocks": scheduler.mamba_has_prefill_checkpoint_blocks}
+
+
 # What a case says about its request rather than about the manager's geometry.
 _PER_REQUEST_FIELDS = ("prompt_len", "steps", "probe")
 # Reset managers kept for reuse, one per geometry: a batch has one, but the
@@ -482,6 +568,10 @@ def main():
             _send({"ok": True, "done": True})
         elif request.get("op") in ("open_session", "session_actions"):
             _send(_session_op(driver, request))
+        elif request.get("op") == "prefill_chunks":
+            _send(_prefill_chunks_op(driver, request))
+        elif request.get("op") == "mamba_layer_checkpoint_fields":
+            _send({"ok": True, "fields": mamba_layer_checkpoint_fields()})
         elif request.get("op") == "stats":
             _send({"ok": True, "cases": driver.serial, "managers_built": driver.managers_built,
                    "reuse_managers": driver.reuse_managers})
@@ -504,6 +594,15 @@ def _run_one(driver, case):
                  "traceback": traceback.format_exc()}
     reply["seconds"] = time.perf_counter() - started
     return reply
+
+
+def _prefill_chunks_op(driver, request):
+    try:
+        return prefill_chunks(driver, request)
+    except Unsupported as exc:
+        return {"ok": False, "unsupported": True, "error": str(exc)}
+    except BaseException as exc:
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
 
 
 def _session_op(driver, request):

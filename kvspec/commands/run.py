@@ -129,7 +129,8 @@ def run(args: argparse.Namespace) -> Outcome:
     lines.append(f"hash scheme: {_scheme_text(case, regime)}")
     record: dict[str, Any] = {"subject": subject.as_dict(), "vllm_version": version, "case": case.as_dict(),
                               "corpus_case": entry.name if entry else None, "hash_scheme": scheme,
-                              "eagle_branch_live": regime.eagle_branch_live, "reply": reply}
+                              "eagle_branch_live": regime.eagle_branch_live, "reply": reply,
+                              "not_covered": list(caps.not_covered())}
     if not reply.get("ok"):
         lines.append(f"vLLM raised ({reply.get('phase', 'drive')}): {reply.get('error')}")
         found = compare(case, caps, reply)
@@ -160,6 +161,7 @@ def run(args: argparse.Namespace) -> Outcome:
     found = compare(case, caps, reply)
     verdict = ("AGREES with the spec" if not found
                else "DIFFERS: " + "; ".join(d.summary() for d in found))
+    lines += [f"not covered: {item}" for item in caps.not_covered()]
     lines.append(f"VERDICT ({scheme} hashes): {verdict}")
     print("\n".join(lines))
     if json_path is not None:

@@ -17,7 +17,7 @@ import json
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+
 
 from kvspec.model.deployments import CATALOG, Derivation, Profile, derive, from_probe, schemes_for
 

@@ -8,6 +8,7 @@ import shutil
 import pytest
 
 from kvspec.cli import main
+from kvspec.model.finding import FINDING_SCHEMA
 from kvspec.model.outcome import Outcome
 from kvspec.subjects.provision import ensure_release
 
@@ -111,7 +112,7 @@ def test_mutant_option_finding_report_replay_and_regression_test(tmp_path, capsy
     assert release_run["subject"]["label"] == "vllm 0.33.0" and release_run["verdict"] == "no discrepancy"
     assert mutant_run["subject"]["label"] == "vllm 0.33.0 + refloor_50062"
     finding = mutant_run["finding"]
-    assert finding["schema"] == "kvspec.finding/1"
+    assert finding["schema"] == FINDING_SCHEMA
     assert finding["compared"]["mutant"]["operator"] == "refloor_50062"
     assert finding["ledger"]["blame"] == "implementation bug"
     assert finding["explanation"]["diagnosis"] == "regression_50062"
@@ -121,6 +122,17 @@ def test_mutant_option_finding_report_replay_and_regression_test(tmp_path, capsy
     assert finding["explanation"]["loss_predicted"] == finding["explanation"]["loss_observed"] > 0
     assert {t["status"] for t in finding["explanation"]["theorems"]} == {"PROVED"}
     # The emitted test fails on the mutant (on its assertion) and passes on 0.33.0.
+    # Who is affected: the deployment profiles where the re-floor differs, each
+    # derived by 0.33.0's own configuration code (kvspec.reach).
+    reach = finding["reach"]
+    assert reach["profiles"] and not reach["hardening"]
+    assert {p["hash_scheme"] for p in reach["profiles"]} == {"legacy"}  # 0.33's default never runs it
+    for profile in reach["profiles"]:
+        assert {"groups", "block_sizes", "manager"} <= set(profile["derivation"]["called"])
+        assert profile["impact"]["max_tokens_lost"] > 0
+    assert reach["worst"]["hitrate"]["points"] < 0
+    assert any(k.startswith("hash scheme: reached only with legacy") for k in finding["explanation"]["knobs"])
+    assert doc["subjects"][1]["hash_schemes"]["fuzzed"] == ["legacy", "lookahead"]
     checks = {c["must"]: c for c in finding["regression_test"]["verified"]}
     assert checks["failed"]["as_expected"] and checks["passed"]["as_expected"], checks
     text = markdown.read_text()
