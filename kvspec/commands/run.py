@@ -1,7 +1,9 @@
 """``kvspec run``: one geometry on demand, on real vLLM, beside the spec.
 
-Runs one named corpus case (``model/corpus.py``) or a configuration and step
-list given as JSON (a ``Case``: ``{"config": {...}, "prompt_len": N,
+Runs one named corpus case (``model/corpus.py``), a deployment profile's
+configuration as the release's own code derives it (``--profile``; ``--profiles``
+prints every profile's derivation, called and modelled steps), or a
+configuration and step list given as JSON (a ``Case``: ``{"config": {...}, "prompt_len": N,
 "steps": [...]}``, inline or in a file) through the subject's own
 ``KVCacheManager`` and prints, at every ``cache_blocks`` call, each group's
 bound and registered full blocks beside the spec's, the regime both sides
@@ -35,6 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--case", metavar="NAME", help="a corpus case (model/corpus.py), e.g. seed_52419")
     what.add_argument("--config", metavar="JSON", help="a case as JSON, inline or a file name")
+    what.add_argument("--profile", metavar="NAME",
+                      help="a deployment profile (model/deployments.py): its configuration as the release's "
+                           "own code derives it, then one request of --prompt tokens")
+    what.add_argument("--profiles", action="store_true",
+                      help="print every deployment profile's derivation on the release (called and modelled "
+                           "steps) and run nothing")
+    parser.add_argument("--prompt", type=int, default=None, metavar="N",
+                        help="with --profile: the request's prompt (default 2.5 scheduler blocks)")
     parser.add_argument("--hash-scheme", choices=("lookahead", "legacy"), default=None,
                         help="block hashes to run under (default: the release's own default: lookahead "
                              "on 0.33+, legacy before)")
@@ -81,6 +91,52 @@ def _case(args: argparse.Namespace):
     return Case.from_dict(data), None
 
 
+def _derived(subject, version: str):
+    from kvspec.subjects.drivers.deployments import derivations
+    from kvspec.subjects.subject import release
+
+    probed_on = release(subject.version) if subject.kind in ("release", "mutant") else subject
+    return derivations(probed_on, version)
+
+
+def _print_profiles(subject, version: str) -> Outcome:
+    from kvspec.model.deployments import profile
+
+    print(f"kvspec run: the deployment profiles on vLLM {version}, derived by {subject.label}'s configuration code")
+    for d in _derived(subject, version):
+        p = profile(d.profile)
+        print(f"{p.describe()} -- {'legacy hashes asked' if d.legacy_hashes else 'defaults'}")
+        print(f"  {d.summary()}")
+        config = d.coordinator_config()
+        print(f"  kvspec configuration: {config.describe() if config else 'none: ' + str(d.in_scope)}")
+        print(f"  called: {', '.join(d.called) or 'nothing'}; modelled: {', '.join(d.modelled) or 'nothing'}")
+        for step in d.steps:
+            if step.note and step.step == "release_code":
+                print(f"  {step.note}")
+    return Outcome.OK
+
+
+def _profile_case(subject, version: str, name: str, scheme: str | None, prompt: int | None):
+    """The profile's derived configuration (under legacy hashes when asked)
+    and one request: a prompt in server-sized chunks, then two decodes."""
+    from kvspec.model.case import Case, Step, decode
+    from kvspec.model.deployments import profile
+
+    profile(name)  # a known name, or a usage error below
+    chosen = [d for d in _derived(subject, version) if d.profile == name
+              and d.legacy_hashes == (scheme == "legacy")]
+    if not chosen:
+        chosen = [d for d in _derived(subject, version) if d.profile == name]
+    derived = chosen[0]
+    config = derived.coordinator_config()
+    if config is None:
+        raise UsageError(f"profile {name} on vLLM {version}: {derived.in_scope or 'no hybrid coordinator'}")
+    S = config.scheduler_block_size
+    n = prompt or 2 * S + S // 2 + 1
+    steps = tuple(Step("prefill", tokens=min(2048, n - i)) for i in range(0, n, 2048)) + (decode(), decode(2, 1))
+    return Case(config, n, steps), derived
+
+
 def _with_scheme(case, scheme: str):
     import attrs
 
@@ -110,13 +166,29 @@ def run(args: argparse.Namespace) -> Outcome:
 
     json_path = writable(args.json, "--json")
     subject = _subject(args)
-    case, entry = _case(args)
+    derived = None
+    if args.profiles or args.profile:
+        version = subject.version
+        if version is None:
+            raise UsageError("--profile and --profiles name a release: use --vllm VERSION")
+        if args.profiles:
+            return _print_profiles(subject, version)
+        try:
+            case, derived = _profile_case(subject, version, args.profile, args.hash_scheme, args.prompt)
+        except KeyError as exc:
+            raise UsageError(str(exc.args[0])) from None
+        entry = None
+    else:
+        case, entry = _case(args)
     with SubjectProcess(subject) as proc:
         caps = proc.capabilities
         scheme = args.hash_scheme or ("lookahead" if caps.lookahead_block_hashes else "legacy")
         if scheme == "lookahead" and not caps.lookahead_block_hashes:
             raise UsageError(f"{subject.label} has no lookahead block hashes (0.33+); use --hash-scheme legacy")
-        case = _with_scheme(case, scheme)
+        if derived is None:
+            case = _with_scheme(case, scheme)
+        else:  # the profile's own scheme, as derived (legacy when asked and the release offers it)
+            scheme = case.config.hash_scheme.value
         reply = proc.run(case_message(case))
         version = proc.identity.get("vllm_version")
     regime = expected_regime(case.config, caps)
@@ -125,10 +197,15 @@ def run(args: argparse.Namespace) -> Outcome:
         lines.append(f"case {entry.name}: {entry.source}")
         lines.append("  corpus expects, per group at n = " + str(entry.n) + ": "
                      + "; ".join(f"{name} {list(tokens)}" for name, tokens in entry.expected.items()))
+    if derived is not None:
+        lines.append(f"profile {derived.profile}: {derived.summary()}")
+        lines.append(f"  derivation: called {', '.join(derived.called) or 'nothing'}; "
+                     f"modelled {', '.join(derived.modelled) or 'nothing'}")
     lines.append(f"configuration: {case.describe()}")
     lines.append(f"hash scheme: {_scheme_text(case, regime)}")
     record: dict[str, Any] = {"subject": subject.as_dict(), "vllm_version": version, "case": case.as_dict(),
                               "corpus_case": entry.name if entry else None, "hash_scheme": scheme,
+                              "profile": derived.as_dict() if derived is not None else None,
                               "eagle_branch_live": regime.eagle_branch_live, "reply": reply,
                               "not_covered": list(caps.not_covered())}
     if not reply.get("ok"):

@@ -45,3 +45,14 @@ def test_a_configuration_as_json_and_usage_errors(tmp_path, capsys):
     assert main(["run", "--vllm", "0.28.0", "--config", json.dumps(case), "--hash-scheme", "lookahead"]) \
         == Outcome.USAGE.exit_code
     assert main(["run", "--vllm", "0.33.0", "--case", "no_such_case"]) == Outcome.USAGE.exit_code
+
+
+def test_deployment_profiles_derived_and_run(tmp_path, capsys):
+    assert main(["run", "--vllm", "0.33.0", "--profiles"]) == Outcome.OK.exit_code
+    text = capsys.readouterr().out
+    assert text.count("called: engine_config, attention_block, layer_specs") >= 18
+    assert "modelled: platform, layer_layout" in text
+    code, text, doc = _run(["--vllm", "0.33.0", "--mutant", "refloor_50062", "--profile",
+                            "qwen3-next+eagle3-kv8+pmu16", "--hash-scheme", "legacy"], tmp_path, capsys)
+    assert code == Outcome.FINDING.exit_code and doc["profile"]["scheduler_block_size"] == 1120
+    assert "manager" in doc["profile"]["called"] and doc["eagle_branch_live"] is True
