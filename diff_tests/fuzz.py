@@ -55,10 +55,27 @@ class FuzzResult:
     # found, unshrunk.
     stopped: Outcome | None = None
     stopped_why: str = ""
+    # What the tree lacks against the release it claims to be, and so was
+    # not fuzzed ("" when the scope is whole).
+    scope_reduction: str = ""
+
+    units = "cases"  # what `cases` counts, in a progress or rate line
+
+    @property
+    def differential(self) -> str:
+        return "lookup" if self.lookup else "registration"
 
     @property
     def examples(self) -> int:
         return self.tally.examples
+
+    def coverage(self) -> str:
+        """What the run exercised, in words."""
+        return (f"{self.cases} differential cases ({self.examples} Hypothesis examples, {self.calls} "
+                f"cache_blocks calls{f', {self.tally.lookups} later-request lookups' if self.lookup else ''})")
+
+    def first_failure(self) -> str:
+        return f"{self.cases_to_first_failure} cases"
 
     @property
     def cases(self) -> int:
@@ -72,13 +89,19 @@ class FuzzResult:
     def outcome(self) -> Outcome:
         if self.failure is not None:
             return Outcome.FINDING
-        return self.stopped or Outcome.OK
+        if self.stopped is not None:
+            return self.stopped
+        return Outcome.INCOMPLETE if self.scope_reduction else Outcome.OK
 
     @property
     def verdict(self) -> str:
         if self.failure is not None:
             return "discrepancy"
-        return "no discrepancy" if self.stopped is None else f"incomplete ({self.stopped_why})"
+        if self.stopped is not None:
+            return f"incomplete ({self.stopped_why})"
+        if self.scope_reduction:
+            return f"no discrepancy in a reduced scope ({self.scope_reduction})"
+        return "no discrepancy"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -98,6 +121,7 @@ class FuzzResult:
             "failure": None if self.failure is None else self.failure.as_dict(),
             "jobs": self.jobs,
             "lookup": self.lookup,
+            "differential": self.differential,
             "other_failures": [f.as_dict() for f in self.other_failures],
             "worker_restarts": list(self.restarts),
             "hash_schemes": {"fuzzed": list(self.hash_schemes), "left_out": list(self.schemes_left_out),
@@ -109,6 +133,7 @@ class FuzzResult:
             "not_covered": list(self.capabilities.not_covered()),
             "known_excluded": [{"name": k.name, "summary": k.summary, "found_on": list(k.found_on),
                                 "reach": k.reach} for k in self.known_excluded],
+            "scope_reduction": self.scope_reduction or None,
         }
 
     @property
@@ -180,7 +205,7 @@ def fuzz_subject(
             else "no deployment profile is derived for this release (kvspec derives them from 0.28)")
     result = FuzzResult(subject=proc.describe(), capabilities=caps, seed=seed, lookup=lookup,
                         hash_schemes=schemes, schemes_left_out=left_out, deployment_configs=len(configs),
-                        deployments_note=note)
+                        deployments_note=note, scope_reduction=proc.scope_reduction)
     restarts_before = len(proc.restarts)
     failures: list[Failure] = []
     start = time.perf_counter()

@@ -14,6 +14,9 @@ from __future__ import annotations
 import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+from kvspec.model.errors import InfrastructureError
 
 from kvspec.subjects.subject import Subject
 
@@ -67,6 +70,7 @@ def merge_results(results: list[FuzzResult], seconds: float) -> FuzzResult:
         restarts=tuple(r for result in results for r in result.restarts),
         hash_schemes=first.hash_schemes, schemes_left_out=first.schemes_left_out,
         deployment_configs=first.deployment_configs, deployments_note=first.deployments_note,
+        scope_reduction=first.scope_reduction,
     )
 
 
@@ -81,8 +85,14 @@ def fuzz_parallel(subject: Subject, jobs: int, max_examples: int, seed: int,
     shares = [(i, n) for i, n in enumerate(job_shares(max_examples, jobs)) if n > 0]
     # spawn, not fork: the parent may hold threads and open pipes to other workers.
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=len(shares), mp_context=context) as pool:
-        futures = [pool.submit(_job, subject, n, seed + i, database, lookup, hash_schemes) for i, n in shares]
-        results = [future.result() for future in futures]
+    try:
+        with ProcessPoolExecutor(max_workers=len(shares), mp_context=context) as pool:
+            futures = [pool.submit(_job, subject, n, seed + i, database, lookup, hash_schemes) for i, n in shares]
+            results = [future.result() for future in futures]
+    except BrokenProcessPool as exc:
+        # A job's process was killed (the machine, not vLLM: a vLLM failure
+        # comes back as a result).  Its work is lost, so the run is not whole.
+        raise InfrastructureError(f"{subject.label}: a fuzzing job's process died ({exc}); "
+                                  "its examples did not run") from None
     return merge_results(results, time.perf_counter() - start)
 

@@ -6,14 +6,22 @@ the plugin's options (``--kvspec-vllm``, ``--kvspec-vllm-src``,
 ``--kvspec-current``; by default the releases CI provisions), the number of
 examples by ``--kvspec-profile``.  The properties are plain module-level
 Hypothesis tests, so coverage-guided engines (HypoFuzz) can run them too;
-their body is ``kvspec fuzz``'s (``kvspec.diff_tests.property``).
+their body is ``kvspec fuzz``'s (``kvspec.diff_tests.property``).  The
+stateful differential is Hypothesis's rule-based state machine
+(``kvspec.diff_tests.stateful``), one ``TestStateInvariants_*`` class per
+subject, run by pytest and HypoFuzz alike.
 """
 
 from __future__ import annotations
 
-from hypothesis import given, strategies as st
+import re
 
+from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis.stateful import run_state_machine_as_test
+
+from kvspec.diff_tests import session
 from kvspec.diff_tests.property import run_batch
+from kvspec.diff_tests.stateful import STEPS_PER_PROGRAM, programs_database_key, state_machine
 from kvspec.diff_tests.strategies import batches, lookup_batches
 from kvspec.model.case import Case, prefill
 from kvspec.model.corpus import case as corpus_case
@@ -48,3 +56,46 @@ def test_seed_geometry_on_real_vllm(kvspec_subject):
     assert reply["ok"], reply
     assert reply["calls"][0]["num_tokens"] == list(seed.expected["spec"])
     assert reply["regime"]["partial_hash_hits"] is True
+
+
+def _state_invariant_tests(subject_id: str):
+    """The stateful differential for one of the session's subjects, as the
+    unittest-style class Hypothesis gives every state machine (no fixtures:
+    the subject comes from the plugin, started on first use)."""
+    programs: list[int] = []
+    machine = state_machine(lambda: session.live(subject_id),
+                            on_program=lambda m, refused=None: programs.append(refused is None))
+    # Keyed apart per subject in the example database, like `kvspec fuzz --stateful`.
+    machine._hypothesis_internal_add_digest = programs_database_key(session.label(subject_id))
+
+    class StateInvariants(machine.TestCase):
+        """Every model.state invariant after every operation of vLLM's
+        KVCacheManager driven as the scheduler drives it."""
+
+        def runTest(self):
+            session.live(subject_id)  # starts the worker and loads the kvspec profile first
+            chosen = settings(deadline=None, suppress_health_check=list(HealthCheck),
+                              stateful_step_count=STEPS_PER_PROGRAM)
+            programs.clear()
+            run_state_machine_as_test(machine, settings=chosen)
+            # Not vacuous: the budget's programs really drove the subject.
+            assert sum(programs) >= chosen.max_examples, (
+                f"kvspec: {sum(programs)} of {chosen.max_examples} programs ran ({len(programs) - sum(programs)} "
+                "geometries refused): the stateful differential did not exercise the subject")
+
+        runTest.is_hypothesis_test = True
+        runTest._hypothesis_state_machine_class = machine
+
+    return StateInvariants
+
+
+def _test_class_name(subject_id: str) -> str:
+    return "TestStateInvariants_" + re.sub(r"\W", "_", subject_id)
+
+
+def _declare_state_invariant_tests() -> None:
+    for subject_id in session.subject_ids():
+        globals()[_test_class_name(subject_id)] = _state_invariant_tests(subject_id)
+
+
+_declare_state_invariant_tests()

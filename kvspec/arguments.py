@@ -14,6 +14,7 @@ from pathlib import Path
 from kvspec.model.errors import UsageError
 
 __all__ = ["positive_int", "non_negative_int", "positive_seconds", "add_subject_arguments",
+           "add_budget_arguments", "budget",
            "add_mutant_argument", "add_run_arguments", "subjects", "releases", "writable", "check_writable"]
 
 
@@ -43,6 +44,27 @@ def positive_seconds(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a finite number of seconds above 0, got {text}")
     return value
+
+
+def add_budget_arguments(parser: argparse.ArgumentParser) -> None:
+    """The proofs' budget, shared by prove and check."""
+    from kvspec.proofs.runner import DEFAULT_RLIMIT, SAFETY_NET_S
+
+    parser.add_argument("--rlimit", type=positive_int, default=DEFAULT_RLIMIT, metavar="UNITS",
+                        help=f"Z3 resource units per solver check (default {DEFAULT_RLIMIT:,}): the budget, "
+                             "the same on any machine; running out is UNKNOWN, never PROVED")
+    parser.add_argument("--timeout", type=positive_seconds, default=SAFETY_NET_S, metavar="SECONDS",
+                        help=f"wall-clock safety net per solver check (default {SAFETY_NET_S:.0f}); its "
+                             "expiry is UNKNOWN and says it was the machine")
+    parser.add_argument("--symbolic-timeout", type=positive_seconds, default=60.0, metavar="SECONDS",
+                        help="CrossHair's time for the real code's symbolic check (default 60); "
+                             "running out is INCONCLUSIVE, never VERIFIED")
+
+
+def budget(args: argparse.Namespace):
+    from kvspec.proofs.runner import Budget
+
+    return Budget(rlimit=args.rlimit, safety_net_s=args.timeout)
 
 
 def add_subject_arguments(parser: argparse.ArgumentParser) -> None:

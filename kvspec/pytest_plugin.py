@@ -74,6 +74,11 @@ _STATE_KEY = pytest.StashKey[_State]()
 def pytest_configure(config: pytest.Config) -> None:
     state = _State(config)
     config.stash[_STATE_KEY] = state
+    # For tests that cannot take fixtures (the stateful differential's classes).
+    from kvspec.diff_tests import session
+
+    session.configure(state.subject_ids, lambda subject_id: _live(config, subject_id),
+                      lambda subject_id: _spec(subject_id).label)
     config.addinivalue_line("markers", "vllm: drives a real vLLM subject (provisioned on first use)")
     if state.profile is not None or state.database is not None:
         # Only on request: a plain pytest run of vLLM's own suite is untouched.

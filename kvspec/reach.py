@@ -265,7 +265,7 @@ def _assess(finding: Finding, *, proc=None, hitrate: bool = True,
         why = ("the worker process died on the case" if died else
                "no live subject was at hand to drive the profiles" if registration else
                "the profiles are not driven for this category")
-        return Reach(f"not assessed: no model variant explains this {finding.category.title} finding and {why}",
+        return Reach(f"Not assessed: no model variant explains this {finding.category.title} finding and {why}",
                      (), None, hardening=False), ()
     derived, release = _derivations(finding, say)
     entries, reached = [], []
@@ -335,13 +335,13 @@ def _summary(finding: Finding, entries: list[dict[str, Any]], reached: list[Deri
         else finding.category.title
     profiles = len({d.profile for d in derived})
     if not entries:
-        return (f"no known deployment: on vLLM {release}, {what} changes nothing in any of the {assessed} "
+        return (f"No known deployment: on vLLM {release}, {what} changes nothing in any of the {assessed} "
                 f"profile x hash-scheme configurations the hybrid coordinator runs ({profiles} profiles in "
                 "the catalog); it shows on hand-built geometry only (hardening)")
     names = sorted({e["profile"] for e in entries})
     published = sorted({e["profile"] for e in entries if not e["hypothetical"]})
     schemes = sorted({e["hash_scheme"] for e in entries})
-    text = (f"on vLLM {release}, {what} reaches {len(names)} of {profiles} deployment profiles "
+    text = (f"On vLLM {release}, {what} reaches {len(names)} of {profiles} deployment profiles "
             f"({', '.join(names)}), under {' and '.join(schemes)} hashes")
     if not published:
         text += "; only with hypothetical drafter geometry (no published drafter config was read)"
@@ -367,7 +367,7 @@ def attach(finding: Finding, *, proc=None, hitrate: bool = True, say: Say = _qui
     try:
         reach, knobs = _assess(finding, proc=proc, hitrate=hitrate, say=say)
     except Exception as exc:  # never lose a finding to its assessment
-        return attrs.evolve(finding, reach=Reach(f"not assessed: {type(exc).__name__}: {exc}"))
+        return attrs.evolve(finding, reach=Reach(f"Not assessed: {type(exc).__name__}: {exc}"))
     explanation = finding.explanation
     if explanation is not None:
         explanation = attrs.evolve(explanation, knobs=knobs)

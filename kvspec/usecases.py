@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import attrs
 
-from kvspec.model.errors import KvspecError
+from kvspec.model.errors import KvspecError, UsageError
 from kvspec.model.outcome import Outcome, worst
 
 __all__ = ["hitrate_row", "compare_with_reference", "mtp_model_side", "mtp_subject_side", "FuzzSettings", "SubjectRun", "FuzzRun", "fuzz", "ProveRun", "prove", "real_code",
@@ -49,12 +49,14 @@ class ProveRun:
         return Outcome.OK
 
 
-def prove(names: list[str] | None = None, *, timeout_s: float = 20.0, seed: int = 0,
+def prove(names: list[str] | None = None, *, budget=None, seed: int = 0,
           progress: Callable | None = None) -> ProveRun:
-    """The theorem catalog (or the named theorems) over unbounded integers."""
+    """The theorem catalog (or the named theorems) over unbounded integers,
+    each solver check within ``budget`` (``proofs.runner.Budget``: resource
+    units, the same verdict on any machine)."""
     from kvspec.model.errors import UsageError
     from kvspec.proofs.catalog import CATALOG, names as catalog_names, theorem
-    from kvspec.proofs.runner import run_catalog
+    from kvspec.proofs.runner import Budget, run_catalog
 
     if names:
         unknown = [n for n in names if n not in catalog_names()]
@@ -63,8 +65,9 @@ def prove(names: list[str] | None = None, *, timeout_s: float = 20.0, seed: int 
         chosen = [theorem(n) for n in names]
     else:
         chosen = list(CATALOG)
-    results = run_catalog(chosen, timeout_ms=int(timeout_s * 1000), seed=seed, progress=progress)
-    return ProveRun(tuple(results), {"timeout_s": timeout_s, "seed": seed})
+    budget = budget or Budget()
+    results = run_catalog(chosen, budget=budget, seed=seed, progress=progress)
+    return ProveRun(tuple(results), {**budget.as_dict(), "seed": seed})
 
 
 def real_code(subjects: list, *, timeout_s: float = 60.0, say: Say = _print) -> list:
@@ -90,29 +93,50 @@ def real_code(subjects: list, *, timeout_s: float = 60.0, say: Say = _print) -> 
 
 # -- fuzzing --------------------------------------------------------------------
 
+# The differentials, in the order a run takes them: "registration" compares
+# each request's cache_blocks bounds on a fresh manager; "lookup" does that
+# and follows each request with a later one that looks up (the hit-length
+# differential); "stateful" drives one manager through many requests and
+# checks its state after every operation (diff_tests.stateful).
+DIFFERENTIALS = ("registration", "lookup", "stateful")
+ALL_DIFFERENTIALS = ("lookup", "stateful")  # lookup includes registration
+
+
 @attrs.frozen
 class FuzzSettings:
     max_examples: int = 2000
     seed: int = 0
     database: str = ""
     jobs: int = 1
-    lookup: bool = False
+    differentials: tuple[str, ...] = ("registration",)
     verify_test: bool = True
     progress: bool = False  # progress lines on stderr
     hash_schemes: tuple[str, ...] | None = None  # --hash-scheme (None: every one the subject has)
 
+    def __attrs_post_init__(self) -> None:
+        unknown = set(self.differentials) - set(DIFFERENTIALS)
+        if unknown or not self.differentials:
+            raise UsageError(f"unknown differential {sorted(unknown)}; known: {', '.join(DIFFERENTIALS)}")
+
+    @property
+    def lookup(self) -> bool:
+        return "lookup" in self.differentials
+
     def as_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "max_examples": self.max_examples, "lookup": self.lookup,
-                "jobs": self.jobs, "hash_schemes": list(self.hash_schemes) if self.hash_schemes else "all"}
+                "differentials": list(self.differentials), "jobs": self.jobs,
+                "hash_schemes": list(self.hash_schemes) if self.hash_schemes else "all"}
 
 
 @attrs.define
 class SubjectRun:
-    """One subject's result and its completed finding (None: no discrepancy)."""
+    """One differential's result on one subject, and its completed finding
+    (None: no discrepancy)."""
 
-    result: Any  # diff_tests.fuzz.FuzzResult
+    result: Any  # diff_tests.fuzz.FuzzResult or diff_tests.stateful.StatefulResult
     finding: Any = None  # model.finding.Finding
     finding_path: Path | None = None
+    differential: str = "registration"
 
 
 @attrs.define
@@ -127,10 +151,9 @@ class FuzzRun:
 
     @property
     def outcome(self) -> Outcome:
-        parts = [Outcome.OK if s.finding is None and s.result.failure is None
-                 # A finding no deployment reaches, or acceptance-only: hardening (kvspec.reach).
-                 else Outcome.HARDENING if s.finding is not None and s.finding.reach is not None
-                 and s.finding.reach.hardening else Outcome.FINDING
+        # A finding no deployment reaches, or acceptance-only, is hardening (kvspec.reach).
+        parts = [(Outcome.HARDENING if s.finding.reach is not None and s.finding.reach.hardening
+                  else Outcome.FINDING) if s.finding is not None else s.result.outcome
                  for s in self.subjects]
         parts += [Outcome.USAGE for _ in self.errors]
         if self.stopped is not None:
@@ -139,12 +162,24 @@ class FuzzRun:
 
     @property
     def status(self) -> str:
-        """The run's one-word state, first in every report of it."""
+        """The run's state in a word or two, first in every report of it."""
         if self.stopped is Outcome.INTERRUPTED:
             return "INTERRUPTED"
         if self.stopped is not None:
             return "INCOMPLETE"
+        if self.reductions:
+            return "REDUCED SCOPE"
         return "COMPLETE"
+
+    @property
+    def reductions(self) -> list[str]:
+        """What each subject's tree lacks against the release it claims to be."""
+        return [s.result.scope_reduction for s in self.subjects if s.result.scope_reduction]
+
+    @property
+    def why(self) -> str:
+        """Why the run is not COMPLETE, in words ("" when it is)."""
+        return "; ".join(filter(None, [self.stopped_why, *self.reductions]))
 
 
 def _launch(subject):
@@ -172,7 +207,7 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
     from kvspec.diff_tests.database import example_database
     from kvspec.diff_tests.parallel import fuzz_parallel
     from kvspec.model.about import versions
-    from kvspec.report.completion import complete_finding, store_finding, store_raw_finding
+    from kvspec.report.completion import store_finding
 
     started = time.perf_counter() if started is None else started
     run = FuzzRun(settings, [subject.label for subject in subjects]) if run is None else run
@@ -180,50 +215,59 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
     # Built once, before any worker starts: a server that cannot be reached
     # is a setup error now.  Parallel jobs open it again from its location.
     database = example_database(settings.database)
-    launched = {0: _launch(subjects[0])} if subjects and jobs == 1 else {}
+    in_process = jobs == 1 or "stateful" in settings.differentials
+    launched = {0: _launch(subjects[0])} if subjects and in_process else {}
     current = None
     try:
         for index, subject in enumerate(subjects):
             current = subject.label
             in_parallel = f", {jobs} jobs" if jobs > 1 else ""
             say(f"{subject.label}: starting (seed {settings.seed}, up to {settings.max_examples} "
-                f"examples{in_parallel})")
+                f"examples{in_parallel}; {', '.join(settings.differentials)})")
+            proc = None
             try:
-                if jobs > 1:
-                    result = fuzz_parallel(subject, jobs, settings.max_examples, settings.seed,
-                                           settings.database, lookup=settings.lookup,
-                                           hash_schemes=settings.hash_schemes)
-                    proc = _launch(subject) if result.failure is not None else None
-                else:
-                    proc = launched.pop(index)
-                    result = None
+                proc = launched.pop(index, None)
                 if isinstance(proc, Exception):
                     raise proc
                 if proc is not None:
                     proc.ready()
-                try:
-                    if jobs == 1 and index + 1 < len(subjects):
-                        launched[index + 1] = _launch(subjects[index + 1])
-                    if result is None:
-                        result = _fuzz_one(proc, subject.label, settings, database, started, say)
-                    entry = SubjectRun(result)
+                if in_process and index + 1 < len(subjects):
+                    launched[index + 1] = _launch(subjects[index + 1])
+                for differential in settings.differentials:
+                    if differential != "stateful" and jobs > 1:
+                        result = fuzz_parallel(subject, jobs, settings.max_examples, settings.seed,
+                                               settings.database, lookup=differential == "lookup",
+                                               hash_schemes=settings.hash_schemes)
+                        if result.failure is not None and proc is None:
+                            proc = _launch(subject)
+                            if isinstance(proc, Exception):
+                                raise proc
+                            proc.ready()
+                    elif differential == "stateful":
+                        result = _fuzz_stateful_one(proc, subject.label, settings, database, started, say)
+                    else:
+                        result = _fuzz_one(proc, subject.label, settings, database, started, say,
+                                           lookup=differential == "lookup")
+                    entry = SubjectRun(result, differential=differential)
                     if result.failure is not None and result.stopped is None:
-                        say(f"{subject.label}: DISCREPANCY ({result.failure.category.value}) after "
-                            f"{result.cases_to_first_failure} cases ({result.seconds_to_first_failure:.2f} s "
-                            f"into fuzzing); run with shrinking {result.seconds:.1f} s; explaining, "
-                            "sweeping and emitting a regression test")
-                        entry.finding, entry.finding_path = complete_finding(
-                            proc, result, findings_dir, versions(), verify=settings.verify_test)
+                        say(f"{subject.label}: DISCREPANCY ({result.failure.category.value}, {differential} "
+                            f"differential) after {result.first_failure()} ({result.seconds_to_first_failure:.2f} s "
+                            f"into fuzzing); run with shrinking {result.seconds:.1f} s; completing the finding")
+                        entry.finding, entry.finding_path = _complete(proc, result, differential, findings_dir,
+                                                                      versions(), settings.verify_test)
                         if on_finding is not None:  # who is affected (kvspec.reach.attach), stored with it
                             entry.finding = on_finding(entry.finding, proc, say)
                             store_finding(entry.finding, entry.finding_path)
                     elif result.failure is not None:  # stopped mid-run: keep what was found, as found
-                        entry.finding, entry.finding_path = store_raw_finding(result, findings_dir, versions())
+                        entry.finding, entry.finding_path = _store_raw(result, differential, findings_dir,
+                                                                       versions())
                     run.subjects.append(entry)
                     on_update(run)
-                finally:
-                    if proc is not None:
-                        proc.close()
+                    _say_result(entry, say, in_parallel if differential != "stateful" else "")
+                    if result.stopped is not None:
+                        run.stopped, run.stopped_why = result.stopped, result.stopped_why
+                        on_update(run)
+                        break
             except KvspecError as exc:
                 if exc.outcome is not Outcome.USAGE:
                     raise
@@ -231,10 +275,10 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
                 say(f"{subject.label}: ERROR {exc}")
                 on_update(run)
                 continue
-            _say_result(run.subjects[-1], say, in_parallel)
-            if result.stopped is not None:
-                run.stopped, run.stopped_why = result.stopped, result.stopped_why
-                on_update(run)
+            finally:
+                if proc is not None and not isinstance(proc, Exception):
+                    proc.close()
+            if run.stopped is not None:
                 break
     except KeyboardInterrupt:
         run.stopped, run.stopped_why = Outcome.INTERRUPTED, f"interrupted while fuzzing {current}"
@@ -251,28 +295,54 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
     return run
 
 
+def _complete(proc, result, differential: str, findings_dir: Path, versions: dict[str, str], verify: bool):
+    if differential == "stateful":
+        from kvspec.report.stateful import complete_stateful_finding
+
+        return complete_stateful_finding(proc, result, findings_dir, versions)
+    from kvspec.report.completion import complete_finding
+
+    return complete_finding(proc, result, findings_dir, versions, verify=verify)
+
+
+def _store_raw(result, differential: str, findings_dir: Path, versions: dict[str, str]):
+    if differential == "stateful":
+        from kvspec.report.stateful import store_raw_stateful_finding
+
+        return store_raw_stateful_finding(result, findings_dir, versions)
+    from kvspec.report.completion import store_raw_finding
+
+    return store_raw_finding(result, findings_dir, versions)
+
+
 def _say_result(entry: SubjectRun, say: Say, in_parallel: str) -> None:
     from kvspec.report.finding import render_text
 
     result, finding = entry.result, entry.finding
+    label = f"{result.subject['label']} [{entry.differential}]"
     rate = result.cases / result.seconds if result.seconds else 0.0
     restarts = (f"; {len(result.restarts)} worker restart(s) the retry did not reproduce (the machine's, "
                 f"not vLLM's): {result.restarts[0]}" if result.restarts else "")
+    if finding is None and result.stopped is None and result.scope_reduction:
+        say(f"{label}: REDUCED SCOPE: {result.scope_reduction}")
     if finding is None and result.stopped is None:
-        say(f"{result.subject['label']}: no discrepancy in {result.cases} differential cases "
-            f"({result.examples} Hypothesis examples, {result.calls} cache_blocks calls, "
-            f"{result.seconds:.1f} s, {rate:.0f} cases/s{in_parallel}){restarts}")
+        say(f"{label}: {result.verdict} in {result.coverage()} ({result.seconds:.1f} s, "
+            f"{rate:.0f} {result.units}/s{in_parallel}){restarts}")
+        if entry.differential == "stateful":
+            say(f"  scope: {result.scope()}")
     elif finding is None:
-        say(f"{result.subject['label']}: STOPPED after {result.cases} cases: {result.stopped_why}")
+        say(f"{label}: STOPPED after {result.cases} {result.units}: {result.stopped_why}")
     else:
         say(render_text(finding))
         if finding.reach is not None:
             say(f"  who is affected: {finding.reach.summary}")
         say(f"  stored: {entry.finding_path}")
-        if result.other_failures:
+        if getattr(result, "other_failures", ()):
             say(f"  {len(result.other_failures)} other distinct failure(s) found by other jobs: "
                 + "; ".join(f.case.describe() for f in result.other_failures))
     # Under which hash schemes and scopes the result holds, and what was not driven.
+    if entry.differential == "stateful":
+        return
     say(f"  {result.scheme_text}; deployment profiles: "
         + (f"{result.tally.deployment_cases} cases on {result.deployment_configs} derived configurations"
            if result.deployment_configs else result.deployments_note))
@@ -282,7 +352,8 @@ def _say_result(entry: SubjectRun, say: Say, in_parallel: str) -> None:
         say(f"  known finding kept out of the draw (diff_tests/known.py): {known.name}: {known.reach}")
 
 
-def _fuzz_one(proc, label: str, settings: FuzzSettings, database, started: float, say: Say):
+def _fuzz_one(proc, label: str, settings: FuzzSettings, database, started: float, say: Say, *,
+              lookup: bool):
     """One job in this process, with progress lines and the first-counterexample line."""
     import sys
 
@@ -299,7 +370,18 @@ def _fuzz_one(proc, label: str, settings: FuzzSettings, database, started: float
 
     # Failing examples from earlier runs are replayed first.
     return fuzz_subject(proc, settings.max_examples, settings.seed, database=database, progress=tick,
-                        on_first_failure=first, lookup=settings.lookup, hash_schemes=settings.hash_schemes)
+                        on_first_failure=first, lookup=lookup,
+                        hash_schemes=settings.hash_schemes)
+
+
+def _fuzz_stateful_one(proc, label: str, settings: FuzzSettings, database, started: float, say: Say):
+    from kvspec.diff_tests.stateful import fuzz_stateful
+
+    def first(result) -> None:
+        say(f"{label}: first broken invariant after {result.programs_to_first_failure} programs, "
+            f"{time.perf_counter() - started:.1f} s after kvspec started; shrinking")
+
+    return fuzz_stateful(proc, settings.max_examples, settings.seed, database=database, on_first_failure=first)
 
 
 # -- mutants --------------------------------------------------------------------
@@ -334,12 +416,17 @@ def _symbolic_cell(subject, operator, version: str, model: str) -> dict[str, Any
 
 
 def kill_matrix(version: str, max_examples: int, seed: int, names: list[str] | None = None,
-                symbolic: bool = False, say: Say = _print) -> list[dict[str, Any]]:
-    """Every mutant of ``version`` (or the named ones) against every technique."""
+                symbolic: bool = False, every_technique: bool = False, say: Say = _print,
+                on_row: Callable[[list[dict[str, Any]]], None] = lambda rows: None) -> list[dict[str, Any]]:
+    """Every mutant of ``version`` (or the named ones) against every technique
+    (the stateful differential on state-side mutants only, unless
+    ``every_technique``); ``on_row`` gets the rows so far after each one."""
     from kvspec.diff_tests.exhaustive import Scope, exhaust
     from kvspec.diff_tests.fuzz import fuzz_subject
-    from kvspec.subjects.mutation import ALL_MUTANTS
+    from kvspec.diff_tests.stateful import fuzz_stateful
+    from kvspec.subjects.mutation import ALL_MUTANTS, MutationTargetNotFound
     from kvspec.subjects.process import SubjectProcess
+    from kvspec.subjects.provision import ensure_release
     from kvspec.subjects.subject import mutant_subject
 
     exhaustive_scope = Scope(max_groups=2)
@@ -347,48 +434,74 @@ def kill_matrix(version: str, max_examples: int, seed: int, names: list[str] | N
     for operator in ALL_MUTANTS:
         if names and operator.name not in names:
             continue
-        lookup = operator.side == "lookup"
-        # A lookup-side mutant has no registration variant to prove: the model
-        # column says so, and only the hit-length differential can kill it.
+        # A registration-side mutant is fuzzed by the registration differential;
+        # a lookup- or state-side one by the hit-length differential (which
+        # checks registration too); every mutant then by the stateful one.
+        lookup = operator.side != "registration"
+        model = {"lookup": "lookup side", "state": "state side"}.get(operator.side)
         row: dict[str, Any] = {"mutant": operator.name, "models_variant": operator.models_variant,
                                "summary": operator.summary, "side": operator.side,
-                               "model": "lookup side" if lookup else _model_verdict(operator.models_variant)}
+                               "model": model or _model_verdict(operator.models_variant)}
         started = time.perf_counter()
         subject = mutant_subject(version, operator.name)
         try:
+            operator.apply((ensure_release(version) / operator.target_file).read_text(encoding="utf-8"))
+        except MutationTargetNotFound as exc:
+            # The release lacks the code the operator rewrites (often: it already has that shape).
+            row.update(status="not applicable", error=str(exc))
+            rows.append(row)
+            on_row(rows)
+            say(f"  {operator.name}: not applicable to {version}: {exc}")
+            continue
+        try:
             with SubjectProcess(subject) as proc:
                 result = fuzz_subject(proc, max_examples, seed, stop_at_first=True, lookup=lookup)
-                swept = None if lookup else exhaust([proc], exhaustive_scope)
+                stateful = None
+                if every_technique or operator.side == "state":
+                    stateful = fuzz_stateful(proc, max_examples, seed, stop_at_first=True)
+                swept = None if operator.side != "registration" else exhaust([proc], exhaustive_scope)
         except KvspecError as exc:
             if exc.outcome is not Outcome.USAGE:
                 raise
             row.update(status="error", error=str(exc))
             rows.append(row)
+            on_row(rows)
             say(f"  {operator.name}: ERROR {exc}")
             continue
         killed = result.failure is not None
+        killed_stateful = stateful is not None and stateful.failure is not None
+        survived = "equivalent" if row["model"] == "equivalent" else "survived"
         row.update(
-            status="killed" if killed else ("equivalent" if row["model"] == "equivalent" else "survived"),
+            status="killed" if killed or killed_stateful else survived,
+            differential="lookup" if lookup else "registration",
+            fuzz="killed" if killed else survived,
             cases_to_kill=result.cases_to_first_failure,
             seconds_to_kill=result.seconds_to_first_failure,
             cases=result.cases,
-            wall_seconds=round(time.perf_counter() - started, 2),
             category=result.failure.category.value if killed else None,
             example=result.failure.case.describe() if killed else None,
+            stateful="not run" if stateful is None else "killed" if killed_stateful else survived,
+            programs_to_kill=stateful and stateful.programs_to_first_failure,
+            stateful_seconds_to_kill=None if stateful is None or stateful.seconds_to_first_failure is None
+            else round(stateful.seconds_to_first_failure, 2),
+            stateful_category=stateful.failure.category.value if killed_stateful else None,
+            stateful_example=stateful.failure.case.describe() if killed_stateful else None,
+            wall_seconds=round(time.perf_counter() - started, 2),
         )
         if swept is None:  # the exhaustive scope and the symbolic leg check registration only
             row.update(exhaustive="n/a", exhaustive_failing="", exhaustive_seconds="")
         else:
-            row.update(exhaustive="killed" if swept["failing_cases"] else (
-                           "equivalent" if row["model"] == "equivalent" else "survived"),
+            row.update(exhaustive="killed" if swept["failing_cases"] else survived,
                        exhaustive_failing=f"{swept['failing_cases']}/{swept['cases']}",
                        exhaustive_seconds=swept["seconds"])
-        if symbolic and lookup:
+        if symbolic and operator.side != "registration":
             row.update(symbolic="n/a", symbolic_seconds="")
         elif symbolic:
             row.update(_symbolic_cell(subject, operator, version, row["model"]))
         rows.append(row)
-        say(f"  {operator.name}: {row['status']}" + (f", symbolic {row['symbolic']}" if symbolic else ""))
+        on_row(rows)
+        say(f"  {operator.name}: {row['status']} (fuzz {row['fuzz']}, stateful {row['stateful']})"
+            + (f", symbolic {row['symbolic']}" if symbolic else ""))
     return rows
 
 
@@ -398,13 +511,26 @@ def _fuzz_fields(result) -> dict[str, Any]:
     """What a row keeps of one fuzz run (the registration run's at the row's
     top level, the lookup run's under ``lookup``)."""
     return {"cases": result.cases, "examples": result.examples, "seconds": round(result.seconds, 2),
-            "failure": None if result.failure is None else result.failure.as_dict()}
+            "failure": None if result.failure is None else result.failure.as_dict(),
+            # A run that stopped early is never "no discrepancy" (exit 4 or 5 for the command).
+            "outcome": result.outcome.name, "stopped": result.stopped_why or None}
+
+
+def _row_status(runs) -> str:
+    """One word for runs: a finding first, then a run that did not finish,
+    and "no discrepancy" only when every run ran in full."""
+    if any(r.failure is not None for r in runs):
+        return "discrepancy"
+    if any(r.outcome is not Outcome.OK for r in runs):
+        return "incomplete"
+    return "no discrepancy"
 
 
 def history_row(version: str, max_examples: int, seed: int, symbolic: bool) -> dict[str, Any]:
-    """The registration and lookup differentials (and, with ``symbolic``, the
-    release's own code) on one release."""
+    """The registration, lookup and stateful differentials (and, with
+    ``symbolic``, the release's own code) on one release."""
     from kvspec.diff_tests.fuzz import fuzz_subject
+    from kvspec.diff_tests.stateful import fuzz_stateful
     from kvspec.subjects.process import SubjectProcess
     from kvspec.subjects.subject import SubjectUnsupported, release
 
@@ -414,18 +540,22 @@ def history_row(version: str, max_examples: int, seed: int, symbolic: bool) -> d
         with SubjectProcess(subject) as proc:
             caps = proc.capabilities
             result = fuzz_subject(proc, max_examples, seed)
-            # The same worker then answers the hit-length differential.
+            # The same worker then answers the hit-length and stateful differentials.
             lookup = fuzz_subject(proc, max_examples, seed, lookup=True)
+            stateful = fuzz_stateful(proc, max_examples, seed)
     except SubjectUnsupported as exc:
         return {**row, "status": "unsupported", "detail": str(exc)}
     except KvspecError as exc:
         if exc.outcome is not Outcome.USAGE:
             raise
         return {**row, "status": "error", "detail": str(exc)}
+    runs = (result, lookup, stateful)
     row.update(
-        status="discrepancy" if result.failure or lookup.failure else "conforms",
+        status=_row_status(runs), overall=worst([r.outcome for r in runs]).name,
         capabilities=caps.as_dict(), rule=caps.rule_text(), **_fuzz_fields(result),
-        lookup={"status": "discrepancy" if lookup.failure else "conforms", **_fuzz_fields(lookup)},
+        lookup={"status": _row_status([lookup]), **_fuzz_fields(lookup)},
+        stateful={"status": _row_status([stateful]), **_fuzz_fields(stateful),
+                  "operations": stateful.tally.operations, "scope": stateful.scope()},
     )
     if symbolic:
         from kvspec.subjects.symbolic import symbolic_check

@@ -16,7 +16,8 @@ import attrs
 
 from .domain import CoordinatorConfig, derive_partial_hash_hits
 
-__all__ = ["Capabilities", "ExpectedRegime", "expected_regime", "FLAGS", "ERAS", "known_capabilities"]
+__all__ = ["Capabilities", "ExpectedRegime", "expected_regime", "FLAGS", "ERAS", "known_capabilities",
+           "reference_capabilities"]
 
 
 def _keywords(value: Any) -> tuple[str, ...]:
@@ -197,3 +198,24 @@ def known_capabilities(version: str) -> Capabilities | None:
         if release_key(low) <= key <= release_key(high):
             return capabilities
     return ERAS[-1][2] if key > release_key(ERAS[-1][1]) else None
+
+
+def reference_capabilities(version: str | None) -> tuple[Capabilities, str]:
+    """What a tree that reports ``version`` should be able to do, and whose
+    era that is in words: its release's era, the newest era for a version
+    newer than any kvspec knows, or (a checkout's own version string may be
+    anything) the newest era when the version says nothing."""
+    import re
+
+    from .about import release_key
+
+    match = re.match(r"^(\d+)\.(\d+)\.(\d+)", version or "")
+    if match:
+        number = ".".join(match.groups())
+        known = known_capabilities(number)
+        if known is not None:
+            newest = release_key(number) > release_key(ERAS[-1][1])
+            return known, (f"the newest release kvspec knows ({ERAS[-1][1]})" if newest
+                           else f"vLLM {number}")
+    return ERAS[-1][2], f"the newest release kvspec knows ({ERAS[-1][1]}; the tree's version {version!r} " \
+                        "names no release)"

@@ -59,6 +59,26 @@ class Category(str, enum.Enum):
     LOOKUP_CONTRACT = "lookup_contract"
     # A later request's hit differs from the spec's (registration agreed).
     HIT_MISMATCH = "hit_mismatch"
+    # The manager's state breaks one of its invariants (model.state), one
+    # category per invariant: found by the stateful differential.
+    STATE_FREE_LIST = "state_free_list"
+    STATE_FREE_BLOCKS = "state_free_blocks"
+    STATE_REF_COUNT = "state_ref_count"
+    STATE_HASH_MAP = "state_hash_map"
+    STATE_TABLE_APPEND_ONLY = "state_table_append_only"
+    STATE_TABLE_COVERAGE = "state_table_coverage"
+    STATE_FORGET = "state_forget"
+    STATE_LOOKUP_PURITY = "state_lookup_purity"
+    STATE_HIT_BOUNDS = "state_hit_bounds"
+    STATE_HIT_GROUPS = "state_hit_groups"
+    STATE_RESET = "state_reset"
+    STATE_LEAK = "state_leak"
+    STATE_ZEROING = "state_zeroing"
+
+    @property
+    def is_state(self) -> bool:
+        """Found by the stateful differential (a broken ``model.state`` invariant)."""
+        return self.value.startswith("state_")
 
     @property
     def meaning(self) -> str:
@@ -81,6 +101,19 @@ _MEANINGS = {
     Category.LOOKUP_CONTRACT: "a later request's hit is not one the registered blocks and the lookup rules allow",
     Category.HIT_MISMATCH: "a later request's hit differs from the spec's: lost hits if shorter, reuse past "
                            "what is shared or registered if longer",
+    Category.STATE_FREE_LIST: "the free-block queue and its counter disagree, or hold a block twice",
+    Category.STATE_FREE_BLOCKS: "a block is free while referenced, or unreferenced and not free (leaked)",
+    Category.STATE_REF_COUNT: "a block's reference count differs from the table slots holding it",
+    Category.STATE_HASH_MAP: "the prefix-cache hash map and the blocks' own keys disagree",
+    Category.STATE_TABLE_APPEND_ONLY: "a running request's block table changed a slot or shrank",
+    Category.STATE_TABLE_COVERAGE: "a running request's table does not cover its computed tokens",
+    Category.STATE_FORGET: "a freed or preempted request is still tracked by a group",
+    Category.STATE_LOOKUP_PURITY: "a lookup changed the pool",
+    Category.STATE_HIT_BOUNDS: "a hit past the request's last token or off its landing points",
+    Category.STATE_HIT_GROUPS: "the groups of one lookup disagree on the hit, or a hit block is not cached",
+    Category.STATE_RESET: "reset_prefix_cache succeeded with blocks held, failed without, or left keys",
+    Category.STATE_LEAK: "blocks are missing from the free queue when no request holds any",
+    Category.STATE_ZEROING: "a block handed out for zeroing is not one the operation placed",
 }
 
 

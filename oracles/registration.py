@@ -24,7 +24,8 @@ __all__ = ["Discrepancy", "expected_calls", "compare"]
 
 # Categories whose summary is their detail text (no per-group token vectors).
 DETAIL_CATEGORIES = (Category.PRECONDITION, Category.REGIME_MISMATCH, Category.SUBJECT_CRASH,
-                     Category.CALL_MISMATCH, Category.LOOKUP_CONTRACT, Category.HIT_MISMATCH)
+                     Category.CALL_MISMATCH, Category.LOOKUP_CONTRACT, Category.HIT_MISMATCH,
+                     *(c for c in Category if c.is_state))
 
 
 @attrs.frozen

@@ -17,6 +17,7 @@ from kvspec.model.domain import CoordinatorConfig
 from kvspec.model.spec import RegistrationRule, registration_bound
 
 from .encoding import GEOMETRY_BOOLS, GEOMETRY_INTS, Vars, declare, inputs
+from .runner import DEFAULT_RLIMIT
 
 __all__ = ["group_vars", "z3_bounds"]
 
@@ -34,7 +35,7 @@ def group_vars(
 def z3_bounds(
     config: CoordinatorConfig, n: int, total_tokens: int, *,
     partial: bool, eagle: tuple[bool, ...], lookahead: int,
-    rule: RegistrationRule = registration_bound, timeout_ms: int = 5000,
+    rule: RegistrationRule = registration_bound,
 ) -> tuple[int | None, ...]:
     """Per-group bound as Z3 computes it (None where the solver gave no answer)."""
     out: list[int | None] = []
@@ -46,7 +47,7 @@ def z3_bounds(
         v = declare(ar, GEOMETRY_INTS, GEOMETRY_BOOLS)
         bound = z3.Int("bound", ctx)
         solver = z3.Solver(ctx=ctx)
-        solver.set("timeout", timeout_ms)
+        solver.set("rlimit", DEFAULT_RLIMIT)  # evaluating at a point: far below it
         for name in GEOMETRY_INTS:
             solver.add(v[name] == concrete[name])
         for name in GEOMETRY_BOOLS:

@@ -54,9 +54,9 @@ EXPLAINED: dict[str, ExplanationSpec] = {
 }
 
 
-def _ref(name: str, timeout_ms: int, known: dict[str, Any] | None) -> TheoremRef:
+def _ref(name: str, known: dict[str, Any] | None) -> TheoremRef:
     """The theorem's verdict: from this run's results when it has them, else run now."""
-    result = (known or {}).get(name) or run_theorem(theorem(name), timeout_ms=timeout_ms)
+    result = (known or {}).get(name) or run_theorem(theorem(name))
     return TheoremRef(name, result.statement, result.status.value, result.as_expected,
                       round(result.seconds, 3))
 
@@ -92,7 +92,6 @@ def explain(
     *,
     partial: bool,
     lookahead: int,
-    timeout_ms: int = 20_000,
     known: dict[str, Any] | None = None,
 ) -> Explanation:
     nature = {Category.UNDER_REGISTRATION: "regression",
@@ -111,7 +110,7 @@ def explain(
         gap = next((r.token_gap for r in rows if r.differs and r.token_gap is not None), None)
         return Explanation(
             diagnosis, summary, nature, loss_observed=gap,
-            theorems=(_ref(f"conformance.{diagnosis}", timeout_ms, known),), intended_drop=drops)
+            theorems=(_ref(f"conformance.{diagnosis}", known),), intended_drop=drops)
 
     row = next(r for r in rows if r.differs and r.token_gap is not None)
     v = group_vars(config, row.group, n, total_tokens, partial=partial, eagle=row.eagle,
@@ -127,18 +126,18 @@ def explain(
         f"(n - R) mod S = {tail} > B = {row.block_size}: {tail > row.block_size} -- "
         f"{'reachable' if reachable else 'not reachable'}"
     )
-    theorems = [_ref(spec.reachability, timeout_ms, known)]
+    theorems = [_ref(spec.reachability, known)]
     if spec.block_reachability:
-        theorems.append(_ref(spec.block_reachability, timeout_ms, known))
+        theorems.append(_ref(spec.block_reachability, known))
     loss_formula = loss_predicted = worst = None
     if spec.loss:
         loss = theorem(spec.loss)
         loss_formula = f"{loss.target.name} tokens per call where reachable, 0 elsewhere"
         loss_predicted = int(loss.target.fn(INT, v))
-        theorems.append(_ref(spec.loss, timeout_ms, known))
+        theorems.append(_ref(spec.loss, known))
     if spec.worst_case:
         worst = theorem(spec.worst_case).statement
-        theorems.append(_ref(spec.worst_case, timeout_ms, known))
+        theorems.append(_ref(spec.worst_case, known))
     return Explanation(
         diagnosis, summary, nature,
         loss_formula=loss_formula, loss_predicted=loss_predicted, loss_observed=row.token_gap,

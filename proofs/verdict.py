@@ -71,6 +71,10 @@ class TheoremResult:
     counterexample: Counterexample | None = None
     vacuity: VacuityCheck | None = None
     detail: str = ""
+    # The budget each solver check had, and the resource units spent (the
+    # most one check took, and all checks together): the same on any machine.
+    budget: dict[str, Any] | None = None
+    resources: dict[str, int] | None = None
 
     @property
     def as_expected(self) -> bool:
@@ -90,4 +94,6 @@ class TheoremResult:
             "counterexample": None if self.counterexample is None else self.counterexample.as_dict(),
             "vacuity": None if self.vacuity is None else self.vacuity.as_dict(),
             "detail": self.detail,
+            "budget": self.budget,
+            "resources": self.resources,
         }

@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from kvspec.model.capabilities import Capabilities
+from kvspec.model.about import OLDEST_SUPPORTED
+from kvspec.model.capabilities import Capabilities, reference_capabilities
 from kvspec.model.errors import InfrastructureError
 
 from .subject import (
@@ -124,6 +125,9 @@ class SubjectProcess:
         self.timeout = reply_timeout() if timeout is None else timeout
         self.capabilities = Capabilities()
         self.identity: dict[str, Any] = {}
+        # What the release this tree claims to be has and this tree lacks
+        # ("" when nothing): said in every verdict on it.
+        self.scope_reduction = ""
         # Worker restarts after a failure the retry did not reproduce.
         self.restarts: list[str] = []
         self._proc: subprocess.Popen | None = None
@@ -139,9 +143,11 @@ class SubjectProcess:
     def _spawn(self) -> None:
         self._stderr.seek(0)
         self._stderr.truncate()
+        # A session of its own: Ctrl-C at the terminal reaches kvspec only,
+        # which then records what it has and closes the worker itself.
         self._proc = subprocess.Popen(
             [self.python, *interpreter_args(self.root), str(WORKER)], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=self._stderr, env=subject_env(self.root),
+            stdout=subprocess.PIPE, stderr=self._stderr, env=subject_env(self.root), start_new_session=True,
         )
         self._lines = _Lines(self._proc.stdout.fileno())
         self._handshake_pending = True
@@ -172,8 +178,27 @@ class SubjectProcess:
             self.close()
             raise SubjectUnsupported(
                 f"{self.subject.label} (vLLM {self.identity.get('vllm_version')}) is unsupported, "
-                f"because {reason}; kvspec supports 0.23.0 and later")
+                f"because {reason}; kvspec supports {OLDEST_SUPPORTED} and later")
+        self.scope_reduction = self._scope_reduction()
         return self
+
+    def _scope_reduction(self) -> str:
+        """What kvspec would not generate on this tree that the release it
+        claims to be has (a renamed keyword looks exactly like this): a
+        setup error for a release or a mutant of one (kvspec's introspection
+        no longer reads that code), a stated reduction of scope for a tree."""
+        reference, whose = reference_capabilities(self.identity.get("vllm_version"))
+        missing = self.capabilities.missing(reference)
+        if not missing:
+            return ""
+        text = (f"{self.subject.label} lacks {', '.join(missing)}, which {whose} has: kvspec does not "
+                "generate what those need on this tree")
+        if self.subject.kind in ("release", "mutant"):
+            self.close()
+            raise SubjectUnsupported(f"{text}; kvspec's reading of this release no longer matches its "
+                                     "table of eras (model/capabilities.py), so it refuses rather than "
+                                     "fuzz less than it should")
+        return text
 
     def _alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
@@ -346,6 +371,11 @@ class SubjectProcess:
                 return reply
         death = self._failed()
         raise InfrastructureError(f"{self.subject.label}: the worker {death.describe()} answering stats")
+
+    @property
+    def worker_pid(self) -> int | None:
+        """The worker process's id (None while none runs)."""
+        return None if self._proc is None else self._proc.pid
 
     def describe(self) -> dict[str, Any]:
         return {**self.subject.as_dict(), **self.identity}

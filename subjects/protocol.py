@@ -1,10 +1,13 @@
 """The wire between kvspec and a worker: one JSON object per line each way.
 
 Requests (``op``): ``run`` / ``run_many`` / ``stream`` (cases), ``open_session``
-/ ``session_actions`` (the hit-rate replay), ``prefill_chunks`` (vLLM's
-scheduler chunking of prompts on one geometry: ``case`` and ``prompts``) and
-``mamba_layer_checkpoint_fields`` (what the release's Mamba2 layer declares),
-for the MTP search, ``stats``, ``quit``.  A case is
+/ ``session_actions`` (the hit-rate replay), ``open_machine`` (a
+``model.program.Program``'s ``machine_case``) / ``machine_ops`` (operations,
+answered each with its result and the manager's state after it) /
+``machine_trace`` (the vLLM calls they made), for the stateful differential,
+``prefill_chunks`` (vLLM's scheduler chunking of prompts on one geometry:
+``case`` and ``prompts``) and ``mamba_layer_checkpoint_fields`` (what the
+release's Mamba2 layer declares), for the MTP search, ``stats``, ``quit``.  A case is
 sent as ``case_message``; its reply carries ``ok``, then either the
 observations (``calls``, ``regime``, ``probe``) or ``error`` with ``phase``
 (``construct``: vLLM refused the configuration; ``drive``: vLLM raised) and a

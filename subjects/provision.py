@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import zipfile
 from pathlib import Path
 from typing import Callable, Iterator
@@ -78,29 +79,30 @@ def cache_root() -> Path:
     return root
 
 
-_LOCK_DEPTH = 0  # re-entered by a build that needs another one (a release needs the runtime)
+# Re-entered by a build that needs another one (a release needs the runtime);
+# per thread, since the flock itself is taken per open file.
+_HELD = threading.local()
 
 
 @contextlib.contextmanager
 def provisioning_lock() -> Iterator[None]:
-    """One builder at a time across processes (an flock on the cache); a
-    second first run waits and then finds the entry finished."""
-    global _LOCK_DEPTH
-    if _LOCK_DEPTH:
-        _LOCK_DEPTH += 1
+    """One builder at a time across processes and threads (an flock on the
+    cache); a second first run waits and then finds the entry finished."""
+    if getattr(_HELD, "depth", 0):
+        _HELD.depth += 1
         try:
             yield
         finally:
-            _LOCK_DEPTH -= 1
+            _HELD.depth -= 1
         return
     path = cache_root() / ".provisioning.lock"
     with open(path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
-        _LOCK_DEPTH = 1
+        _HELD.depth = 1
         try:
             yield
         finally:
-            _LOCK_DEPTH = 0
+            _HELD.depth = 0
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import attrs
 
+from kvspec.model.capabilities import Capabilities, reference_capabilities
 from kvspec.model.outcome import Outcome
 
 from .subject import Subject, interpreter_args, resolve_subject, subject_env
@@ -107,7 +108,8 @@ def symbolic_check(subject: Subject, timeout: float = 60.0) -> SymbolicVerdict:
     started = time.perf_counter()
     try:
         out = subprocess.run([python, *interpreter_args(root), "-W", "ignore", str(HARNESS), json.dumps(options)],
-                             capture_output=True, text=True, env=env, timeout=timeout * 3 + 120)
+                             capture_output=True, text=True, env=env, timeout=timeout * 3 + 120,
+                             start_new_session=True)
     except subprocess.TimeoutExpired:
         return SymbolicVerdict(subject.label, SymbolicStatus.INCONCLUSIVE, "", time.perf_counter() - started,
                                detail="the symbolic run overran its budget")
@@ -122,6 +124,15 @@ def symbolic_check(subject: Subject, timeout: float = 60.0) -> SymbolicVerdict:
                   wall_seconds=round(time.perf_counter() - started, 3),
                   paths=answer.get("paths", 0), abstracted=tuple(answer.get("abstracted", ())))
     status = answer["status"]
+    if status == "NO_DIFFERENCE" and answer.get("capabilities") is not None:
+        # Verified within an era the tree's code shows; if the release it
+        # claims to be can express more, that is less than was asked.
+        reference, whose = reference_capabilities(answer.get("vllm_version"))
+        missing = Capabilities.from_dict(answer["capabilities"]).missing(reference)
+        if missing:
+            return SymbolicVerdict(status=SymbolicStatus.INCONCLUSIVE,
+                                   detail=f"no difference within a reduced scope: the tree lacks "
+                                          f"{', '.join(missing)}, which {whose} has", **common)
     if status == "UNSUPPORTED":
         return SymbolicVerdict(status=SymbolicStatus.UNSUPPORTED, detail=answer["reason"], **common)
     if status == "ERROR":

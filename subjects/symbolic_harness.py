@@ -138,7 +138,8 @@ def main():
                           "reason": "this vLLM has no HybridKVCacheCoordinator.cache_blocks for the "
                                     "symbolic harness to drive"}))
         return 0
-    ERA = Capabilities.from_dict(introspect())
+    found = introspect()
+    ERA = Capabilities.from_dict(found)
     era = list(ERA.era_restrictions())
     if hasattr(hybrid, "get_num_cacheable_tokens"):
         target, subject, abstracted = TARGET, real, ABSTRACTED
@@ -177,6 +178,8 @@ def main():
         "seconds": round(seconds, 3),
         "target": target,
         "abstracted": list(abstracted),
+        "capabilities": ERA.as_dict(),
+        "vllm_version": found.get("vllm_version"),
         "diffs": out,
     }))
     return 0

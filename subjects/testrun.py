@@ -28,7 +28,7 @@ def run_pytest(subject: Subject, test_file: str, timeout: float = 600) -> dict[s
             [python, *interpreter_args(root), "-c", _PYTEST, "-q", "-p", "no:cacheprovider",
              "-p", "no:warnings", "-c", os.devnull, "--rootdir", os.path.dirname(test_file), test_file],
             capture_output=True, text=True, timeout=timeout, env=subject_env(root),
-            cwd=os.path.dirname(test_file))
+            cwd=os.path.dirname(test_file), start_new_session=True)
     except subprocess.TimeoutExpired:
         return {"against": subject.label, "outcome": "error", "returncode": None,
                 "summary": f"timed out after {timeout:.0f} s"}

@@ -42,17 +42,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fuzz only this hash scheme (default: every one the subject has; on 0.33+ "
                              "lookahead, its default, and legacy, where the EAGLE branch of the bound runs); "
                              "the verdict says what was left out")
-    parser.add_argument("--lookup", action="store_true",
-                        help="follow every request with a later one that looks up (get_computed_blocks) and "
-                             "check its hit too: the hit-length differential")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--lookup", action="store_true",
+                       help="follow every request with a later one that looks up (get_computed_blocks) and "
+                            "check its hit too: the hit-length differential")
+    which.add_argument("--stateful", action="store_true",
+                       help="the stateful differential alone: one manager driven through many requests "
+                            "(shared prefixes, chunks, drafts, preemption, resets, evictions, a small pool), "
+                            "its state checked after every operation; --max-examples counts programs")
+    which.add_argument("--all", action="store_true", dest="all_differentials",
+                       help="every differential: registration with lookups, then stateful")
 
 
 def run(args: argparse.Namespace) -> Outcome:
     named = subjects(args, mutants=True)
     if not named:
         raise UsageError("name a subject: --vllm VERSION, --vllm-src PATH or --current")
+    from kvspec.usecases import ALL_DIFFERENTIALS
+
+    if args.all_differentials:
+        differentials = ALL_DIFFERENTIALS
+    elif args.stateful:
+        differentials = ("stateful",)
+    else:
+        differentials = ("lookup",) if args.lookup else ("registration",)
     return fuzz_and_write(named, args, markdown=args.markdown, verify_test=not args.no_verify_test,
-                          lookup=args.lookup)
+                          differentials=differentials)
 
 
 def _who_is_affected(finding, proc, say):
@@ -62,7 +77,8 @@ def _who_is_affected(finding, proc, say):
     return attach(finding, proc=proc, say=say)
 
 
-def fuzz_and_write(named, args, *, markdown: str | None, verify_test: bool, lookup: bool) -> Outcome:
+def fuzz_and_write(named, args, *, markdown: str | None, verify_test: bool,
+                   differentials: tuple[str, ...]) -> Outcome:
     """Check every output and the database first, then fuzz, writing the
     JSON and Markdown after each subject and once more at the end."""
     from kvspec import usecases
@@ -79,7 +95,7 @@ def fuzz_and_write(named, args, *, markdown: str | None, verify_test: bool, look
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     print(f"kvspec fuzz: seed {seed} (rerun with --seed {seed})", flush=True)
     settings = usecases.FuzzSettings(max_examples=args.max_examples, seed=seed, database=args.database,
-                                     jobs=args.jobs, lookup=lookup, verify_test=verify_test,
+                                     jobs=args.jobs, differentials=differentials, verify_test=verify_test,
                                      progress=sys.stderr.isatty(),
                                      hash_schemes=(args.hash_scheme,) if getattr(args, "hash_scheme", None)
                                      else None)
@@ -96,10 +112,14 @@ def fuzz_and_write(named, args, *, markdown: str | None, verify_test: bool, look
     try:
         usecases.fuzz(named, settings, findings_dir, run=fuzz_run, on_update=record, started=STARTED,
                       on_finding=_who_is_affected)
+    except KeyboardInterrupt:
+        # Recorded as INTERRUPTED; a finding made before still decides the exit code.
+        fuzz_run.stopped = fuzz_run.stopped or Outcome.INTERRUPTED
+        fuzz_run.stopped_why = fuzz_run.stopped_why or "interrupted"
     finally:
         record(fuzz_run)
         if os.environ.get("GITHUB_STEP_SUMMARY"):
             append_step_summary(render_markdown(fuzz_run))
     if fuzz_run.status != "COMPLETE":
-        print(f"kvspec fuzz: {fuzz_run.status}: {fuzz_run.stopped_why}", flush=True)
+        print(f"kvspec fuzz: {fuzz_run.status}: {fuzz_run.why}", flush=True)
     return fuzz_run.outcome

@@ -18,7 +18,7 @@ import json
 
 from kvspec.arguments import positive_int, releases, writable
 from kvspec.model.errors import UsageError
-from kvspec.model.outcome import Outcome
+from kvspec.model.outcome import Outcome, worst
 
 HELP = "the registration and lookup checks on every release in a range"
 
@@ -75,4 +75,5 @@ def run(args: argparse.Namespace) -> Outcome:
         return Outcome.FINDING
     if any(r["status"] in ("unsupported", "error") for r in rows):
         return Outcome.USAGE
-    return Outcome.OK
+    # A release whose runs did not all finish is not "no discrepancy".
+    return worst([Outcome[r.get("overall", "OK")] for r in rows] or [Outcome.OK])

@@ -1,7 +1,8 @@
 """``kvspec mutants``: apply every mutation operator to a release, fuzz each
-mutant, and print a kill matrix (one column per technique: the proof,
-fuzzing, the exhaustive scope and, with ``--symbolic``, the mutant's real
-code checked symbolically).
+mutant, and print a kill matrix (one column per technique: the proof, the
+per-request differential, the stateful differential (state-side mutants, or
+every one with ``--every-technique``), the exhaustive scope and, with
+``--symbolic``, the mutant's real code checked symbolically).
 
 Exit codes: 0 every non-equivalent mutant killed, 1 a mutant survived, 2
 usage or setup error.
@@ -27,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE")
     parser.add_argument("--symbolic", action="store_true",
                         help="add the symbolic column: each mutant's real code checked with CrossHair")
+    parser.add_argument("--every-technique", action="store_true",
+                        help="run the stateful differential on every mutant, not only the state-side ones "
+                             "(the full matrix of which technique kills what)")
 
 
 def run(args: argparse.Namespace) -> Outcome:
@@ -43,20 +47,27 @@ def run(args: argparse.Namespace) -> Outcome:
     ensure_release(args.vllm)  # a release that cannot be provisioned is a setup error now
     print(f"kvspec mutants: vLLM {args.vllm}, seed {args.seed}, up to {args.max_examples} examples each")
     started = time.perf_counter()
-    rows = usecases.kill_matrix(args.vllm, args.max_examples, args.seed, args.mutant, symbolic=args.symbolic)
+
+    def record(rows, status: str = "INCOMPLETE") -> None:
+        if json_path is not None:
+            write_text(json_path, json.dumps(
+                {"schema": SCHEMAS["mutants"], "status": status, "vllm": args.vllm, "seed": args.seed,
+                 "max_examples": args.max_examples, "seconds": round(time.perf_counter() - started, 2),
+                 "mutants": rows}, indent=2, sort_keys=True))
+
+    rows = usecases.kill_matrix(args.vllm, args.max_examples, args.seed, args.mutant, symbolic=args.symbolic,
+                                every_technique=args.every_technique, on_row=record)
+    record(rows, "COMPLETE")
     total = time.perf_counter() - started
     print(render_matrix(rows))
     killed = sum(r["status"] == "killed" for r in rows)
     survived = [r["mutant"] for r in rows if r["status"] == "survived"]
     errors = [r["mutant"] for r in rows if r["status"] == "error"]
+    inapplicable = [r["mutant"] for r in rows if r["status"] == "not applicable"]
     print(f"\n{killed}/{len(rows)} killed, {len(survived)} survived, "
-          f"{sum(r['status'] == 'equivalent' for r in rows)} equivalent, {len(errors)} errors; "
-          f"{total:.1f} s in all")
-    if json_path is not None:
-        write_text(json_path, json.dumps(
-            {"schema": SCHEMAS["mutants"], "vllm": args.vllm, "seed": args.seed,
-             "max_examples": args.max_examples, "seconds": round(total, 2), "mutants": rows},
-            indent=2, sort_keys=True))
+          f"{sum(r['status'] == 'equivalent' for r in rows)} equivalent, {len(errors)} errors, "
+          f"{len(inapplicable)} not applicable to {args.vllm}"
+          f"{' (' + ', '.join(inapplicable) + ')' if inapplicable else ''}; {total:.1f} s in all")
     if survived:
         return Outcome.FINDING
     return Outcome.USAGE if errors else Outcome.OK

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvspec.arguments import add_subject_arguments, positive_seconds, subjects, writable
+from kvspec.arguments import add_budget_arguments, add_subject_arguments, budget, subjects, writable
 from kvspec.model.outcome import Outcome, worst
 
 HELP = "run the Z3 theorem catalog (and check a release's own code symbolically)"
@@ -22,8 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--theorem", action="append", metavar="NAME", help="run only this theorem (repeatable)")
     parser.add_argument("--list", action="store_true", help="list the theorems and exit")
     parser.add_argument("--json", metavar="FILE", help="write the versioned machine-readable result")
-    parser.add_argument("--timeout", type=positive_seconds, default=20.0, metavar="SECONDS",
-                        help="per solver query (default 20); a timeout is UNKNOWN, never PROVED")
+    add_budget_arguments(parser)
     parser.add_argument("--seed", type=int, default=0, help="z3 random seed (default 0)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     add_subject_arguments(parser)  # the real code, checked symbolically
@@ -50,7 +49,7 @@ def run(args: argparse.Namespace) -> Outcome:
         for t in ([theorem(n) for n in args.theorem] if args.theorem else CATALOG):
             print(f"{t.name}: {t.statement}")
         return Outcome.OK
-    proved = usecases.prove(args.theorem, timeout_s=args.timeout, seed=args.seed,
+    proved = usecases.prove(args.theorem, budget=budget(args), seed=args.seed,
                             progress=_progress(sys.stderr.isatty() and not args.quiet))
     print(render_table(proved.results))
     counts = summary(proved.results)
@@ -59,7 +58,7 @@ def run(args: argparse.Namespace) -> Outcome:
     verdicts = []
     if named:
         print("\nreal code, symbolically (CrossHair, unbounded integers): vLLM's own method vs the spec")
-        verdicts = usecases.real_code(named, timeout_s=args.timeout * 3)
+        verdicts = usecases.real_code(named, timeout_s=args.symbolic_timeout)
     if json_path is not None:
         known = {r.name: r for r in proved.results}
         findings = [f for f in (theorem_finding(r, versions(), known) for r in proved.results) if f]

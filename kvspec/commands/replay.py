@@ -42,7 +42,9 @@ def _recorded_subject(finding):
 
 
 def run(args: argparse.Namespace) -> Outcome:
+    from kvspec.diff_tests.stateful import replay_program
     from kvspec.model.case import Case
+    from kvspec.model.program import Program
     from kvspec.oracles.lookup import check_case
     from kvspec.report.stored import load_findings
     from kvspec.subjects.process import SubjectProcess
@@ -52,30 +54,40 @@ def run(args: argparse.Namespace) -> Outcome:
     if not findings:
         raise UsageError(f"{args.finding} holds no fuzz finding to replay (proof findings "
                          "replay with `kvspec prove --theorem NAME`)")
-    cases = []
+    inputs = []
     for finding in findings:
         try:
-            cases.append(Case.from_dict(finding.inputs))
+            if "program" in finding.inputs:  # a stateful finding
+                inputs.append(Program.from_dict(finding.inputs["program"]))
+            else:
+                inputs.append(Case.from_dict(finding.inputs))
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
-            raise InputError(f"{args.finding}: the finding's case is not one kvspec can run ({exc})") from None
+            raise InputError(f"{args.finding}: the finding's inputs are not ones kvspec can run ({exc})") from None
     named = subjects(args)
     still_failing = False
-    for finding, case in zip(findings, cases):
+    for finding, subject_input in zip(findings, inputs):
         for subject in named or [_recorded_subject(finding)]:
             with SubjectProcess(subject) as proc:
-                found = check_case(case, proc.capabilities, proc.run(case_message(case)))
+                if isinstance(subject_input, Program):
+                    found, _ = replay_program(proc, subject_input)
+                else:
+                    found = check_case(subject_input, proc.capabilities, proc.run(case_message(subject_input)))
                 version = proc.identity.get("vllm_version")
-            print(f"{subject.label} (vLLM {version}): {case.describe()}")
+            print(f"{subject.label} (vLLM {version}): {subject_input.describe()}")
             if found:
                 still_failing = True
                 print("  STILL FAILING")
                 for d in found:
                     print(f"  {d.summary()}")
             elif subject.label == finding.compared.get("subject", {}).get("label"):
-                print(f"  FIXED (was {finding.category.title}; now agrees with the subject)")
+                print(f"  FIXED (was {finding.category.title}; this run agrees with {_rule(finding)})")
             else:
                 # Another subject than the one the finding came from: it agrees
-                # on this case, which says nothing of whether it ever had the bug.
-                print(f"  NOT AFFECTED (agrees with the subject on this case; the finding, "
+                # on this input, which says nothing of whether it ever had the bug.
+                print(f"  NOT AFFECTED (agrees with {_rule(finding)} on this input; the finding, "
                       f"{finding.category.title}, was made on {finding.compared.get('subject', {}).get('label')})")
     return Outcome.FINDING if still_failing else Outcome.OK
+
+
+def _rule(finding) -> str:
+    return "the state invariants" if finding.category.is_state or "program" in finding.inputs else "the spec"

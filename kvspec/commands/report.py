@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a stored finding, or a `kvspec fuzz --json` / `kvspec prove --json` result")
     parser.add_argument("--format", choices=("text", "markdown", "json"), default="text")
     parser.add_argument("--output", metavar="FILE", help="write the report here instead of stdout")
-    parser.add_argument("--plot", metavar="FILE.svg", help="write the registered-vs-computed plot")
+    parser.add_argument("--plot", metavar="FILE.svg", help="write the registered-vs-computed plot "
+                        "(PNG when FILE ends in .png, else SVG)")
     parser.add_argument("--emit-test", metavar="FILE.py",
                         help="write the regression test for tests/v1/core/")
 
@@ -33,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> Outcome:
     from kvspec.report.files import append_step_summary, write_text
     from kvspec.report.finding import render_markdown, render_text
-    from kvspec.report.plot import render_svg
+    from kvspec.report.plot import render_png, render_svg
     from kvspec.report.regression_test import emit_test
     from kvspec.report.stored import load_findings
 
@@ -64,7 +65,9 @@ def run(args: argparse.Namespace) -> Outcome:
         sys.stdout.write(text)
     if args.format == "markdown" and os.environ.get("GITHUB_STEP_SUMMARY"):
         append_step_summary(text)
-    if plot is not None:
+    if plot is not None and str(plot).lower().endswith(".png"):
+        plot.write_bytes(render_png(first))
+    elif plot is not None:
         write_text(plot, render_svg(first))
     if emit is not None:
         write_text(emit, code)

@@ -1,28 +1,38 @@
 """Completing a fuzz failure into a stored, reviewable finding.
 
 While the subject is still live: sweep registered-vs-computed tokens for the
-plot, check the subject's registration code symbolically, emit the regression
-test and check it fails on the subject (and passes on the unmutated release
-when the subject is a kvspec mutant).  The finding (JSON) is stored as soon
-as it exists and again after each step, so an error or an interrupt during
-completion never loses it.
+plot and emit the regression test; meanwhile, overlapping that and one
+another, the proofs explain the failure (Z3, in a thread), the subject's
+registration code is checked symbolically and the emitted test runs where
+it must fail (the subject) and, for a kvspec mutant, where it must pass (the
+release it was made from) -- each of those three in its own process.  The
+test is also linted with that release's ruff configuration when ruff is
+installed.  The finding (JSON) is stored as soon as it exists and again
+after each step, so an error or an interrupt during completion never loses
+it.  How long each stage took is kept in ``run["completion_seconds"]``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import attrs
 
 from kvspec.model.finding import Category, Finding
 
-__all__ = ["complete_finding", "store_finding", "store_raw_finding", "verify_test"]
+__all__ = ["complete_finding", "store_finding", "store_raw_finding", "verify_test", "lint_test",
+           "explain_stage", "sweep_stage", "plot_stage", "real_code_stage", "emit_stage", "STAGES"]
 
 _SWEPT = (Category.UNDER_REGISTRATION, Category.OVER_REGISTRATION, Category.BLOCK_MISMATCH)
+# The stages of completion, in order (``bench_report.py`` times each).
+STAGES = ("explain", "sweep", "plot", "emit", "symbolic leg", "test on the subject",
+          "test on the release", "ruff")
 
 
 def _stem(finding: Finding) -> str:
@@ -33,26 +43,71 @@ def _stem(finding: Finding) -> str:
     return f"finding-{label}-{finding.category.value}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def verify_test(test_path: Path, subject_spec) -> list[dict[str, Any]]:
-    """Run the emitted test where it must fail (the subject) and, for a mutant,
-    where it must pass (the release the mutant was made from)."""
-    from kvspec.report.regression_test import ASSERT_MESSAGES
+def _release_of(subject_spec):
+    """The release a kvspec mutant was made from (None for any other subject)."""
     from kvspec.subjects.subject import release
+
+    return release(subject_spec.version) if subject_spec.kind == "mutant" else None
+
+
+def _run_in(test_code: str, file_name: str, tests_root: Path | None, subject, must: str,
+            against: str | None = None) -> dict[str, Any]:
+    """Run the test laid out as in vLLM's repository, in a scratch directory."""
+    from kvspec.report.regression_test import ASSERT_MESSAGES
+    from kvspec.report.vllm_tests import verification_tree
     from kvspec.subjects.testrun import run_pytest
 
-    checks = [{**run_pytest(subject_spec, str(test_path)), "must": "failed"}]
-    if subject_spec.kind == "mutant":
-        base = release(subject_spec.version)
-        checks.append({**run_pytest(base, str(test_path)), "must": "passed",
-                       "against": f"unmutated {base.label}"})
-    for check in checks:
-        # A failure counts only when it is the emitted assertion, not an error on the way.
-        genuine = check["must"] != "failed" or any(m in check.get("output", "") for m in ASSERT_MESSAGES)
-        check["as_expected"] = check["outcome"] == check["must"] and genuine
-    return checks
+    with tempfile.TemporaryDirectory(prefix="kvspec-test-") as scratch:
+        path = verification_tree(Path(scratch), tests_root, file_name, test_code)
+        started = time.perf_counter()
+        check = {**run_pytest(subject, str(path)), "must": must,
+                 "seconds": round(time.perf_counter() - started, 2)}
+    if against:
+        check["against"] = against
+    # A failure counts only when it is the emitted assertion, not an error on the way.
+    genuine = must != "failed" or any(m in check.get("output", "") for m in ASSERT_MESSAGES)
+    check["as_expected"] = check["outcome"] == must and genuine
+    return check
 
 
-def _real_code(subject) -> dict[str, Any]:
+def verify_test(test_code: str, file_name: str, subject_spec, tests_root: Path | None = None,
+                pool: ThreadPoolExecutor | None = None) -> list[dict[str, Any]]:
+    """Run the emitted test where it must fail (the subject) and, for a
+    mutant, where it must pass (the release the mutant was made from); the
+    two runs at the same time."""
+    base = _release_of(subject_spec)
+    jobs = [(subject_spec, "failed", None)]
+    if base is not None:
+        jobs.append((base, "passed", f"unmutated {base.label}"))
+    own = pool is None
+    pool = pool or ThreadPoolExecutor(max_workers=len(jobs))
+    try:
+        futures = [pool.submit(_run_in, test_code, file_name, tests_root, s, must, against)
+                   for s, must, against in jobs]
+        return [f.result() for f in futures]
+    finally:
+        if own:
+            pool.shutdown()
+
+
+def lint_test(test_code: str, file_name: str, subject_spec, tests_root: Path | None) -> dict[str, Any] | None:
+    """ruff with the release's configuration, when ruff is installed and the
+    release's configuration is known (None otherwise: not checked)."""
+    from kvspec.report.vllm_tests import ruff_available, ruff_check
+    from kvspec.subjects.subject import release, resolve_subject
+
+    if tests_root is None or not (tests_root / "pyproject.toml").is_file() or not ruff_available():
+        return None
+    if subject_spec.kind in ("release", "mutant"):
+        tree = resolve_subject(release(subject_spec.version))[1]
+    else:
+        tree = subject_spec.path
+    started = time.perf_counter()
+    return {**ruff_check(tests_root, Path(tree), file_name, test_code),
+            "seconds": round(time.perf_counter() - started, 2)}
+
+
+def real_code_stage(subject) -> dict[str, Any]:
     """The ledger's fourth leg: the subject's registration method, symbolically."""
     from kvspec.subjects.symbolic import symbolic_check
 
@@ -63,42 +118,119 @@ def _real_code(subject) -> dict[str, Any]:
             "seconds": verdict.seconds}
 
 
-def complete_finding(proc, result, findings_dir: Path, versions: dict[str, str],
-                     verify: bool = True) -> tuple[Finding, Path]:
+def explain_stage(result, versions: dict[str, str]) -> Finding:
     from kvspec.report.findings import fuzz_finding
-    from kvspec.report.plot import render_svg
-    from kvspec.report.regression_test import emit_test, test_file_name
+
+    return fuzz_finding(result, versions)
+
+
+def sweep_stage(proc, result, finding: Finding) -> dict[str, Any]:
     from kvspec.subjects.drivers.sweep import sweep, sweep_range
 
-    finding = fuzz_finding(result, versions)
-    findings_dir.mkdir(parents=True, exist_ok=True)
-    stem = _stem(finding)
-    path = findings_dir / f"{stem}.json"
-    artifacts = {"finding": str(path)}
-    finding = attrs.evolve(finding, replay=f"kvspec replay {path}", artifacts=dict(artifacts))
-    store_finding(finding, path)
-    if finding.category in _SWEPT:
-        case = result.failure.case
-        finding = attrs.evolve(finding, sweep=sweep(proc, case, sweep_range(case, finding.n)))
-        plot = findings_dir / f"{stem}.svg"
-        plot.write_text(render_svg(finding))
-        artifacts["plot"] = str(plot)
-        store_finding(attrs.evolve(finding, artifacts=dict(artifacts)), path)
-    if finding.ledger is not None and finding.category in _SWEPT:
-        finding = attrs.evolve(finding, ledger=attrs.evolve(finding.ledger, real_code=_real_code(proc.subject)))
-        store_finding(attrs.evolve(finding, artifacts=dict(artifacts)), path)
-    code = emit_test(finding, proc.capabilities)
-    if code is not None:
-        test_dir = findings_dir / stem
-        test_dir.mkdir(exist_ok=True)
-        test_path = test_dir / test_file_name(finding)
-        test_path.write_text(code)
-        artifacts["regression_test"] = str(test_path)
-        checks = verify_test(test_path, proc.subject) if verify else []
-        finding = attrs.evolve(finding, regression_test={
-            "file_name": test_path.name, "path": str(test_path), "code": code, "verified": checks})
-    finding = attrs.evolve(finding, artifacts=artifacts)
-    store_finding(finding, path)
+    case = result.failure.case
+    return sweep(proc, case, sweep_range(case, finding.n))
+
+
+def plot_stage(finding: Finding, base: Path) -> dict[str, str]:
+    """The plot as SVG and PNG next to the finding: ``{"plot": svg, "plot_png": png}``."""
+    from kvspec.report.plot import render_png, render_svg
+
+    # The stem has dots of its own (a version number): never Path.with_suffix.
+    svg, png = base.parent / f"{base.name}.svg", base.parent / f"{base.name}.png"
+    svg.write_text(render_svg(finding))
+    png.write_bytes(render_png(finding))
+    return {"plot": str(svg), "plot_png": str(png)}
+
+
+def emit_stage(finding: Finding, capabilities, idiom) -> tuple[str | None, str | None]:
+    """The test and its ``xfail(strict=True)`` form."""
+    from kvspec.report.regression_test import emit_test
+
+    code = emit_test(finding, capabilities, idiom)
+    return code, (emit_test(finding, capabilities, idiom, xfail=True) if code else None)
+
+
+def _timed(seconds: dict[str, float], stage: str, fn: Callable, *args) -> Any:
+    started = time.perf_counter()
+    try:
+        return fn(*args)
+    finally:
+        seconds[stage] = round(time.perf_counter() - started, 2)
+
+
+def complete_finding(proc, result, findings_dir: Path, versions: dict[str, str],
+                     verify: bool = True) -> tuple[Finding, Path]:
+    """The finding of ``result``, completed and stored.  The proofs'
+    explanation (Z3, which releases the interpreter while it solves), the
+    symbolic leg and the two test runs (processes of their own) overlap the
+    rest and one another; the finding is stored after each step."""
+    from kvspec.report.findings import fuzz_finding
+    from kvspec.report.regression_test import pytest_command, test_file_name, test_name
+    from kvspec.report.vllm_tests import idiom_of, tests_root_of
+
+    seconds: dict[str, float] = {}
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        explained = pool.submit(_timed, seconds, "explain", explain_stage, result, versions)
+        # Everything but the explanation, at once: the sweep, the plot and the
+        # test need only the case and the per-group values.
+        finding = fuzz_finding(result, versions, explain=False)
+        findings_dir.mkdir(parents=True, exist_ok=True)
+        stem = _stem(finding)
+        path = findings_dir / f"{stem}.json"
+        artifacts = {"finding": str(path)}
+
+        def save(f: Finding) -> Finding:
+            f = attrs.evolve(f, artifacts=dict(artifacts), run={**f.run, "completion_seconds": dict(seconds)})
+            store_finding(f, path)
+            return f
+
+        finding = save(attrs.evolve(finding, replay=f"kvspec replay {path}"))
+        swept = finding.category in _SWEPT
+        real_code = None
+        if finding.ledger is not None and swept:
+            real_code = pool.submit(_timed, seconds, "symbolic leg", real_code_stage, proc.subject)
+        if swept:
+            finding = attrs.evolve(finding, sweep=_timed(seconds, "sweep", sweep_stage, proc, result, finding))
+            artifacts.update(_timed(seconds, "plot", plot_stage, finding, findings_dir / stem))
+            finding = save(finding)
+        tests_root = None
+        try:
+            tests_root = tests_root_of(proc.subject)
+        except Exception as exc:  # no network, no sdist: the test builds its own manager
+            from kvspec.subjects.provision import report
+
+            report(f"vLLM's test helpers are not available ({exc}); the emitted test builds its own manager")
+        idiom = idiom_of(tests_root)
+        code, xfail_code = _timed(seconds, "emit", emit_stage, finding, proc.capabilities, idiom)
+        if code is not None:
+            file_name = test_file_name(finding)
+            test_dir = findings_dir / stem
+            (test_dir / "xfail").mkdir(parents=True, exist_ok=True)
+            test_path = test_dir / file_name
+            test_path.write_text(code)
+            (test_dir / "xfail" / file_name).write_text(xfail_code)
+            artifacts["regression_test"] = str(test_path)
+            artifacts["regression_test_xfail"] = str(test_dir / "xfail" / file_name)
+            checks: list[dict[str, Any]] = []
+            lint = None
+            if verify:
+                checks = verify_test(code, file_name, proc.subject, tests_root, pool)
+                for check in checks:
+                    seconds["test on the subject" if check["must"] == "failed" else "test on the release"] = \
+                        check["seconds"]
+                lint = lint_test(code, file_name, proc.subject, tests_root)
+                if lint is not None:
+                    seconds["ruff"] = lint["seconds"]
+            finding = attrs.evolve(finding, regression_test={
+                "file_name": file_name, "path": str(test_path), "code": code,
+                "test_name": test_name(finding, proc.capabilities),
+                "command": pytest_command(finding, proc.capabilities),
+                "idiom": idiom.as_dict(), "verified": checks, "lint": lint})
+        full = explained.result()
+        finding = attrs.evolve(finding, explanation=full.explanation)
+        if real_code is not None:
+            finding = attrs.evolve(finding, ledger=attrs.evolve(finding.ledger, real_code=real_code.result()))
+    finding = save(finding)
     return finding, path
 
 

@@ -1,19 +1,51 @@
 """Renders one ``Finding``: terminal text and Markdown for a pull-request comment.
 
-Both read the same small tables (``group_table``, ``derivation_table``) so a
-number can never be computed twice; Markdown puts the verdict first, a table
-per group, and folds the details.
+Both lead with what a reviewer decides on, in this order: one sentence of
+impact (the deployment-profile assessment, ``Finding.reach``, when there is
+one; otherwise the finding's own geometry, said so), who is affected, the
+minimal case, then the evidence (ledger, proofs, sweep, regression test),
+how to reproduce it, the run's statistics and a glossary of every term the
+report keeps.  Both read the same small tables and sentences, so a number is
+never computed twice.  Markdown never shows a machine-local path (artifacts
+by relative path or name) and escapes what a finding holds: a finding may
+come from a file kvspec did not write.
 """
 
 from __future__ import annotations
 
 import html
+import os
 import re
 from typing import Any
 
-from kvspec.model.finding import Finding
+from kvspec.model.finding import Category, Finding, GroupRow
 
-__all__ = ["group_table", "derivation_table", "subject_line", "render_text", "render_markdown"]
+__all__ = ["group_table", "derivation_table", "subject_line", "impact_sentence", "affected_lines",
+           "sweep_lines", "run_line", "glossary", "public_label", "artifact_name", "render_text",
+           "render_markdown"]
+
+_LOCAL_PATH = re.compile(r"(?<![\w.:/-])(?:~|/)[^\s,;()`'\"]*")
+
+
+def public_label(text: str) -> str:
+    """``text`` without machine-local paths: each absolute or ``~`` path is
+    cut to its last component (what is meant for a pull request never
+    shows where a file sits on one machine)."""
+    return _LOCAL_PATH.sub(lambda m: m.group(0).rstrip("/").rsplit("/", 1)[-1] or "/", text)
+
+
+def artifact_name(path: str) -> str:
+    """A stored artifact as a pull request can name it: relative to the
+    working directory when it lies below it (how CI uploads the findings
+    directory), else its file name alone."""
+    path = str(path)
+    if not os.path.isabs(os.path.expanduser(path)):
+        return public_label(path)
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        rel = ""
+    return rel if rel and not rel.startswith("..") else os.path.basename(path)
 
 
 def _yes(value: Any) -> str:
@@ -22,6 +54,19 @@ def _yes(value: Any) -> str:
 
 def _num(value: Any) -> str:
     return "-" if value is None else str(value)
+
+
+def _tokens(count: Any) -> str:
+    return f"{count} token" + ("" if count == 1 else "s")
+
+
+_KINDS = {"full_attention": "full attention", "sliding_window": "sliding window",
+          "mamba_align": "Mamba align"}
+
+
+def _group_words(g: GroupRow) -> str:
+    return (f"group {g.group} ({_KINDS.get(g.kind, g.kind)}, block {g.block_size}"
+            f"{', EAGLE' if g.eagle else ''})")
 
 
 def group_table(f: Finding) -> tuple[list[str], list[list[str]]]:
@@ -70,21 +115,170 @@ def _versions(f: Finding) -> str:
     return ", ".join(f"{k} {v[k]}" for k in ("kvspec", "z3", "hypothesis") if k in v)
 
 
-def _per_group(f: Finding) -> str | None:
-    if not f.groups:
+def _label(f: Finding) -> str:
+    return str(f.compared.get("subject", {}).get("label", "the subject"))
+
+
+# -- what a reviewer decides on ------------------------------------------------
+
+def _sweep_losses(f: Finding, group: int) -> list[tuple[int, int]]:
+    """(n, spec minus subject) at every swept length where the group differs."""
+    sweep = f.sweep or {}
+    try:
+        spec, subject = sweep["spec"][group], sweep["subject"][group]
+    except (KeyError, IndexError, TypeError):
+        return []
+    return [(n, s - o) for n, s, o in zip(sweep.get("n", ()), spec, subject)
+            if isinstance(s, int) and isinstance(o, int) and s != o]
+
+
+def _closed_form(f: Finding) -> str | None:
+    e = f.explanation
+    if e is None or not e.loss_formula:
         return None
-    expected = [g.expected_tokens for g in f.groups]
-    observed = [g.observed_tokens for g in f.groups]
-    return f"per-group tokens: spec {expected} vs subject {observed}"
+    # The catalog states its formula "... tokens per call where reachable,
+    # 0 elsewhere": the formula itself is what precedes " tokens".
+    return e.loss_formula.split(" tokens", 1)[0].strip() or None
 
 
-def _ledger_line(f: Finding) -> str | None:
+def impact_sentence(f: Finding) -> str:
+    """One sentence: how badly, and where -- the worst affected deployment
+    when profiles were assessed, else this finding's own geometry (said so)."""
+    if f.reach is not None:
+        return ("Hardening, not a regression: " if f.reach.hardening else "") + f.reach.summary
+    scope = "this finding's own geometry only; no deployment profile assessed"
+    differing = f.differing_groups
+    if f.category in (Category.UNDER_REGISTRATION, Category.OVER_REGISTRATION) and differing \
+            and differing[0].token_gap:
+        g = differing[0]
+        gap = g.token_gap
+        n = f.n
+        if gap > 0:
+            core = (f"a request whose computed tokens end at n = {n} leaves {gap} of its "
+                    f"{g.expected_tokens} registrable tokens out of the prefix cache in {_group_words(g)}, "
+                    "so a later request sharing that prefix recomputes them")
+        else:
+            core = (f"a request at n = {n} computed tokens has {-gap} more tokens registered in "
+                    f"{_group_words(g)} than the spec allows (not finalized, or unreachable by a "
+                    "lookup), so a later request may reuse KV that is not valid for it")
+        losses = _sweep_losses(f, g.group)
+        if losses and f.sweep:
+            ns = f.sweep["n"]
+            worst = max(abs(d) for _, d in losses)
+            core += (f"; over single prefills of n = {ns[0]}..{ns[-1]} tokens, {len(losses)} of "
+                     f"{len(ns)} lengths differ, by up to {_tokens(worst)}")
+        formula = _closed_form(f)
+        if formula and f.explanation.loss_predicted == f.explanation.loss_observed:
+            core += f", as the proved closed form {formula} predicts"
+        return f"For this finding's own geometry only (no deployment profile assessed), {core}."
+    if f.category in (Category.LOOKUP_CONTRACT, Category.HIT_MISMATCH):
+        return (f"For this finding's own geometry only (no deployment profile assessed), a later "
+                f"request's prefix-cache hit is wrong: {f.category.meaning}.")
+    return f"Not quantified ({scope}): {f.category.meaning}."
+
+
+def _profile_line(p: Any) -> str:
+    if not isinstance(p, dict):
+        return str(p)
+    name = p.get("profile") or p.get("name") or p.get("label") or "profile"
+    rest = [f"{k} {v}" for k, v in p.items() if k not in ("profile", "name", "label")
+            and isinstance(v, (str, int, float, bool))]
+    impact = p.get("impact")
+    if isinstance(impact, dict):
+        rest = [r for r in rest if not r.startswith("impact ")] + [
+            f"{k} {v}" for k, v in impact.items() if isinstance(v, (str, int, float, bool))]
+    return f"{name}" + (f": {', '.join(rest)}" if rest else "")
+
+
+def affected_lines(f: Finding) -> list[str]:
+    """Who is affected: the assessed deployment profiles, or why nobody can say yet."""
+    if f.reach is None:
+        knobs = " (the configurations that take this branch are listed as knobs under the evidence)" \
+            if f.explanation and f.explanation.knobs else ""
+        return [f"not assessed: no deployment profile was checked for this finding{knobs}"]
+    if not f.reach.profiles:
+        return ["no known deployment reaches it: hand-built geometry only"]
+    out = [_profile_line(p) for p in f.reach.profiles]
+    if f.reach.worst:
+        out.append(f"worst affected: {_profile_line(f.reach.worst)}")
+    return out
+
+
+def _call_words(f: Finding) -> str:
+    """The differing call, counted from 1 in words (``Finding.call`` is an index)."""
+    if f.call is None:
+        return ""
+    return f"the request's cache_blocks call {f.call + 1} (counted from 1), "
+
+
+def _minimal_line(f: Finding) -> str | None:
+    if f.n is None:
+        return None
+    line = f"at {_call_words(f)}n = {f.n} computed tokens ({f.hashed_tokens} hashed)"
+    differing = f.differing_groups
+    if differing:
+        g = differing[0]
+        line += (f": {_group_words(g)} registers {_tokens(g.observed_tokens)} where the spec "
+                 f"registers {g.expected_tokens}")
+    return line
+
+
+def _loss_lines(f: Finding) -> list[str]:
+    e = f.explanation
+    if e is None:
+        return []
+    out = []
+    if e.loss_formula:
+        status = next((t.status for t in e.theorems if t.name.startswith("loss.") and
+                       "closed_form" in t.name), "?")
+        out.append(f"loss ({status}): {e.loss_formula}; predicts {e.loss_predicted} here, "
+                   f"{e.loss_observed} observed. \"Per call\" is one cache_blocks call's bound; "
+                   "calls do not add up: registration accumulates, so what a request leaves "
+                   "unregistered at its end is its last call's loss")
+    elif e.loss_observed is not None:
+        out.append(f"loss: {_tokens(e.loss_observed)} at this call, which a request ending here leaves "
+                   "unregistered (no closed form in the catalog)")
+    if e.worst_case:
+        worst = next((t.status for t in e.theorems if "worst_case" in t.name), "?")
+        out.append(f"worst case ({worst}): {e.worst_case}")
+    return out
+
+
+def _explanation_lines(f: Finding) -> list[str]:
+    e = f.explanation
+    if e is None:
+        return []
+    out = [f"diagnosis: behaves like model variant {e.diagnosis}: {e.diagnosis_summary}"
+           if e.diagnosis else f"diagnosis: {e.diagnosis_summary}"]
+    out.append(f"nature: {e.nature}" + ("" if e.nature != "regression" else
+                                         " (the subject loses what the spec registers)"))
+    out += _loss_lines(f)
+    if e.reachability:
+        reach = next((t.status for t in e.theorems if t.name.startswith("reachability.")), "?")
+        out.append(f"reachability ({reach}): {e.reachability}")
+    out += [f"knob: {k}" for k in e.knobs]
+    out += [f"intended by the spec: {d}" for d in e.intended_drop]
+    if not e.intended_drop and e.nature == "regression":
+        out.append("intended by the spec: nothing here -- the spec registers every token the "
+                   "subject drops")
+    return out
+
+
+def _theorem_lines(f: Finding) -> list[str]:
+    e = f.explanation
+    if e is None:
+        return []
+    return [f"theorem {t.name}: {t.status}" + ("" if t.as_expected else " (NOT as expected)")
+            + f" ({float(t.seconds):.2f} s)" for t in e.theorems]
+
+
+def _ledger_line(f: Finding, label=lambda s: s) -> str | None:
     led = f.ledger
     if led is None:
         return None
     legs = (f"Z3 spec {list(led.z3_spec) if led.z3_spec is not None else '-'}, "
             f"oracle {list(led.oracle) if led.oracle is not None else '-'}, "
-            f"{led.subject_label} {list(led.subject) if led.subject is not None else '-'}")
+            f"{label(led.subject_label)} {list(led.subject) if led.subject is not None else '-'}")
     line = f"ledger: {legs} -> {led.blame.value}" + (f" ({led.note})" if led.note else "")
     rc = led.real_code
     if rc:
@@ -97,61 +291,155 @@ def _ledger_line(f: Finding) -> str | None:
     return line
 
 
-def _explanation_lines(f: Finding) -> list[str]:
-    e = f.explanation
-    if e is None:
+def sweep_lines(f: Finding) -> list[str]:
+    """Per group and per prompt length, what the sweep's single prefills
+    showed (each length is its own request: no sum over them means anything)."""
+    sweep = f.sweep
+    if not sweep:
         return []
-    out = [f"diagnosis: behaves like model variant {e.diagnosis}: {e.diagnosis_summary}"
-           if e.diagnosis else f"diagnosis: {e.diagnosis_summary}"]
-    out.append(f"nature: {e.nature}" + ("" if e.nature != "regression" else
-                                         " (the subject loses what the spec registers)"))
-    if e.loss_formula:
-        loss_status = next((t.status for t in e.theorems if t.name.startswith("loss.") and
-                            "closed_form" in t.name), "?")
-        out.append(f"loss ({loss_status}): {e.loss_formula}; predicts {e.loss_predicted} here, "
-                   f"{e.loss_observed} observed")
-    elif e.loss_observed is not None:
-        out.append(f"loss: {e.loss_observed} tokens at this call (no closed form in the catalog)")
-    if e.worst_case:
-        worst = next((t.status for t in e.theorems if "worst_case" in t.name), "?")
-        out.append(f"worst case ({worst}): {e.worst_case}")
-    if e.reachability:
-        reach = next((t.status for t in e.theorems if t.name.startswith("reachability.")), "?")
-        out.append(f"reachability ({reach}): {e.reachability}")
-    out += [f"knob: {k}" for k in e.knobs]
-    out += [f"intended by the spec: {d}" for d in e.intended_drop]
-    if not e.intended_drop and e.nature == "regression":
-        out.append("intended by the spec: nothing here -- the spec registers every token the "
-                   "subject drops")
-    out += [f"theorem {t.name}: {t.status}" + ("" if t.as_expected else " (NOT as expected)")
-            + f" ({t.seconds:.2f} s)" for t in e.theorems]
+    ns = sweep["n"]
+    out = [f"sweep: one request per prompt length n = {ns[0]}..{ns[-1]}, a single prefill each, "
+           f"on a fresh cache; the subject differs at {len(sweep['differing_n'])} of {len(ns)} lengths"]
+    for g in range(len(sweep.get("spec", ()))):
+        losses = _sweep_losses(f, g)
+        if not losses:
+            continue
+        row = f.groups[g] if g < len(f.groups) else None
+        who = _group_words(row) if row else f"group {g}"
+        fewer = [(n, d) for n, d in losses if d > 0]
+        more = [(n, -d) for n, d in losses if d < 0]
+        for words, items in (("fewer", fewer), ("more", more)):
+            if not items:
+                continue
+            amounts = {d for _, d in items}
+            shown = items[:8]
+            if len(amounts) == 1:
+                each = _tokens(amounts.pop())
+                lengths = ", ".join(str(n) for n, _ in shown) + (", ..." if len(items) > 8 else "")
+                out.append(f"{who} registers {each} {words} than the spec at each of n = {lengths}")
+            else:
+                pairs = ", ".join(f"n = {n}: {d}" for n, d in shown) + (", ..." if len(items) > 8 else "")
+                out.append(f"{who} registers fewer tokens than the spec ({pairs})" if words == "fewer"
+                           else f"{who} registers more tokens than the spec ({pairs})")
     return out
 
 
-def sweep_line(f: Finding) -> str | None:
-    """How widespread the difference is over the sweep's single prefills."""
-    sweep = f.sweep
-    if not sweep:
-        return None
-    ns, differing = sweep["n"], sweep["differing_n"]
-    lost = sum(s - o for g in range(len(sweep["spec"]))
-               for s, o in zip(sweep["spec"][g], sweep["subject"][g]) if s is not None and o is not None)
-    shown = ", ".join(map(str, differing[:8])) + (", ..." if len(differing) > 8 else "")
-    return (f"sweep of single prefills n = {ns[0]}..{ns[-1]}: the subject differs at "
-            f"{len(differing)} of {len(ns)} lengths" + (f" (n = {shown})" if differing else "")
-            + f"; net tokens lost over the sweep: {lost}")
-
-
-def _test_line(f: Finding) -> str | None:
+def _test_lines(f: Finding, label=lambda s: s) -> list[str]:
     t = f.regression_test
     if not t:
-        return None
-    checks = "; ".join(
-        f"{c['outcome']} on {c['against']}" + ("" if c.get("as_expected") else f" (it must have {c['must']})")
-        for c in t.get("verified", ()))
-    return (f"regression test {t['file_name']} for tests/v1/core/"
-            + (f": {checks}" if checks else " (not run)"))
+        return []
+    from .regression_test import FILE_NAME
 
+    where = f"tests/v1/core/{FILE_NAME}"
+    checks = []
+    for c in t.get("verified", ()):
+        outcome = c["outcome"]
+        if outcome == "failed" and c.get("as_expected"):
+            outcome = "failed on its assertion"
+        checks.append(f"{outcome} on {label(c['against'])}"
+                      + ("" if c.get("as_expected") else f" (it must have {c['must']})"))
+    lint = t.get("lint")
+    if lint:
+        checks.append(f"ruff check and ruff format --check with the release's configuration: "
+                      f"{lint['outcome']}")
+    out = [f"regression test for {where}" + (f": {'; '.join(checks)}" if checks else " (not run)")]
+    return out
+
+
+def run_line(f: Finding) -> str | None:
+    """The run's statistics, each under its exact name."""
+    r = f.run
+    if not r:
+        return None
+    parts = []
+    if "seed" in r:
+        parts.append(f"seed {r['seed']}")
+    if "examples" in r or "cases" in r:
+        parts.append(f"{r.get('examples', '?')} Hypothesis examples, {r.get('cases', '?')} differential cases")
+    if r.get("cases_to_first_failure") is not None:
+        at = r.get("seconds_to_first_failure")
+        parts.append(f"first discrepancy after {r['cases_to_first_failure']} cases"
+                     + (f" ({float(at):.2f} s into fuzzing)" if at is not None else ""))
+    if "seconds" in r:
+        parts.append(f"fuzzing and shrinking {float(r['seconds']):.2f} s in all"
+                     if f.source == "fuzz" else f"solver {float(r['seconds']):.2f} s")
+    if "flaky" in r:
+        parts.append("flaky" if r["flaky"] else "not flaky")
+    stages = r.get("completion_seconds")
+    if isinstance(stages, dict) and stages:
+        parts.append("completing the finding: " + ", ".join(
+            f"{k} {float(v):.1f} s" for k, v in stages.items() if isinstance(v, (int, float))))
+    if r.get("stopped"):
+        parts.append(f"stopped: {r['stopped']}")
+    return "; ".join(parts)
+
+
+def _reproduce(f: Finding, path=lambda p: p) -> list[str]:
+    """Commands that reproduce the finding (from validated fields only)."""
+    from kvspec.model.errors import InputError
+
+    out = []
+    if f.replay:
+        out.append(f"kvspec replay {path(f.replay.split(' ', 2)[-1])}")
+    subject = f.compared.get("subject", {}) or {}
+    seed = f.run.get("seed") if f.run else None
+    if f.source == "fuzz" and isinstance(seed, int):
+        version, mutant = subject.get("version"), subject.get("mutant")
+        if subject.get("kind") in ("release", "mutant") and isinstance(version, str) \
+                and re.fullmatch(r"\d+\.\d+\.\d+(\.post\d+)?", version):
+            command = f"kvspec fuzz --vllm {version}"
+            if isinstance(mutant, str) and re.fullmatch(r"[a-z0-9_]+", mutant):
+                command += f" --mutant {mutant}"
+            out.append(f"{command} --seed {seed}")
+        elif subject.get("kind") == "source":
+            out.append(f"kvspec fuzz --vllm-src YOUR_VLLM_TREE --seed {seed}")
+    if f.source == "fuzz" and f.regression_test:
+        from .regression_test import pytest_command
+
+        try:
+            out.append(pytest_command(f) + "   # in a vLLM checkout, with the test added")
+        except InputError:
+            pass
+    return out
+
+
+# -- glossary -----------------------------------------------------------------
+
+_GLOSSARY = (
+    (r"\bspec\b", "spec", "kvspec's reference rule (model.spec.registration_bound): the most tokens "
+     "each KV-cache group may register in the prefix cache after a cache_blocks call"),
+    (r"\bsubject\b", "subject", "the vLLM under test"),
+    (r"\bn = |\bn=", "n", "the tokens a request has computed when cache_blocks is called"),
+    (r"\bS\b|\bS=", "S", "the scheduler block size (vLLM sizes it to the Mamba page on hybrids)"),
+    (r"\bH=|hash block", "H", "the hash block size: the granularity of prefix-cache hashes"),
+    (r"\bB\b|\bB=|\bblock \d", "B", "a group's own block size"),
+    (r"\bL\b|\bL=|lookahead", "L", "num_prefill_lookahead (multi-module MTP)"),
+    (r"\bR\b|\bR =", "R", "max(0, L - 1): tokens the next step may recompute, never registered"),
+    (r"S_max", "S_max", "the largest scheduler block the worst-case proof covers"),
+    (r"\(P\)|\(E\)|\bP\b|\bE\b|P/E", "P / E",
+     "P: partial hash hits are on (hits may end mid scheduler block); E: the group is an EAGLE group "
+     "(it drops its last block, which the draft model rewrites)"),
+    (r"partial hash hits|partial hits", "partial hash hits",
+     "vLLM's mode in which a hit may end at any hash block, not only at a scheduler block"),
+    (r"\bregime\b", "regime", "the flags (partial hash hits, EAGLE per group) the coordinator derives "
+     "from the configuration; they choose the branch of the rule"),
+    (r"\bledger\b", "ledger", "the three-way check: the spec evaluated by Z3, the oracle, the subject "
+     "(and the subject's code checked symbolically); which pair disagrees names the blame"),
+    (r"\boracle\b", "oracle", "kvspec's executable model that predicts each group's bound from the "
+     "configuration alone"),
+    (r"aligned\(", "aligned(x)", "x rounded down to the scheduler block (to the hash block under "
+     "partial hash hits)"),
+    (r"\bcases?\b", "case / example", "a differential case is one request compared with the spec at "
+     "every cache_blocks call; a Hypothesis example draws one configuration and a batch of cases"),
+)
+
+
+def glossary(text: str) -> list[tuple[str, str]]:
+    """Each term the report uses, defined once (terms it does not use are left out)."""
+    return [(term, meaning) for pattern, term, meaning in _GLOSSARY if re.search(pattern, text)]
+
+
+# -- text -------------------------------------------------------------------------
 
 def _aligned(headers: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
@@ -160,30 +448,48 @@ def _aligned(headers: list[str], rows: list[list[str]], indent: str = "  ") -> l
 
 
 def render_text(f: Finding) -> str:
-    out = [f.verdict, f"  compared: {f.compared.get('spec_rule')} vs {subject_line(f)} ({_versions(f)})",
-           f"  category: {f.category.title}: {f.category.meaning}",
-           f"  minimal inputs: {f.inputs.get('describe')}"]
-    if f.n is not None:
-        call = "" if f.call is None else f"cache_blocks call {f.call}, "
-        out.append(f"  at {call}n = {f.n} computed tokens, {f.hashed_tokens} hashed")
+    out = [f"IMPACT: {impact_sentence(f)}"]
+    affected = affected_lines(f)
+    if len(affected) == 1:
+        out.append(f"  who is affected: {affected[0]}")
+    else:
+        out += ["  who is affected:", *[f"    {line}" for line in affected]]
+    out += [f.verdict,
+            f"  compared: {f.compared.get('spec_rule')} vs {subject_line(f)} ({_versions(f)})",
+            f"  category: {f.category.title}: {f.category.meaning}",
+            f"  minimal case: {f.inputs.get('describe')}"]
+    minimal = _minimal_line(f)
+    if minimal:
+        out.append(f"  {minimal}")
     if f.groups:
         out += _aligned(*group_table(f))
-        out.append(f"  {_per_group(f)}")
         out.append("  derivation:")
         out += _aligned(*derivation_table(f), indent="    ")
-    for line in (_ledger_line(f), sweep_line(f), _test_line(f)):
-        if line:
-            out.append(f"  {line}")
-    out += [f"  {line}" for line in _explanation_lines(f)]
+    evidence = [line for line in (_ledger_line(f),) if line] + _explanation_lines(f) + sweep_lines(f) \
+        + _test_lines(f) + _theorem_lines(f)
+    if evidence:
+        out.append("  evidence:")
+        out += [f"    {line}" for line in evidence]
     if f.detail and not f.groups:
         out.append(f"  detail: {f.detail}")
     if f.traceback:
         out.append("  vLLM traceback (last lines):")
         out += ["    " + l for l in f.traceback.strip().splitlines()[-6:]]
-    if f.replay:
-        out.append(f"  replay: {f.replay}")
+    reproduce = _reproduce(f)
+    if reproduce:
+        out.append("  reproduce:")
+        out += [f"    {line}" for line in reproduce]
+    run = run_line(f)
+    if run:
+        out.append(f"  run: {run}")
+    terms = glossary("\n".join(out))
+    if terms:
+        out.append("  glossary:")
+        out += [f"    {term}: {meaning}" for term, meaning in terms]
     return "\n".join(out)
 
+
+# -- Markdown -----------------------------------------------------------------------
 
 def _md(text: Any) -> str:
     """Text from a finding, safe inline in Markdown: no raw HTML, no new
@@ -216,30 +522,54 @@ def _fold(summary: str, body: list[str]) -> list[str]:
     return [f"<details><summary>{summary}</summary>", "", *body, "", "</details>", ""]
 
 
-def _regression_test_code(f: Finding) -> str | None:
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _regression_test_code(f: Finding, xfail: bool = False) -> str | None:
     """The test, emitted anew from the finding's (validated) inputs: code is
     never copied from a finding into a report."""
     from kvspec.model.errors import InputError
 
     from .regression_test import emit_test
+    from .vllm_tests import Idiom
 
+    idiom = Idiom.from_recorded((f.regression_test or {}).get("idiom"))
     try:
-        return emit_test(f, f.subject_capabilities())
+        return emit_test(f, f.subject_capabilities(), idiom, xfail=xfail)
     except InputError:
         return None
 
 
-def render_markdown(f: Finding, heading: str = "###", plot_path: str | None = None) -> str:
-    out = [f"{heading} {_md(f.verdict)}", ""]
-    if f.ledger is not None:
-        out += [f"**Ledger verdict: {_md(f.ledger.blame.value)}**", ""]
-    out += [f"Compared: {_md(f.compared.get('spec_rule'))} vs **{_md(subject_line(f))}** ({_md(_versions(f))})",
-            "", f"Category: **{f.category.title}** ({f.category.meaning})", "",
-            f"Minimal inputs: {_code_span(f.inputs.get('describe'))}", ""]
-    if f.n is not None:
-        call = "" if f.call is None else f"`cache_blocks` call {_md(f.call)}, "
-        out += [f"At {call}n = {_md(f.n)} computed tokens ({_md(f.hashed_tokens)} hashed): "
-                f"{_md(_per_group(f))}.", ""]
+def _sweep_table(f: Finding) -> list[str]:
+    """The plot's content as a small table: the lengths where a group differs."""
+    sweep = f.sweep or {}
+    rows = []
+    for g in range(len(sweep.get("spec", ()))):
+        for n, d in _sweep_losses(f, g)[:12]:
+            i = sweep["n"].index(n)
+            rows.append([str(g), str(n), _num(sweep["spec"][g][i]), _num(sweep["subject"][g][i]), str(d)])
+    if not rows:
+        return []
+    return _md_table(["group", "n", "spec tokens", "subject tokens", "lost tokens"], rows)
+
+
+def render_markdown(f: Finding, heading: str = "###", plot_path: str | None = None,
+                    lead: bool = True) -> str:
+    """The finding as a pull-request comment.  ``plot_path``: the image to
+    embed (shown by relative path or artifact name); by default the stored
+    PNG.  ``lead=False`` leaves out the impact line (a fuzz report puts it
+    first for the whole run)."""
+    label = lambda s: public_label(str(s))
+    out = [f"**Impact:** {_md(public_label(impact_sentence(f)))}", ""] if lead else []
+    out += [f"{heading} {_md(public_label(f.verdict))}", ""]
+    affected = affected_lines(f)
+    if len(affected) == 1:
+        out += [f"**Who is affected:** {_md(affected[0])}", ""]
+    else:
+        out += ["**Who is affected:**", "", *[f"- {_md(line)}" for line in affected], ""]
+    out += [f"**Minimal case:** {_code_span(f.inputs.get('describe'))}"
+            + (f" -- {_md(_minimal_line(f))}." if _minimal_line(f) else ""), ""]
     if f.groups:
         headers, rows = group_table(f)
         rows = [[_md(cell) for cell in row] for row in rows]
@@ -247,34 +577,58 @@ def render_markdown(f: Finding, heading: str = "###", plot_path: str | None = No
             if g.differs:
                 r[5] = f"**{r[5]}**"
         out += _md_table(headers, rows) + [""]
-    e = f.explanation
-    if e is not None:
-        out += [f"- {_md(line)}" for line in _explanation_lines(f) if not line.startswith("theorem ")]
-        out.append("")
+    out += [f"Compared: {_md(f.compared.get('spec_rule'))} vs **{_md(label(subject_line(f)))}** "
+            f"({_md(_versions(f))}); category **{f.category.title}** ({f.category.meaning}).", ""]
+    evidence = []
     if f.ledger is not None:
-        out += [f"- {_md(_ledger_line(f))}", ""]
-    if f.replay:
-        out += [f"Replay: {_code_span(f.replay)}", ""]
-    test_line = _test_line(f)
-    if test_line:
-        out += [_md(test_line[0].upper() + test_line[1:]), ""]
-    if sweep_line(f):
-        out += [_md(sweep_line(f)[0].upper() + sweep_line(f)[1:]) + ".", ""]
-    if plot_path:
-        out += [f"Plot of registered vs computed tokens: {_code_span(plot_path)}", ""]
+        evidence.append(f"**Ledger verdict: {_md(f.ledger.blame.value)}** -- {_md(_ledger_line(f, label))}")
+    evidence += [_md(_sentence(line)) for line in _explanation_lines(f)]
+    evidence += [_md(_sentence(line)) for line in sweep_lines(f)]
+    evidence += [_md(_sentence(line)) for line in _test_lines(f, label)]
+    if evidence:
+        out += ["**Evidence**", ""] + [f"- {line}" for line in evidence] + [""]
+    image = plot_path or f.artifacts.get("plot_png") or f.artifacts.get("plot")
+    table = _sweep_table(f)
+    if image and f.sweep:
+        name = artifact_name(image)
+        out += [f"![Registered vs computed tokens, spec vs subject]({_md(name).replace(' ', '%20')})", "",
+                f"Plot: {_code_span(name)} (stored with the finding; a CI run uploads it with the "
+                "findings directory).", ""]
+        if table:
+            out += _fold("The plot as a table", table)
+    elif table:
+        out += ["Where the sweep differs:", "", *table, ""]
     if f.groups:
         headers, rows = derivation_table(f)
         out += _fold("Derivation (spec and subject)", _md_table(headers, [[_md(c) for c in r] for r in rows]))
     code = _regression_test_code(f) if f.source == "fuzz" else None
     if code is not None:
-        name = _md((f.regression_test or {}).get("file_name") or "the regression test")
-        out += _fold(f"Regression test for tests/v1/core/ ({name})", _fence(code, "python"))
-    if e is not None and e.theorems:
+        t = f.regression_test or {}
+        from .regression_test import FILE_NAME, xfail_decorator
+
+        body = [f"Add as `tests/v1/core/{FILE_NAME}` of vLLM:", "", *_fence(code, "python"), "",
+                f"To pin the defect until it is fixed instead, decorate the test with "
+                f"{_code_span(xfail_decorator(f))} (and `import pytest`): it passes while vLLM "
+                "is wrong and fails the day the fix lands."]
+        if t.get("lint") and t["lint"].get("outcome") != "passed":
+            body.append("")
+            body += _fence(str(t["lint"].get("output", "")))
+        out += _fold(f"Regression test for tests/v1/core/{FILE_NAME}", body)
+    reproduce = _reproduce(f, artifact_name)
+    if reproduce:
+        out += ["**Reproduce**", "", *_fence("\n".join(reproduce), "bash"), ""]
+    if f.explanation is not None and f.explanation.theorems:
         out += _fold("Theorems behind the explanation", [
             f"- {_code_span(t.name)}: {_md(t.status)}{'' if t.as_expected else ' (NOT as expected)'} "
-            f"({float(t.seconds):.2f} s): {_md(t.statement)}" for t in e.theorems])
+            f"({float(t.seconds):.2f} s): {_md(t.statement)}" for t in f.explanation.theorems])
+    if f.detail and not f.groups:
+        out += [f"Detail: {_md(label(f.detail))}", ""]
     if f.traceback:
-        out += _fold("vLLM traceback", _fence(str(f.traceback).strip()))
-    if f.run:
-        out += _fold("Run statistics", [_md(", ".join(f"{k} {v}" for k, v in f.run.items()))])
+        out += _fold("vLLM traceback", _fence(public_label(str(f.traceback)).strip()))
+    run = run_line(f)
+    if run:
+        out += _fold("Run statistics", [_md(label(run))])
+    terms = glossary("\n".join(out))
+    if terms:
+        out += _fold("Glossary", [f"- **{term}**: {_md(meaning)}" for term, meaning in terms])
     return "\n".join(out) + "\n"

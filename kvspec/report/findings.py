@@ -112,8 +112,7 @@ def _tokens(count: Any) -> str:
     return f"{count} token" + ("" if count == 1 else "s")
 
 
-def fuzz_finding(result, versions: dict[str, str], *, explain: bool = True,
-                 timeout_ms: int = 20_000) -> Finding:
+def fuzz_finding(result, versions: dict[str, str], *, explain: bool = True) -> Finding:
     """The finding of one fuzz result that failed."""
     from kvspec.model.capabilities import expected_regime
     from kvspec.oracles.registration import expected_calls
@@ -178,8 +177,7 @@ def fuzz_finding(result, versions: dict[str, str], *, explain: bool = True,
     if explain:
         explanation = explain_finding(
             case.config, n, max(n, hashed), rows, category, matches[0] if matches else None,
-            partial=regime.partial_hash_hits, lookahead=regime.num_prefill_lookahead,
-            timeout_ms=timeout_ms)
+            partial=regime.partial_hash_hits, lookahead=regime.num_prefill_lookahead)
         if len(matches) > 1:
             explanation = _also(explanation, matches[1:])
     return Finding(verdict=_verdict_line(category, label, rows, n), category=category,

@@ -1,5 +1,7 @@
-"""A fuzz run as JSON (``kvspec.fuzz/3``) and as Markdown: the run's status
-and verdict first, a row per subject, then each finding.
+"""A fuzz run as JSON (``kvspec.fuzz/3``) and as Markdown: each finding's
+impact sentence first, then the run's status and verdict, a row per subject
+(examples, cases, cases to the first discrepancy and the time of fuzzing
+with shrinking, each under its own name), then each finding.
 
 "no discrepancy" is printed only for a run that covered every subject it was
 asked to, in full; a run that stopped says INCOMPLETE or INTERRUPTED and why,
@@ -13,6 +15,7 @@ from typing import Any
 from kvspec.model.about import SCHEMAS, versions
 from kvspec.model.outcome import Outcome
 
+from .finding import _md, impact_sentence, public_label
 from .finding import render_markdown as render_finding_markdown
 
 __all__ = ["fuzz_document", "render_markdown", "verdict_line"]
@@ -25,7 +28,7 @@ def fuzz_document(run) -> dict[str, Any]:
         "versions": versions(),
         "status": run.status,
         "outcome": run.outcome.name,
-        "stopped": run.stopped_why or None,
+        "stopped": run.why or None,
         "planned_subjects": list(run.planned),
         "settings": run.settings.as_dict(),
         "subjects": [{**s.result.as_dict(), "finding": None if s.finding is None else s.finding.to_dict()}
@@ -47,32 +50,39 @@ def verdict_line(run) -> str:
         verdict = "no discrepancy found so far"
     if run.status != "COMPLETE":
         done = len(run.subjects) + len(run.errors)
-        verdict = (f"{run.status} ({run.stopped_why}; {done} of {len(run.planned)} subjects covered): "
-                   + verdict)
+        verdict = f"{run.status} ({run.why}; {done} of {len(run.planned)} subjects covered): " + verdict
     return verdict
 
 
 def render_markdown(run) -> str:
+    """Each finding's impact first (the sentence a reviewer decides on), then
+    the run's verdict and a row per subject, then each finding in full."""
     v = versions()
-    lines = [f"## kvspec fuzz: {verdict_line(run)}", "",
-             f"seed {run.settings.seed}, kvspec {v['kvspec']}, z3 {v['z3']}, hypothesis {v['hypothesis']}", "",
-             "| subject | vLLM | verdict | cases | seconds |", "|---|---|---|---|---|"]
+    findings = [s.finding for s in run.subjects if s.finding is not None]
+    lines = [f"**Impact:** {_md(public_label(impact_sentence(f)))}" for f in findings]
+    lines += [""] if lines else []
+    lines += [f"## kvspec fuzz: {_md(public_label(verdict_line(run)))}", "",
+              f"seed {run.settings.seed}, kvspec {v['kvspec']}, z3 {v['z3']}, hypothesis {v['hypothesis']}", "",
+              "| subject | vLLM | verdict | Hypothesis examples | differential cases | "
+              "cases to the first discrepancy | fuzzing and shrinking (s) |",
+              "|---|---|---|---|---|---|---|"]
     for s in run.subjects:
         subj = s.result.subject
         version = subj.get("vllm_version") or ""
         if subj.get("git_commit"):
             version += f" @ {subj['git_commit'][:12]}"
-        lines.append(f"| {subj['label']} | {version} | {s.result.verdict} | {s.result.cases} | "
-                     f"{round(s.result.seconds, 1)} |")
+        first = s.result.cases_to_first_failure
+        lines.append(f"| {_md(public_label(subj['label']))} | {_md(version)} | {_md(s.result.verdict)} | "
+                     f"{s.result.examples} | {s.result.cases} | {'-' if first is None else first} | "
+                     f"{s.result.seconds:.1f} |")
     for e in run.errors:
-        lines.append(f"| {e['subject']['label']} | | error: {e['error']} | | |")
+        lines.append(f"| {_md(public_label(e['subject']['label']))} | | error: "
+                     f"{_md(public_label(str(e['error'])))} | | | | |")
     covered = {s.result.subject["label"] for s in run.subjects} | {e["subject"]["label"] for e in run.errors}
     for label in run.planned:
         if label not in covered:
-            lines.append(f"| {label} | | not run | | |")
+            lines.append(f"| {_md(public_label(label))} | | not run | | | | |")
     lines.append("")
-    for s in run.subjects:
-        if s.finding is not None:
-            lines.append(render_finding_markdown(s.finding, heading="###",
-                                                 plot_path=s.finding.artifacts.get("plot")))
+    for f in findings:
+        lines.append(render_finding_markdown(f, heading="###", lead=False))
     return "\n".join(lines).rstrip("\n") + "\n"

@@ -11,26 +11,41 @@ def render_table(rows: list[dict[str, Any]], symbolic: bool) -> str:
     def yes(flag: Any) -> str:
         return "yes" if flag else "no"
 
-    def verdict(cases: int, failure: dict[str, Any] | None) -> str:
-        return f"conforms ({cases} cases)" if failure is None else f"DISCREPANCY: {failure['summary'][0]}"
+    def verdict(cell: dict[str, Any]) -> str:
+        if cell["failure"] is not None:
+            return f"DISCREPANCY: {cell['failure']['summary'][0]}"
+        if cell.get("stopped") or cell.get("outcome", "OK") != "OK":
+            return f"INCOMPLETE after {cell['cases']} cases: {cell.get('stopped') or cell.get('outcome')}"
+        return f"no discrepancy ({cell['cases']} cases)"
 
     header = ["release", "partial hits", "lookahead", "per-group EAGLE", "lookahead hashes",
-              "rule (spec era)", "registration", "lookup (hit length)"]
+              "rule (spec era)", "registration", "lookup (hit length)", "stateful (state invariants)"]
     if symbolic:
         header.append("real code, symbolically")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         if row["status"] in ("unsupported", "error"):
-            cells = [row["version"]] + [""] * 5 + [f"{row['status']}: {row['detail']}", ""]
+            cells = [row["version"]] + [""] * 5 + [f"{row['status']}: {row['detail']}", "", ""]
             cells += [""] if symbolic else []
         else:
             caps = row["capabilities"]
             lookup = row["lookup"]
             cells = [row["version"], yes(caps["partial_hash_hits"]), yes(caps["reprefillable_tokens"]),
                      yes(caps["per_group_eagle"]), yes(caps["lookahead_block_hashes"]), row["rule"],
-                     verdict(row["cases"], row["failure"]),
-                     verdict(lookup["cases"], lookup["failure"])]
+                     verdict(row), verdict(lookup), _stateful(row.get("stateful"))]
             if symbolic:
                 cells.append(row["symbolic"]["status"])
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _stateful(cell: dict[str, Any] | None) -> str:
+    if cell is None:
+        return "not run"
+    if cell["failure"] is None and (cell.get("stopped") or cell.get("outcome", "OK") != "OK"):
+        return (f"INCOMPLETE after {cell['examples']} programs, {cell['operations']} operations: "
+                f"{cell.get('stopped') or cell.get('outcome')}")
+    if cell["failure"] is None:
+        return f"no invariant broken ({cell['examples']} programs, {cell['operations']} operations)"
+    failure = cell["failure"]
+    return f"BROKEN: {failure['summary'][0]} -- program: {failure['case_text']}"

@@ -1,72 +1,108 @@
-"""The hit-rate replay as an SVG: written by hand (a few rectangles and
-polylines need no plotting library).
+"""The hit-rate replay, drawn with matplotlib (SVG and PNG).
 
-Left: each subject's prefix-cache hit rate, a grey tick at its reference's
-(the spec's ideal where that is exact, else the release a mutant came from).
-Right: the hit rate per conversation turn, where a registration bug shows up
-(turn 0 hits only the shared system prompts; later turns hit the history).
+Left: each subject's prefix-cache hit rate as a bar, its reference's (the
+spec's ideal where that is exact, else the release a mutant came from) as a
+black tick on the same row, the difference written beside it.  Right: the
+hit rate per conversation turn, one step series per subject (turns are
+discrete), where a registration bug shows up (turn 0 hits only the shared
+system prompts; later turns hit the history).  The legend sits outside the
+data.
+
+``plot_data`` is what is drawn, as plain values; ``render_svg`` and
+``render_png`` draw it.
 """
 
 from __future__ import annotations
 
-from html import escape
+import io
 from typing import Any
 
-__all__ = ["render_svg"]
+__all__ = ["plot_data", "render_svg", "render_png"]
 
 _COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
-_IDEAL = "#7f7f7f"
+_IDEAL = "#555555"
 
 
-def _text(x: float, y: float, body: str, size: int = 11, anchor: str = "start", weight: str = "normal") -> str:
-    return (f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" '
-            f'font-weight="{weight}" font-family="sans-serif">{escape(body)}</text>')
+def plot_data(doc: dict[str, Any]) -> dict[str, Any]:
+    rows = doc["subjects"]
+    bars = []
+    for row in rows:
+        ref = row.get("reference")
+        bars.append({"label": f"{row['label']} (S={row['scheduler_block_size']})",
+                     "hit_rate": 100 * row["hit_rate"],
+                     "reference": None if not ref else 100 * ref["hit_rate"],
+                     "points": None if not ref else ref["points"]})
+    ideal = rows[0]["ideal_per_turn"] if rows and rows[0].get("ideal_exact") else None
+    return {
+        "title": "Prefix-cache hit rate of real vLLM",
+        "subtitle": f"{doc['workload']['text']}; {doc['layout']}",
+        "bars": bars,
+        "turns": list(range(len(rows[0]["per_turn"]))) if rows else [],
+        "per_turn": [{"label": b["label"], "values": [100 * v for v in row["per_turn"]]}
+                     for b, row in zip(bars, rows)],
+        "ideal_per_turn": None if ideal is None else [100 * v for v in ideal],
+    }
+
+
+def _figure(doc: dict[str, Any]):
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
+
+    data = plot_data(doc)
+    bars = data["bars"]
+    fig = Figure(figsize=(12, 1.6 + 0.45 * max(len(bars), 4)), layout="constrained")
+    left, right = fig.subplots(1, 2, width_ratios=[1, 1])
+    ys = list(range(len(bars)))[::-1]
+    for y, bar, colour in zip(ys, bars, _COLOURS * (len(bars) // len(_COLOURS) + 1)):
+        left.barh(y, bar["hit_rate"], color=colour, height=0.6)
+        text = f"{bar['hit_rate']:.1f}%"
+        if bar["reference"] is not None:
+            left.plot([bar["reference"]] * 2, [y - 0.4, y + 0.4], color="black", linewidth=2)
+            text += f" ({bar['points']:+.1f} pts)"
+        left.text(max(bar["hit_rate"], bar["reference"] or 0) + 3, y, text, va="center", fontsize=9)
+    left.set_yticks(ys, [b["label"] for b in bars], fontsize=9)
+    left.set_xlim(0, 118)
+    left.set_xticks(range(0, 101, 20))
+    left.set_xlabel("hit rate (%)")
+    left.set_title("hit rate (black tick: its reference)", loc="left", fontsize=10)
+    for i, series in enumerate(data["per_turn"]):
+        right.plot(data["turns"], series["values"], drawstyle="steps-mid", marker="o", markersize=4,
+                   color=_COLOURS[i % len(_COLOURS)], linewidth=1.8, label=series["label"])
+    handles = [Line2D([], [], color=_COLOURS[i % len(_COLOURS)], marker="o", label=s["label"])
+               for i, s in enumerate(data["per_turn"])]
+    if data["ideal_per_turn"] is not None:
+        right.plot(data["turns"], data["ideal_per_turn"], drawstyle="steps-mid", color=_IDEAL,
+                   linestyle="--", linewidth=1.2, label="spec's ideal", zorder=5)
+        handles.append(Line2D([], [], color=_IDEAL, linestyle="--", label="spec's ideal"))
+    right.set_ylim(0, 100)
+    right.xaxis.set_major_locator(MaxNLocator(integer=True))
+    right.set_xlabel("conversation turn")
+    right.set_ylabel("hit rate (%)")
+    right.set_title("hit rate per conversation turn", loc="left", fontsize=10)
+    for ax in (left, right):
+        ax.grid(True, color="#e5e5e5", linewidth=0.6)
+        ax.set_axisbelow(True)
+    fig.suptitle(f"{data['title']}\n{data['subtitle']}", fontsize=10, x=0.01, ha="left")
+    fig.legend(handles=handles, loc="outside right upper", fontsize=9, frameon=False)
+    return fig
+
+
+def _render(doc: dict[str, Any], fmt: str) -> bytes:
+    import matplotlib
+
+    buffer = io.BytesIO()
+    with matplotlib.rc_context({"svg.hashsalt": "kvspec", "svg.fonttype": "none",
+                                "font.family": "DejaVu Sans"}):
+        fig = _figure(doc)
+        metadata = {"Date": None, "Creator": None} if fmt == "svg" else {"Software": None}
+        fig.savefig(buffer, format=fmt, dpi=110, metadata=metadata, facecolor="white")
+    return buffer.getvalue()
 
 
 def render_svg(doc: dict[str, Any]) -> str:
-    rows = doc["subjects"]
-    width, height = 900, 120 + 34 * max(len(rows), 4)
-    bar_x, bar_w = 220, 220
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}">', '<rect width="100%" height="100%" fill="white"/>',
-           _text(10, 20, "kvspec hitrate: prefix-cache hit rate of real vLLM", 14, weight="bold"),
-           _text(10, 38, doc["workload"]["text"], 10), _text(10, 52, doc["layout"], 10)]
-    top = 80
-    out.append(_text(bar_x, top - 8, "hit rate (grey tick: its reference)", 11))
-    for i, row in enumerate(rows):
-        y = top + 34 * i
-        colour = _COLOURS[i % len(_COLOURS)]
-        out.append(_text(bar_x - 8, y + 15, f"{row['label']} (S={row['scheduler_block_size']})", 11, "end"))
-        out.append(f'<rect x="{bar_x}" y="{y}" width="{bar_w * row["hit_rate"]:.1f}" height="20" fill="{colour}"/>')
-        ref = row["reference"]
-        shown = f"{100 * row['hit_rate']:.1f}%"
-        if ref:
-            ref_x = bar_x + bar_w * ref["hit_rate"]
-            out.append(f'<line x1="{ref_x:.1f}" y1="{y - 3}" x2="{ref_x:.1f}" y2="{y + 23}" '
-                       f'stroke="{_IDEAL}" stroke-width="2"/>')
-            shown += f" ({ref['points']:+.1f} pts)"
-        out.append(_text(bar_x + bar_w + 6, y + 15, shown, 11))
-    # Right panel: hit rate per turn.
-    px, py, pw, ph = 600, top, 270, 34 * max(len(rows), 4) - 10
-    turns = len(rows[0]["per_turn"]) if rows else 0
-    out.append(_text(px, top - 8, "hit rate per conversation turn", 11))
-    out.append(f'<rect x="{px}" y="{py}" width="{pw}" height="{ph}" fill="none" stroke="#cccccc"/>')
-    for frac in (0.0, 0.5, 1.0):
-        y = py + ph * (1 - frac)
-        out.append(_text(px - 4, y + 4, f"{int(frac * 100)}%", 9, "end"))
-    for t in range(turns):
-        x = px + (pw * t / max(turns - 1, 1))
-        out.append(_text(x, py + ph + 14, f"turn {t}", 9, "middle"))
+    return _render(doc, "svg").decode()
 
-    def polyline(values: list[float], colour: str, dash: str = "") -> str:
-        points = " ".join(f"{px + pw * t / max(turns - 1, 1):.1f},{py + ph * (1 - v):.1f}"
-                          for t, v in enumerate(values))
-        dashing = f' stroke-dasharray="{dash}"' if dash else ""
-        return f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="2"{dashing}/>'
 
-    if rows and rows[0]["ideal_exact"]:
-        out.append(polyline(rows[0]["ideal_per_turn"], _IDEAL, "4 3"))
-    for i, row in enumerate(rows):
-        out.append(polyline(row["per_turn"], _COLOURS[i % len(_COLOURS)]))
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+def render_png(doc: dict[str, Any]) -> bytes:
+    return _render(doc, "png")

@@ -1,97 +1,151 @@
-"""An SVG plot of registered versus computed tokens, spec against subject.
+"""The plot of a finding's sweep: registered versus computed tokens, spec
+against subject, drawn with matplotlib to SVG (the report) and PNG (a pull
+request).
 
-Written by hand (no plotting library): a few polylines per panel.  One panel
-per group that differs somewhere in the sweep; the area between the spec's
-line and the subject's is shaded, so a sawtooth loss is visible at a glance.
+One pair of panels per group that differs somewhere in the sweep (at most
+three): above, the tokens each side lets the group register after a single
+prefill of n tokens, as steps (the bound is a step function of n) -- the
+spec thick and pale, the subject thin, dark and dashed on top of it, so
+both stay visible where they agree (and n itself, thin, where the spec
+does not register every computed token); below, the tokens lost at each n as
+bars on their own axis, so a one-token loss is as visible as a large one.
+The finding's n is marked in both; the legend sits outside the data.
+
+``plot_data`` is what is drawn, as plain values (the snapshot tests read
+it); ``render_svg`` and ``render_png`` draw it.
 """
 
 from __future__ import annotations
 
-from html import escape
+import io
+from typing import Any
 
 from kvspec.model.finding import Finding
 
-__all__ = ["render_svg"]
+__all__ = ["plot_data", "render_svg", "render_png", "MAX_PANELS"]
 
-WIDTH, PANEL_HEIGHT, MARGIN = 640, 300, 48
+MAX_PANELS = 3
+_SPEC, _SUBJECT, _COMPUTED, _LOSS, _MARK = "#9ecae1", "#b2182b", "#777777", "#d6604d", "#222222"
+_KINDS = {"full_attention": "full attention", "sliding_window": "sliding window",
+          "mamba_align": "Mamba align"}
 
 
-def _panel(f: Finding, group: int, top: int) -> list[str]:
+def _subject_name(f: Finding) -> str:
+    from .finding import public_label
+
+    return public_label(str((f.sweep or {}).get("label") or "subject"))
+
+
+def plot_data(f: Finding) -> dict[str, Any]:
+    """What the figure shows: per differing group, n, both sides' tokens,
+    the loss, and the marked finding."""
     sweep = f.sweep
-    ns = sweep["n"]
-    spec, subject = sweep["spec"][group], sweep["subject"][group]
-    points = [(n, s, o) for n, s, o in zip(ns, spec, subject) if s is not None and o is not None]
-    if not points:
-        return []
-    x_max = max(ns)
-    y_max = max(max(n, s, o) for n, s, o in points) or 1
-    plot_w, plot_h = WIDTH - 2 * MARGIN, PANEL_HEIGHT - 2 * MARGIN
-    X = lambda n: MARGIN + plot_w * n / x_max
-    Y = lambda y: top + MARGIN + plot_h * (1 - y / y_max)
-    line = lambda values: " ".join(f"{X(n):.1f},{Y(v):.1f}" for n, v in values)
-    row = f.groups[group] if group < len(f.groups) else None
-    title = f"group {group}" + (f" ({row.kind}, block {row.block_size}{', EAGLE' if row.eagle else ''})"
-                                if row else "")
-    out = [
-        f'<text x="{MARGIN}" y="{top + 20}" font-size="14" font-weight="bold">'
-        f'{escape(title)}: registered vs computed tokens</text>',
-        f'<line x1="{MARGIN}" y1="{Y(0):.1f}" x2="{X(x_max):.1f}" y2="{Y(0):.1f}" stroke="black"/>',
-        f'<line x1="{MARGIN}" y1="{Y(0):.1f}" x2="{MARGIN}" y2="{Y(y_max):.1f}" stroke="black"/>',
-        f'<text x="{WIDTH / 2:.0f}" y="{top + PANEL_HEIGHT - 8}" font-size="12" text-anchor="middle">'
-        f'computed tokens n (one prefill)</text>',
-        f'<text x="12" y="{top + PANEL_HEIGHT / 2:.0f}" font-size="12" '
-        f'transform="rotate(-90 12 {top + PANEL_HEIGHT / 2:.0f})" text-anchor="middle">registered tokens</text>',
-    ]
-    config = f.inputs.get("config")
-    step = config.get("scheduler_block_size", 0) if isinstance(config, dict) else 0
-    step = step or max(1, x_max // 8)
-    while x_max / step > 16:  # ticks on scheduler-block boundaries, at most 16
-        step *= 2
-    for tick in range(0, x_max + 1, step):
-        out.append(f'<line x1="{X(tick):.1f}" y1="{Y(0):.1f}" x2="{X(tick):.1f}" y2="{Y(y_max):.1f}" '
-                   f'stroke="#eee"/>')
-        out.append(f'<text x="{X(tick):.1f}" y="{Y(0) + 14:.1f}" font-size="10" '
-                   f'text-anchor="middle">{tick}</text>')
-    # The loss: the region between the spec's line and the subject's.
-    gap = [(n, s) for n, s, _ in points] + [(n, o) for n, _, o in reversed(points)]
-    out += [
-        f'<polygon points="{line(gap)}" fill="#d62728" fill-opacity="0.25" stroke="none"/>',
-        f'<polyline points="{line([(n, n) for n, _, _ in points])}" fill="none" stroke="#999" '
-        f'stroke-dasharray="4 3"/>',
-        f'<polyline points="{line([(n, s) for n, s, _ in points])}" fill="none" stroke="#1f77b4" '
-        f'stroke-width="2"/>',
-        f'<polyline points="{line([(n, o) for n, _, o in points])}" fill="none" stroke="#d62728" '
-        f'stroke-width="1.5" stroke-dasharray="6 2"/>',
-    ]
-    if f.n is not None and f.n <= x_max:
-        out.append(f'<line x1="{X(f.n):.1f}" y1="{Y(0):.1f}" x2="{X(f.n):.1f}" y2="{Y(y_max):.1f}" '
-                   f'stroke="black" stroke-dasharray="2 2"/>')
-        out.append(f'<text x="{X(f.n) + 3:.1f}" y="{Y(0) - 6:.1f}" font-size="10">'
-                   f'finding n = {f.n}</text>')
-    label = sweep.get("label", "subject")
-    if len(label) > 48:
-        label = "..." + label[-45:]
-    legend = [("#999", "computed (n)"), ("#1f77b4", "spec"), ("#d62728", label),
-              ("#f4b6b6", "lost registrations")]
-    for i, (colour, label) in enumerate(legend):
-        y = top + MARGIN + 14 * i
-        out.append(f'<line x1="{MARGIN + 10}" y1="{y}" x2="{MARGIN + 30}" y2="{y}" stroke="{colour}" '
-                   f'stroke-width="2"/>')
-        out.append(f'<text x="{MARGIN + 34}" y="{y + 4}" font-size="11">{escape(label)}</text>')
-    return out
+    if not sweep:
+        raise ValueError("the finding has no sweep to plot (it was not produced against a live subject)")
+    ns = [int(n) for n in sweep["n"]]
+    groups = len(sweep["spec"])
+    differing = [g for g in range(groups) if sweep["spec"][g] != sweep["subject"][g]] or [0]
+    panels = []
+    for g in differing[:MAX_PANELS]:
+        points = [(n, s, o) for n, s, o in zip(ns, sweep["spec"][g], sweep["subject"][g])
+                  if s is not None and o is not None]
+        row = f.groups[g] if g < len(f.groups) else None
+        about = (f" ({_KINDS.get(row.kind, row.kind)}, block {row.block_size}"
+                 f"{', EAGLE' if row.eagle else ''})") if row else ""
+        panels.append({
+            "group": g,
+            "title": f"group {g}{about}",
+            "n": [p[0] for p in points],
+            "spec": [p[1] for p in points],
+            "subject": [p[2] for p in points],
+            "lost": [p[1] - p[2] for p in points],
+        })
+    marked = f.n if f.n is not None and ns and ns[0] <= f.n <= ns[-1] else None
+    return {
+        "title": f"Registered vs computed tokens: spec vs {_subject_name(f)}",
+        "x_label": "computed tokens n (a single prefill of n tokens)",
+        "y_label": "tokens registered",
+        "loss_label": "tokens lost\n(spec - subject)",
+        "subject": _subject_name(f),
+        "finding_n": marked,
+        "panels": panels,
+        "hidden_groups": max(0, len(differing) - MAX_PANELS),
+    }
+
+
+def _figure(f: Finding):
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    data = plot_data(f)
+    panels = data["panels"]
+    fig = Figure(figsize=(10, 4.2 * len(panels)), layout="constrained")
+    grid = fig.add_gridspec(2 * len(panels), 1, height_ratios=[3, 1] * len(panels))
+    handles = None
+    # One legend for every panel: the spec is "= n" only if it is so in each.
+    everything = all(panel["spec"] == panel["n"] for panel in panels)
+    for i, panel in enumerate(panels):
+        top = fig.add_subplot(grid[2 * i])
+        bottom = fig.add_subplot(grid[2 * i + 1], sharex=top)
+        ns = panel["n"]
+        computed = None
+        if not everything:
+            computed, = top.plot(ns, ns, drawstyle="steps-mid", color=_COMPUTED, linewidth=0.9,
+                                 label="computed tokens n", zorder=1)
+        spec, = top.plot(ns, panel["spec"], drawstyle="steps-mid", color=_SPEC, linewidth=5,
+                         solid_capstyle="butt", zorder=2,
+                         label="spec: may register" + (" (= n: every computed token)" if everything else ""))
+        subject, = top.plot(ns, panel["subject"], drawstyle="steps-mid", color=_SUBJECT, linewidth=1.6,
+                            linestyle="--", label=f"{data['subject']}: registers", zorder=3)
+        lost = [n for n, loss in zip(ns, panel["lost"]) if loss]
+        if len(lost) <= 12:  # a few losses marked where they are; many would blot the line
+            top.plot(lost, [o for n, o, loss in zip(ns, panel["subject"], panel["lost"]) if loss],
+                     linestyle="none", marker="v", color=_SUBJECT, markersize=5, zorder=4)
+        bars = bottom.bar(ns, panel["lost"], width=0.8, color=_LOSS, label="tokens lost at n")
+        top.set_title(panel["title"], loc="left", fontsize=11)
+        top.set_ylabel(data["y_label"])
+        bottom.set_ylabel(data["loss_label"], fontsize=9)
+        bottom.set_xlabel(data["x_label"])
+        for ax in (top, bottom):
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=16))
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=6))
+            ax.grid(True, color="#e5e5e5", linewidth=0.6)
+            ax.set_axisbelow(True)
+        top.tick_params(labelbottom=True)
+        top.set_ylim(bottom=0)
+        low = min(0, *panel["lost"]) if panel["lost"] else 0
+        high = max(1, *panel["lost"]) if panel["lost"] else 1
+        bottom.set_ylim(low - 0.1 * (high - low), high + 0.25 * (high - low))
+        bottom.axhline(0, color="#444444", linewidth=0.8)
+        mark = None
+        if data["finding_n"] is not None:
+            for ax in (top, bottom):
+                mark = ax.axvline(data["finding_n"], color=_MARK, linestyle=(0, (2, 2)), linewidth=1,
+                                  label=f"the finding (n = {data['finding_n']})")
+        if handles is None:
+            handles = [h for h in (computed, spec, subject, bars, mark) if h is not None]
+    fig.suptitle(data["title"], fontsize=12, x=0.01, ha="left")
+    fig.legend(handles=handles, loc="outside right upper", fontsize=9, frameon=False)
+    if data["hidden_groups"]:
+        fig.text(0.01, 0.0, f"{data['hidden_groups']} more differing group(s) not shown", fontsize=8)
+    return fig
+
+
+def _render(f: Finding, fmt: str) -> bytes:
+    import matplotlib
+
+    buffer = io.BytesIO()
+    with matplotlib.rc_context({"svg.hashsalt": "kvspec", "svg.fonttype": "none",
+                                "font.family": "DejaVu Sans"}):
+        fig = _figure(f)
+        metadata = {"Date": None, "Creator": None} if fmt == "svg" else {"Software": None}
+        fig.savefig(buffer, format=fmt, dpi=110, metadata=metadata, facecolor="white")
+    return buffer.getvalue()
 
 
 def render_svg(f: Finding) -> str:
-    if not f.sweep:
-        raise ValueError("the finding has no sweep to plot (it was not produced against a live subject)")
-    groups = len(f.sweep["spec"])
-    differing = [g for g in range(groups) if f.sweep["spec"][g] != f.sweep["subject"][g]] or [0]
-    body: list[str] = []
-    for i, g in enumerate(differing[:3]):
-        body += _panel(f, g, i * PANEL_HEIGHT)
-    height = PANEL_HEIGHT * len(differing[:3])
-    return "\n".join([
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
-        f'viewBox="0 0 {WIDTH} {height}" font-family="sans-serif">',
-        f'<rect width="{WIDTH}" height="{height}" fill="white"/>',
-        *body, "</svg>", ""])
+    return _render(f, "svg").decode()
+
+
+def render_png(f: Finding) -> bytes:
+    return _render(f, "png")

@@ -8,7 +8,6 @@ import shutil
 import pytest
 
 from kvspec.cli import main
-from kvspec.model.finding import FINDING_SCHEMA
 from kvspec.model.outcome import Outcome
 from kvspec.subjects.provision import ensure_release
 
@@ -102,8 +101,15 @@ def test_usage_errors(args, message, capsys):
 def test_mutant_option_finding_report_replay_and_regression_test(tmp_path, capsys):
     """The acceptance run: `kvspec fuzz --vllm 0.33.0 --mutant refloor_50062`
     fuzzes the release as the control (clean), then the #50062 mutant; the
-    finding carries its explanation, ledger, plot and a regression test that
-    fails on the mutant and passes on the release; replay tells them apart."""
+    finding carries its explanation, ledger, plot and a regression test in
+    vLLM's idiom that fails on the mutant (on its assertion), passes on the
+    release and passes ruff with the release's configuration; the Markdown
+    leads with the impact and shows no local path; replay tells them apart."""
+    import re
+
+    from kvspec.model.about import SCHEMAS
+    from kvspec.report.regression_test import ASSERT_MESSAGE
+
     markdown = tmp_path / "report.md"
     code, doc = run(["--vllm", "0.33.0", "--mutant", "refloor_50062", "--max-examples", "300",
                      "--markdown", str(markdown)], tmp_path)
@@ -112,7 +118,7 @@ def test_mutant_option_finding_report_replay_and_regression_test(tmp_path, capsy
     assert release_run["subject"]["label"] == "vllm 0.33.0" and release_run["verdict"] == "no discrepancy"
     assert mutant_run["subject"]["label"] == "vllm 0.33.0 + refloor_50062"
     finding = mutant_run["finding"]
-    assert finding["schema"] == FINDING_SCHEMA
+    assert finding["schema"] == SCHEMAS["finding"]
     assert finding["compared"]["mutant"]["operator"] == "refloor_50062"
     assert finding["ledger"]["blame"] == "implementation bug"
     assert finding["explanation"]["diagnosis"] == "regression_50062"
@@ -121,7 +127,6 @@ def test_mutant_option_finding_report_replay_and_regression_test(tmp_path, capsy
     # The proved closed form predicts exactly the loss the real code showed.
     assert finding["explanation"]["loss_predicted"] == finding["explanation"]["loss_observed"] > 0
     assert {t["status"] for t in finding["explanation"]["theorems"]} == {"PROVED"}
-    # The emitted test fails on the mutant (on its assertion) and passes on 0.33.0.
     # Who is affected: the deployment profiles where the re-floor differs, each
     # derived by 0.33.0's own configuration code (kvspec.reach).
     reach = finding["reach"]
@@ -133,24 +138,40 @@ def test_mutant_option_finding_report_replay_and_regression_test(tmp_path, capsy
     assert reach["worst"]["hitrate"]["points"] < 0
     assert any(k.startswith("hash scheme: reached only with legacy") for k in finding["explanation"]["knobs"])
     assert doc["subjects"][1]["hash_schemes"]["fuzzed"] == ["legacy", "lookahead"]
-    checks = {c["must"]: c for c in finding["regression_test"]["verified"]}
+    # The emitted test uses vLLM 0.33.0's own helpers, fails on the mutant on
+    # its assertion, passes on 0.33.0, and passes ruff with 0.33.0's configuration.
+    test = finding["regression_test"]
+    assert test["idiom"] == {"helpers": "tests.v1.core.test_prefix_caching"}
+    assert "from tests.v1.core.test_prefix_caching import make_kv_cache_manager" in test["code"]
+    assert not re.search(r"kvspec|refloor|mutant", test["code"], re.IGNORECASE)
+    checks = {c["must"]: c for c in test["verified"]}
     assert checks["failed"]["as_expected"] and checks["passed"]["as_expected"], checks
+    assert f"AssertionError: {ASSERT_MESSAGE}" in checks["failed"]["output"]
+    assert test["lint"]["outcome"] == "passed", test["lint"]["output"]
+    assert test["command"].startswith("pytest tests/v1/core/test_prefix_cache_registration.py::test_")
     text = markdown.read_text()
-    assert text.startswith("## kvspec fuzz: DISCREPANCY (implementation bug)")
+    # The impact sentence is the reach's: who is affected, the worst profile.
+    assert text.startswith("**Impact:** On vLLM 0.33.0, regression_50062 reaches 1 of 18 deployment profiles")
+    assert "\n## kvspec fuzz: DISCREPANCY (implementation bug)" in text
     for expected in ("**Ledger verdict: implementation bug**", "(n-R) mod S - B",
-                     "reachability (PROVED)", "kvspec replay ", "def test_kvspec_regression_50062",
-                     "passed on unmutated"):
+                     "Reachability (PROVED)", "kvspec replay ", f"def {test['test_name']}(monkeypatch):",
+                     "failed on its assertion on vllm 0.33.0 + refloor_50062", "passed on unmutated",
+                     test["command"], "xfail(strict=True", "<summary>Glossary</summary>"):
         assert expected in text, expected
+    assert str(tmp_path) not in text and not re.findall(r"(?<![\w.:/<)-])(?:/|~/)[\w.-]+/\S*", text)
     stored = tmp_path / "findings"
     (finding_file,) = stored.glob("finding-*.json")
     (plot,) = stored.glob("finding-*.svg")
-    assert "<polyline" in plot.read_text()
+    (png,) = stored.glob("finding-*.png")
+    assert f"]({png.name})" in text  # embedded by artifact name: the findings dir is not below the cwd
+    assert "tokens registered" in plot.read_text() and png.read_bytes().startswith(b"\x89PNG")
     capsys.readouterr()
     assert main(["replay", str(finding_file)]) == Outcome.FINDING.exit_code
     assert "STILL FAILING" in capsys.readouterr().out
     # The release never had the mutation: "not affected", not "fixed".
     assert main(["replay", str(finding_file), "--vllm", "0.33.0"]) == Outcome.OK.exit_code
-    assert "NOT AFFECTED" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "NOT AFFECTED" in out and "FIXED" not in out
 
 
 def test_replay_rejects_other_files(tmp_path, capsys):

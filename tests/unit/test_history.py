@@ -53,5 +53,19 @@ def test_table_rows_for_each_status():
              "failure": None, "lookup": {"cases": 3, "failure": {"summary": ["hit 4 vs 8"]}}}]
     table = render_table(rows, symbolic=False)
     assert "| 0.22.1 |  |  |  |  |  | unsupported: too old |  |" in table
-    assert "| 0.33.0 | yes | yes | yes | no | r | conforms (10 cases) | conforms (7 cases) |" in table
-    assert "| 0.34.0 | yes | yes | yes | no | r | conforms (10 cases) | DISCREPANCY: hit 4 vs 8 |" in table
+    assert ("| 0.33.0 | yes | yes | yes | no | r | no discrepancy (10 cases) | no discrepancy (7 cases) | "
+            "not run |") in table
+    assert "| 0.34.0 | yes | yes | yes | no | r | no discrepancy (10 cases) | DISCREPANCY: hit 4 vs 8 |" in table
+    assert "conforms" not in table  # a column says what it compared, never a blanket verdict
+
+
+def test_a_run_that_stopped_early_is_never_no_discrepancy():
+    caps = Capabilities().as_dict()
+    stopped = {"cases": 80, "examples": 3, "operations": 80, "failure": None, "outcome": "INFRASTRUCTURE",
+               "stopped": "the worker died twice"}
+    rows = [{"version": "0.30.0", "status": "incomplete", "cases": 10, "rule": "r", "capabilities": caps,
+             "failure": None, "overall": "INFRASTRUCTURE", "lookup": {"cases": 7, "failure": None},
+             "stateful": stopped}]
+    table = render_table(rows, symbolic=False)
+    assert "INCOMPLETE after 3 programs, 80 operations: the worker died twice" in table
+    assert "no invariant broken" not in table

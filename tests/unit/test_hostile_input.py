@@ -51,9 +51,9 @@ def test_report_escapes_what_a_finding_holds_and_never_copies_its_code(tmp_path,
     text = capsys.readouterr().out
     assert "<script" not in text
     # Inline fields are escaped, or shown as code spans they cannot leave.
-    assert "Minimal inputs: `` `x` <b>bold</b> ``" in text
+    assert "**Minimal case:** `` `x` <b>bold</b> ``" in text
     assert "os.system" not in text  # the test shown is emitted anew from the inputs
-    assert "def test_kvspec_regression_50062" in text
+    assert "def test_cache_blocks_bound_hybrid_eagle_partial_hits_after_decode" in text
     # The traceback is shown verbatim, but inside a fence longer than any of
     # its own, so its ``` cannot close the block and let HTML out.
     lines = text.splitlines()

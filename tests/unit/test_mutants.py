@@ -367,3 +367,57 @@ def test_a_rewrite_that_escapes_its_method_is_an_error():
     op = MutationOperator("rogue", "test only", "lookahead_dropped", rogue)
     with pytest.raises(MutationError, match="expected a change in HybridKVCacheCoordinator.cache_blocks only"):
         op.apply(SHAPE_CACHE_BLOCKS)
+
+
+_POOL_SOURCE = '''
+class BlockPool:
+    def get_new_blocks(self, num_blocks):
+        ret = self.free_block_queue.popleft_n(num_blocks)
+        for block in ret:
+            block.ref_cnt = 1
+        return ret
+
+    def touch(self, blocks):
+        for block in blocks:
+            if block.ref_cnt == 0:
+                self.free_block_queue.remove(block)
+            block.ref_cnt += 1
+
+    def free_blocks(self, ordered_blocks):
+        last = []
+        for block in ordered_blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                last.append(block)
+        self.free_block_queue.append_n(last)
+
+    def reset_prefix_cache(self):
+        num_used_blocks = self.num_gpu_blocks - self.get_num_free_blocks()
+        if num_used_blocks != 1:
+            return False
+        self.cached_block_hash_to_block.clear()
+        return True
+'''
+
+
+@pytest.mark.parametrize("name, removed, added", [
+    ("touch_keeps_free_block", "self.free_block_queue.remove(block)", None),
+    ("free_leaks_cached_blocks", "self.free_block_queue.append_n(last)", None),
+    ("reset_ignores_held_blocks", "if num_used_blocks != 1:", "if False:"),
+    ("new_block_double_ref", "block.ref_cnt = 1", "block.ref_cnt = 2"),
+])
+def test_state_operators_rewrite_the_block_pool(name, removed, added):
+    from kvspec.subjects.mutation import STATE_MUTANTS
+
+    op = {o.name: o for o in STATE_MUTANTS}[name]
+    out = op.apply(_POOL_SOURCE)
+    assert removed not in out and (added is None or added in out)
+    assert op.side == "state" and op.target_file.endswith(".py")
+
+
+def test_state_operators_refuse_a_source_without_their_target():
+    from kvspec.subjects.mutation import STATE_MUTANTS
+
+    for op in STATE_MUTANTS:
+        with pytest.raises(MutationTargetNotFound):
+            op.apply("class BlockPool:\n    def touch(self, blocks):\n        pass\n")

@@ -84,10 +84,32 @@ def test_unknown_theorem_is_usage_error(capsys):
     assert "unknown theorem 'no.such'" in capsys.readouterr().err
 
 
-def test_timeout_is_unknown_never_proved(capsys):
-    # A 1 ms budget cannot finish the block-level proof: it must say UNKNOWN.
-    code = main(["prove", "--quiet", "--timeout", "0.001", "--theorem", "monotone.blocks_in_n"])
+def test_an_exhausted_budget_is_unknown_never_proved(capsys, tmp_path):
+    # 10,000 resource units cannot finish the block-level proof: UNKNOWN, the
+    # same on any machine; the JSON records the budget the theorem had.
+    out_json = tmp_path / "prove.json"
+    code = main(["prove", "--quiet", "--rlimit", "10000", "--theorem", "monotone.blocks_in_n",
+                 "--json", str(out_json)])
     out = capsys.readouterr().out
     assert code == Outcome.UNKNOWN.exit_code
     row = out.splitlines()[1].split()
     assert row[:3] == ["monotone.blocks_in_n", "UNKNOWN", "PROVED"]  # verdict, then expected
+    assert "budget of 10,000 resource units per check ran out" in out
+    (result,) = json.loads(out_json.read_text())["theorems"]
+    assert result["budget"]["rlimit_per_check"] == 10_000 and result["status"] == "UNKNOWN"
+
+
+def test_the_wall_clock_is_only_a_safety_net_and_says_so(capsys):
+    code = main(["prove", "--quiet", "--timeout", "0.001", "--theorem", "monotone.blocks_in_n"])
+    out = capsys.readouterr().out
+    assert code == Outcome.UNKNOWN.exit_code
+    assert "safety net of 0.001 s expired (the machine, not the budget)" in out
+
+
+def test_the_budget_spent_is_the_same_on_every_run():
+    """Resource units, not seconds: two runs of a theorem spend exactly the same."""
+    from kvspec.proofs.catalog import theorem
+    from kvspec.proofs.runner import run_theorem
+
+    first, again = (run_theorem(theorem("reachability.regression_tokens"), vacuity=False) for _ in range(2))
+    assert first.resources == again.resources and first.resources["most_per_check"] > 0

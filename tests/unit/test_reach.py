@@ -76,7 +76,7 @@ def test_a_rule_no_profile_reaches_is_hardening(modelled, monkeypatch):
     # A rule that differs only below one token: no request reaches it.
     monkeypatch.setattr(reach, "rule_impact", lambda config, caps, rule: {"affected": False})
     result = reach.assess(_finding())
-    assert result.hardening and result.summary.startswith("no known deployment")
+    assert result.hardening and result.summary.startswith("No known deployment")
     assert result.profiles == () and result.worst is None
 
 

@@ -1,22 +1,30 @@
-"""Snapshot tests of every renderer on one fixed finding (a real #50062 run, stored)."""
+"""Snapshot tests of every renderer on one fixed finding (a real #50062 run, stored),
+and the properties a reviewer relies on: impact first, exact labels, no
+machine-local path in Markdown, a readable plot, an emitted test that passes
+vLLM's own ruff configuration."""
 
 from __future__ import annotations
 
 import ast
 import json
 import re
+import subprocess
+import sys
 
+import attrs
 import pytest
 
-from kvspec.report.plot import render_svg
-from kvspec.report.regression_test import ASSERT_MESSAGE, critical_steps, emit_test
+from kvspec.model.finding import Finding, Reach
 from kvspec.report.finding import render_markdown, render_text
 from kvspec.report.fuzz import render_markdown as render_fuzz_markdown
-from kvspec.model.finding import Finding
+from kvspec.report.plot import plot_data, render_png, render_svg
+from kvspec.report.regression_test import ASSERT_MESSAGE, FILE_NAME, emit_test, pytest_command
+from kvspec.report.vllm_tests import Idiom
 
 from tests.support import FIXTURES, assert_snapshot, capabilities
 
 FIXTURE = FIXTURES / "finding_refloor_50062.json"
+HELPERS = {"helpers": "tests.v1.core.test_prefix_caching"}
 
 
 @pytest.fixture
@@ -24,14 +32,102 @@ def finding() -> Finding:
     return Finding.from_dict(json.loads(FIXTURE.read_text()))
 
 
+@pytest.fixture
+def caps():
+    """0.33.0's capabilities with the keyword names its worker reports."""
+    return attrs.evolve(capabilities("0.33.0"),
+                        manager_keywords=["kv_cache_config", "max_model_len", "scheduler_block_size",
+                                          "hash_block_size", "max_in_flight_tokens", "enable_caching",
+                                          "use_eagle", "num_hash_lookahead_tokens", "num_prefill_lookahead",
+                                          "log_stats", "dcp_world_size"],
+                        request_keywords=["request_id", "prompt_token_ids", "sampling_params",
+                                          "pooling_params", "block_hasher", "arrival_time"])
+
+
+def _with_helpers(finding: Finding) -> Finding:
+    """The finding as a run on 0.33.0 records it: its tests' helpers known."""
+    return attrs.evolve(finding, regression_test={**finding.regression_test, "idiom": HELPERS})
+
+
 def test_text(finding):
-    assert_snapshot("finding.txt", render_text(finding) + "\n")
+    text = render_text(finding)
+    assert text.startswith("IMPACT: For this finding's own geometry only (no deployment profile assessed), "
+                           "a request whose computed tokens end at n = 2 leaves 1 of its 2 registrable tokens")
+    assert_snapshot("finding.txt", text + "\n")
 
 
 def test_markdown(finding):
-    text = render_markdown(finding, plot_path=finding.artifacts.get("plot"))
-    assert text.startswith("### DISCREPANCY: under-registration")
+    text = render_markdown(_with_helpers(finding))
+    assert text.startswith("**Impact:** For this finding's own geometry only")
     assert_snapshot("finding.md", text)
+
+
+def test_markdown_leads_with_the_deployment_assessment_when_there_is_one(finding):
+    reach = Reach(summary="On Nemotron-H with an EAGLE3 drafter and legacy hashes, a 4,000-token request "
+                          "leaves 1,011 tokens unregistered at its end.",
+                  profiles=({"profile": "nemotron-h + eagle3", "flags": "legacy hashes",
+                             "impact": {"tokens_lost_at_end": 1011}},),
+                  worst={"profile": "nemotron-h + eagle3", "tokens_lost_at_end": 1011})
+    text = render_markdown(attrs.evolve(finding, reach=reach))
+    first, *rest = text.splitlines()
+    assert first == f"**Impact:** {reach.summary}"
+    assert "own geometry" not in text
+    assert "- nemotron-h + eagle3: flags legacy hashes, tokens_lost_at_end 1011" in rest
+    hardening = render_text(attrs.evolve(finding, reach=attrs.evolve(reach, profiles=(), hardening=True)))
+    assert hardening.startswith("IMPACT: Hardening, not a regression: On Nemotron-H")
+    assert "no known deployment reaches it: hand-built geometry only" in hardening
+
+
+def test_labels_say_what_they_count(finding):
+    """Calls counted from 1 in words, cases not examples, the whole run's time
+    named as such, per-length sweep statements instead of a sum over unrelated
+    prompts, and what a request loses at its end."""
+    text = render_text(finding)
+    assert "cache_blocks call 2 (counted from 1)" in text and "call 1," not in text
+    assert ("72 Hypothesis examples, 454 differential cases; first discrepancy after 69 cases "
+            "(0.13 s into fuzzing); fuzzing and shrinking 0.89 s in all") in text
+    assert "shrunk in" not in text and "examples_to_first_failure" not in text
+    assert "net tokens" not in text
+    assert ("group 1 (full attention, block 1, EAGLE) registers 1 token fewer than the spec at each of "
+            "n = 2, 5, 8, 11, 14, 17, 20, 23") in text
+    assert "calls do not add up: registration accumulates" in text
+    assert "passed on unmutated" in text and "FIXED" not in text
+
+
+def test_every_kept_term_is_defined_once(finding):
+    text = render_markdown(finding)
+    glossary = text[text.index("<summary>Glossary</summary>"):]
+    for term in ("ledger", "oracle", "P / E", "R", "S_max", "spec", "subject", "partial hash hits"):
+        assert glossary.count(f"- **{term}**:") == 1, term
+    assert "**regime**" not in glossary  # the report does not use the word: not defined
+
+
+def test_markdown_has_no_machine_local_path(finding, tmp_path, monkeypatch):
+    """Paths anywhere in the finding (labels, artifacts, replay, traceback) never
+    reach the Markdown meant for a pull request."""
+    monkeypatch.chdir(tmp_path)
+    local = str(tmp_path / "findings" / "f")
+    subject = {**finding.compared["subject"], "label": "vllm-src /home/someone/vllm",
+               "path": "/home/someone/vllm"}
+    f = attrs.evolve(finding, compared={**finding.compared, "subject": subject},
+                     artifacts={"finding": f"{local}.json", "plot": f"{local}.svg", "plot_png": f"{local}.png"},
+                     replay=f"kvspec replay {local}.json",
+                     traceback='File "/home/someone/vllm/vllm/v1/core/x.py", line 3\nValueError: x')
+    text = render_markdown(f)
+    local_path = r"(?<![\w.:/<)-])(?:/|~/)[\w.-]+/\S*"  # two components at least: not "</b>", "(n-R)/S"
+    assert not re.findall(local_path, text)
+    assert re.findall(local_path, render_text(f))  # the terminal keeps them: they are useful there
+    assert "![Registered vs computed tokens, spec vs subject](findings/f.png)" in text
+    assert "kvspec replay findings/f.json" in text
+    elsewhere = attrs.evolve(f, artifacts={"plot_png": "/elsewhere/g.png"})
+    assert "](g.png)" in render_markdown(elsewhere)
+
+
+def test_markdown_degrades_to_a_table_without_a_plot(finding):
+    text = render_markdown(attrs.evolve(finding, artifacts={}))
+    assert "![" not in text
+    assert "Where the sweep differs:\n\n| group | n | spec tokens | subject tokens | lost tokens |" in text
+    assert "| 1 | 23 | 23 | 22 | 1 |" in text
 
 
 def _fuzz_run(finding, stopped=None):
@@ -43,8 +139,9 @@ def _fuzz_run(finding, stopped=None):
 
     failure = Failure(Case.from_dict(finding.inputs), (), {})
     result = FuzzResult(subject=finding.compared["subject"], capabilities=capabilities("0.33.0"), seed=1,
-                        tally=Tally(cases=finding.run["cases"]), seconds=finding.run["seconds"],
-                        failure=failure)
+                        tally=Tally(cases=finding.run["cases"], examples=finding.run["examples"]),
+                        seconds=finding.run["seconds"], failure=failure,
+                        cases_to_first_failure=finding.run["cases_to_first_failure"])
     run = FuzzRun(FuzzSettings(max_examples=500, seed=1), [finding.compared["subject"]["label"], "vllm 0.34.0"],
                   [SubjectRun(result, finding)])
     if stopped is not None:
@@ -56,9 +153,14 @@ def test_fuzz_markdown(finding, monkeypatch):
     import kvspec.report.fuzz as fuzz_report
 
     monkeypatch.setattr(fuzz_report, "versions", lambda: finding.compared["versions"])
-    run = _fuzz_run(finding)
+    run = _fuzz_run(_with_helpers(finding))
     run.planned = run.planned[:1]
-    assert_snapshot("fuzz_report.md", render_fuzz_markdown(run))
+    text = render_fuzz_markdown(run)
+    assert text.startswith("**Impact:** For this finding's own geometry only")
+    assert text.count("**Impact:**") == 1  # once, first: not again in the finding's section
+    assert ("| Hypothesis examples | differential cases | cases to the first discrepancy | "
+            "fuzzing and shrinking (s) |") in text
+    assert_snapshot("fuzz_report.md", text)
 
 
 def test_an_interrupted_run_never_reads_as_clean(finding):
@@ -70,48 +172,140 @@ def test_an_interrupted_run_never_reads_as_clean(finding):
     text = render_fuzz_markdown(run)
     first = text.splitlines()[0]
     assert first.startswith("## kvspec fuzz: INTERRUPTED (interrupted while fuzzing vllm 0.34.0; 1 of 2")
-    assert "no discrepancy found so far" in first and "| vllm 0.34.0 | | not run | | |" in text
+    assert "no discrepancy found so far" in first and "| vllm 0.34.0 | | not run | | | | |" in text
 
 
 def test_json(finding):
     assert_snapshot("finding.json", json.dumps(finding.to_dict(), indent=2, sort_keys=True) + "\n")
 
 
-def test_svg_plot_is_produced_and_shows_the_loss(finding):
+def test_plot_shows_steps_the_loss_and_the_finding(finding):
+    data = plot_data(finding)
+    assert_snapshot("finding.plot.json", json.dumps(data, indent=1) + "\n")
+    (panel,) = data["panels"]  # one group differs
+    assert panel["group"] == 1 and data["finding_n"] == 2
+    assert panel["lost"][panel["n"].index(2)] == 1  # a one-token loss, drawn as its own bar
+    assert sum(1 for lost in panel["lost"] if lost) == len(finding.sweep["differing_n"])
+    assert "/" not in data["subject"] and "~" not in data["subject"]  # no local path in the picture
+
+
+def test_svg_and_png_are_drawn_with_labelled_axes(finding):
     svg = render_svg(finding)
-    assert_snapshot("finding.svg", svg)
-    lines = re.findall(r'<polyline points="([^"]+)"', svg)
-    assert len(lines) == 3  # computed, subject, subject
-    assert all(len(l.split()) == len(finding.sweep["n"]) for l in lines)
-    assert lines[1] != lines[2]  # the spec's and the subject's lines differ
-    assert "<polygon" in svg
+    assert svg.startswith("<?xml") and "<svg" in svg
+    texts = re.findall(r"<text[^>]*>([^<]*)</text>", svg)
+    for label in ("0", "10", "20", "tokens registered", "computed tokens n (a single prefill of n tokens)",
+                  "spec: may register (= n: every computed token)", "the finding (n = 2)"):
+        assert label in texts, label
+    assert render_svg(finding) == svg  # deterministic: no date, stable ids
+    assert render_png(finding).startswith(b"\x89PNG\r\n\x1a\n")
 
 
 def test_plot_needs_a_sweep(finding):
-    import attrs
-
     with pytest.raises(ValueError, match="no sweep"):
         render_svg(attrs.evolve(finding, sweep=None))
 
 
-def test_emitted_regression_test(finding):
-    import attrs
-
-    caps = attrs.evolve(capabilities("0.33.0"),
-                        manager_keywords=["kv_cache_config", "max_model_len", "scheduler_block_size",
-                                          "hash_block_size", "enable_caching", "use_eagle",
-                                          "num_prefill_lookahead", "dcp_world_size", "log_stats"],
-                        request_keywords=["request_id", "prompt_token_ids", "sampling_params",
-                                          "pooling_params", "block_hasher"])
-    code = emit_test(finding, caps)
+def test_emitted_regression_test(finding, caps):
+    code = emit_test(finding, caps, Idiom(helpers=True))
     ast.parse(code)
-    prompt_len, steps, expected = critical_steps(finding)
-    # The critical case is the smallest single prefill the sweep saw differ.
-    assert prompt_len == min(finding.sweep["differing_n"]) and len(steps) == 1
-    assert f"expected = {expected!r}" in code and ASSERT_MESSAGE in code
-    assert "eos_token_id" not in code  # this Request takes no such keyword
+    # The finding's own scenario: a 1-token prefill, then the decode whose call differs.
+    assert 'make_request("0", list(range(1)), HASH_BLOCK_SIZE, sha256)' in code
+    assert "assert manager.allocate_slots(req, 1, num_computed, computed_blocks) is not None" in code
+    assert code.count("manager.allocate_slots(") == 2
+    assert "expected = [[1, 2], [1, 2]]" in code and ASSERT_MESSAGE in code
+    assert "from tests.v1.core.test_prefix_caching import make_kv_cache_manager, make_request" in code
+    # Nothing names kvspec or the mutant; no import shim; hash scheme and EAGLE said and explained.
+    assert not re.search(r"kvspec|refloor|mutant|50062|except ImportError", code, re.IGNORECASE)
+    assert "# Legacy block hashes (sha256, no lookahead tokens)" in code
+    assert "# EAGLE groups drop their lookahead block at registration.\n        use_eagle=True," in code
+    assert max(len(line) for line in code.splitlines()) <= 88
     assert len(code.splitlines()) < 100  # reviewers reject bloated tests
     assert_snapshot("regression_test.py.txt", code)
+    assert pytest_command(finding) == (
+        f"pytest tests/v1/core/{FILE_NAME}::test_cache_blocks_bound_hybrid_eagle_partial_hits_after_decode")
+
+
+def test_emitted_regression_test_without_helpers_builds_its_own(finding, caps):
+    code = emit_test(finding, caps)
+    assert "tests.v1.core" not in code and "manager = KVCacheManager(" in code
+    assert "eos_token_id" not in code  # this release's Request takes no such keyword
+    assert_snapshot("regression_test_standalone.py.txt", code)
+
+
+def test_xfail_form_pins_the_defect(finding, caps):
+    code = emit_test(finding, caps, Idiom(helpers=True), xfail=True)
+    assert code.splitlines()[4] == "import pytest"
+    assert ('@pytest.mark.xfail(strict=True, reason="known defect: bound differs")\n'
+            "def test_cache_blocks_bound_hybrid_eagle_partial_hits_after_decode(monkeypatch):") in code
+
+
+def _ruff(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "ruff", *args], capture_output=True, text=True, cwd=cwd)
+
+
+@pytest.mark.parametrize("helpers", [True, False])
+@pytest.mark.parametrize("xfail", [False, True])
+@pytest.mark.parametrize("variant", ["finding", "drafts", "three groups", "lookup", "long lists"])
+def test_emitted_tests_pass_vllm_ruff(finding, caps, tmp_path, helpers, xfail, variant):
+    """``ruff check`` and ``ruff format --check`` with vLLM 0.33.0's own
+    configuration, the test placed as in vLLM's repository (ruff tells
+    first-party imports by finding their files, so the modules it imports
+    are laid out too)."""
+    inputs = dict(finding.inputs)
+    if variant == "drafts":
+        inputs.update(prompt_len=13, steps=[{"kind": "prefill", "tokens": 7, "drafts": 0, "accepted": 0},
+                                            {"kind": "prefill", "tokens": 6, "drafts": 0, "accepted": 0},
+                                            {"kind": "decode", "tokens": 0, "drafts": 3, "accepted": 1}],
+                      expected_calls=[[6, 7], [12, 12], [15, 14]])
+    elif variant == "three groups":
+        config = {**inputs["config"], "scheduler_block_size": 48, "hash_block_size": 16,
+                  "num_prefill_lookahead": 2, "groups": [
+                      {"kind": "mamba_align", "block_size": 48, "eagle": False, "sliding_window": 0},
+                      {"kind": "full_attention", "block_size": 16, "eagle": True, "sliding_window": 0},
+                      {"kind": "sliding_window", "block_size": 16, "eagle": False, "sliding_window": 64}]}
+        inputs.update(config=config, prompt_len=100, steps=[{"kind": "prefill", "tokens": 100, "drafts": 0,
+                                                               "accepted": 0}],
+                      expected_calls=[[96, 79, 99]])
+    elif variant == "lookup":
+        inputs.update(probe={"shared": 3, "extra": 2}, expected_hit=2)
+    elif variant == "long lists":  # many calls, many admissible hits: ruff format's wrapping
+        steps = [{"kind": "prefill", "tokens": 1, "drafts": 0, "accepted": 0}]
+        steps += [{"kind": "decode", "tokens": 0, "drafts": 0, "accepted": 0}] * 40
+        inputs.update(prompt_len=1, steps=steps, expected_calls=[[n, n] for n in range(1, 42)],
+                      probe={"shared": 40, "extra": 1}, admissible_hits=list(range(0, 42)))
+    f = attrs.evolve(finding, inputs=inputs)
+    if variant == "long lists":
+        code = emit_test(attrs.evolve(f, category="hit_mismatch"), caps, Idiom(helpers=helpers), xfail=xfail)
+        assert "    admissible = [\n" in code
+        _ruff_clean(tmp_path, code)
+    if variant == "lookup":
+        from kvspec.model.finding import Category
+
+        f = attrs.evolve(f, category=Category.HIT_MISMATCH)
+    code = emit_test(f, caps, Idiom(helpers=helpers), xfail=xfail)
+    _ruff_clean(tmp_path, code)
+
+
+def _ruff_clean(tmp_path, code):
+    ast.parse(code)
+    (tmp_path / "pyproject.toml").write_text((FIXTURES / "vllm-0.33.0-ruff.toml").read_text())
+    for module in ("vllm/__init__.py", "vllm/sampling_params.py", "vllm/utils/__init__.py",
+                   "vllm/utils/hashing.py", "vllm/v1/__init__.py", "vllm/v1/core/__init__.py",
+                   "vllm/v1/core/kv_cache_manager.py", "vllm/v1/core/kv_cache_utils.py",
+                   "vllm/v1/kv_cache_interface.py", "vllm/v1/request.py", "tests/__init__.py",
+                   "tests/v1/__init__.py", "tests/v1/core/__init__.py", "tests/v1/core/test_prefix_caching.py"):
+        (tmp_path / module).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / module).touch()
+    test = tmp_path / "tests" / "v1" / "core" / FILE_NAME
+    test.write_text(code)
+    rel = str(test.relative_to(tmp_path))
+    check = _ruff("check", "--no-cache", rel, cwd=tmp_path)
+    assert check.returncode == 0, check.stdout + check.stderr
+    fmt = _ruff("format", "--no-cache", "--check", "--diff", rel, cwd=tmp_path)
+    assert fmt.returncode == 0, fmt.stdout + fmt.stderr
+    # And the check can fail: a line past 88 columns is caught.
+    test.write_text(code + "\nx = " + "1 + " * 30 + "1\n")
+    assert _ruff("check", "--no-cache", rel, cwd=tmp_path).returncode != 0
 
 
 @pytest.mark.parametrize("pinned", [{"expected_hit": 4, "admissible_hits": [0, 2, 4]},
@@ -119,8 +313,6 @@ def test_emitted_regression_test(finding):
 def test_emitted_lookup_regression_test(finding, pinned):
     """A lookup finding's test drives the writer, then the later request, and
     pins the spec's hit (exact model) or the contract's admissible hits."""
-    import attrs
-
     from kvspec.report.regression_test import LOOKUP_ASSERT_MESSAGE
     from kvspec.model.finding import Category
 
@@ -132,13 +324,13 @@ def test_emitted_lookup_regression_test(finding, pinned):
         assert code is None  # nothing the subject pins: no test rather than a vacuous one
         return
     ast.parse(code)
-    assert "list(request.all_token_ids)[:3]" in code and "range(2)" in code
-    assert "def make_later_request(token_ids):" in code and LOOKUP_ASSERT_MESSAGE in code
+    assert "shared = list(req.all_token_ids)[:3]" in code and "range(2)" in code
+    assert LOOKUP_ASSERT_MESSAGE in code
     if "expected_hit" in pinned:
-        assert "expected = 4" in code and "assert hit == expected" in code
+        assert "expected = 4\n    assert hit == expected, " in code
     else:
-        assert "admissible = [0, 2, 4]" in code and "assert hit in admissible" in code
-    assert "a later request's prefix-cache hit (emitted by kvspec)" in code
+        assert "admissible = [0, 2, 4]\n    assert hit in admissible, " in code
+    assert "def test_prefix_hit_hybrid_eagle_partial_hits_after_decode():" in code
 
 
 def test_report_command_writes_every_form(tmp_path, monkeypatch):
@@ -147,14 +339,16 @@ def test_report_command_writes_every_form(tmp_path, monkeypatch):
 
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    out, plot, test = tmp_path / "r.md", tmp_path / "p.svg", tmp_path / "test_x.py"
+    out, plot, png, test = tmp_path / "r.md", tmp_path / "p.svg", tmp_path / "p.png", tmp_path / "test_x.py"
     code = main(["report", str(FIXTURE), "--format", "markdown", "--output", str(out),
                  "--plot", str(plot), "--emit-test", str(test)])
     assert code == Outcome.OK.exit_code
     assert out.read_text() == summary.read_text()
-    assert out.read_text().startswith("## DISCREPANCY: under-registration")
-    assert plot.read_text().startswith("<svg")
+    assert out.read_text().startswith("**Impact:** For this finding's own geometry only")
+    assert "<svg" in plot.read_text()
     ast.parse(test.read_text())
+    assert main(["report", str(FIXTURE), "--plot", str(png)]) == Outcome.OK.exit_code
+    assert png.read_bytes().startswith(b"\x89PNG")
 
 
 def test_report_of_a_file_without_findings_is_a_usage_error(tmp_path, capsys):
@@ -165,3 +359,71 @@ def test_report_of_a_file_without_findings_is_a_usage_error(tmp_path, capsys):
     empty.write_text('{"schema": "kvspec.prove/1", "findings": []}')
     assert main(["report", str(empty)]) == Outcome.USAGE.exit_code
     assert "holds no finding" in capsys.readouterr().err
+
+
+# -- the other renderers: one snapshot each, on small fixed inputs --------------
+
+def test_kill_matrix_snapshot():
+    from kvspec.report.mutants import render_matrix
+
+    rows = [{"mutant": "refloor_50062", "model": "non-equivalent", "status": "killed", "cases_to_kill": 3708,
+             "seconds_to_kill": 2.67, "exhaustive": "killed", "exhaustive_failing": 412, "exhaustive_seconds": 9.8,
+             "symbolic": "REFUTED", "symbolic_seconds": 2.9, "category": "under_registration"},
+            {"mutant": "clamp_as_conditional", "model": "equivalent", "status": "survived",
+             "cases_to_kill": None, "seconds_to_kill": None, "exhaustive": "survived", "exhaustive_failing": 0,
+             "exhaustive_seconds": 9.5, "symbolic": "VERIFIED", "symbolic_seconds": 3.1, "category": None},
+            {"mutant": "touch_keeps_free_block", "model": "state side", "status": "killed", "fuzz": "survived",
+             "cases_to_kill": None, "seconds_to_kill": None, "stateful": "killed", "programs_to_kill": 7,
+             "stateful_seconds_to_kill": 0.21, "exhaustive": "n/a", "symbolic": "n/a",
+             "stateful_category": "state_free_blocks"}]
+    text = render_matrix(rows)
+    assert "cases to kill" in text.splitlines()[0] and "programs to kill" in text.splitlines()[0]
+    assert_snapshot("mutants_matrix.txt", text + "\n")
+
+
+def test_history_table_snapshot():
+    from kvspec.report.history import render_table
+
+    caps = capabilities("0.33.0").as_dict()
+    rows = [{"version": "0.33.0", "status": "conforms", "capabilities": caps, "rule": "cacheable_tokens_032",
+             "cases": 11234, "failure": None, "lookup": {"cases": 10987, "failure": None},
+             "stateful": {"examples": 300, "operations": 7021, "failure": None},
+             "symbolic": {"status": "VERIFIED"}},
+            {"version": "0.22.0", "status": "unsupported", "detail": "KVCacheManager takes no scheduler_block_size"}]
+    assert_snapshot("history_table.md", render_table(rows, symbolic=True) + "\n")
+
+
+def test_hitrate_text_snapshot():
+    from kvspec.report.hitrate import render_text
+    from kvspec.usecases import compare_with_reference
+
+    def row(label, hits, mutant):
+        rate = sum(hits) / (100 * len(hits))
+        return {"label": label, "vllm_version": "0.33.0", "mutant": mutant, "scheduler_block_size": 64,
+                "ideal_exact": True, "hits": hits, "hit_rate": rate, "requests": len(hits),
+                "prompt_lengths": [100] * len(hits), "turns": [0] * len(hits), "per_turn": [rate],
+                "ideal_hits": [50] * len(hits), "ideal_hit_rate": 0.5, "ideal_per_turn": [0.5],
+                "model_rule": "spec", "model_hit_rate": 0.5, "model_matches_per_request": hits == [50, 50]}
+
+    rows = [row("vllm 0.33.0", [50, 50], False), row("0.33.0 + m", [50, 30], True)]
+    compare_with_reference(rows)
+    doc = {"verdict": "HIT-RATE DIFFERENCE", "layout": "full attention 16", "workload": {"text": "2 requests"},
+           "subjects": rows, "errors": []}
+    assert_snapshot("hitrate.txt", render_text(doc) + "\n")
+
+
+def test_mtp_reports_snapshot():
+    from kvspec.report.mtp import render_markdown as mtp_markdown
+    from kvspec.report.mtp import render_text as mtp_text
+
+    theorem = {"name": "mtp.no_stale_draft_reuse.partial_hits", "statement": "no hit keeps stale draft KV",
+               "status": "REFUTED", "as_expected": True,
+               "counterexample": {"values": {"S": 4, "H": 2, "B": 4, "L": 3, "n": 4, "E": True, "P": True}}}
+    scheme = {"witnesses": 2, "cases": 354, "error_count": 0, "errors": [],
+              "smallest": {"text": "S=4 H=2 L=3 prompt=6 shared=4"}, "model_necessary": True,
+              "model_condition_matches": True, "whole_block_condition_matches": False}
+    doc = {"verdict": "COUNTEREXAMPLE", "command": "kvspec mtp --vllm 0.33.0", "theorems": [theorem],
+           "subjects": [{"subject": "vllm 0.33.0", "vllm_version": "0.33.0",
+                         "schemes": {"legacy hashes + EAGLE drop": scheme}}]}
+    assert_snapshot("mtp.txt", mtp_text(doc) + "\n")
+    assert_snapshot("mtp.md", mtp_markdown(doc) + "\n")

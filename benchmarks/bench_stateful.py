@@ -1,0 +1,86 @@
+"""The stateful differential's cost against a warm 0.34.0 worker.
+
+Run:  python benchmarks/bench_stateful.py [--version 0.34.0] [--examples 300] [--seeds 0 1 2]
+
+For each seed: the stateful differential runs ``--examples`` programs
+(Hypothesis drawing the rules, one message per operation, the manager's
+state read after every operation and held to every invariant), keeping the
+programs it ran; then the raw driver replays the same programs on the same
+worker, every program's operations in one message, with no state read and
+nothing checked.  Reported: operations per CPU-second of the two processes
+together (kvspec and the worker), each side's median over the seeds, and
+their ratio (the issue's goal: checking costs at most 2x the raw driver).
+One warm-up run is discarded first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+from kvspec.diff_tests.stateful import fuzz_stateful
+from kvspec.subjects.process import SubjectProcess
+from kvspec.subjects.subject import release
+
+
+def _cpu(pid: int) -> float:
+    """CPU seconds of this process and of the worker ``pid`` so far."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    worker = (int(fields[11]) + int(fields[12])) / ticks
+    own = os.times()
+    return own.user + own.system + worker
+
+
+def checked(proc: SubjectProcess, examples: int, seed: int) -> tuple[int, float, list]:
+    programs: list = []
+    before = _cpu(proc.worker_pid)
+    result = fuzz_stateful(proc, examples, seed, keep_programs=programs)
+    assert result.failure is None, result.failure.discrepancies[0].summary()
+    return result.tally.operations, _cpu(proc.worker_pid) - before, programs
+
+
+def raw(proc: SubjectProcess, programs: list) -> tuple[int, float]:
+    before = _cpu(proc.worker_pid)
+    operations = 0
+    for program in programs:
+        opened = proc.session({"op": "open_machine", "case": program.machine_case()})
+        assert opened.get("ok"), opened
+        reply = proc.session({"op": "machine_ops", "ops": [dict(op) for op in program.ops], "observe": False})
+        assert reply.get("ok"), reply
+        operations += len(program.ops)
+    return operations, _cpu(proc.worker_pid) - before
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--version", default="0.34.0")
+    parser.add_argument("--examples", type=int, default=300)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    args = parser.parse_args()
+    with SubjectProcess(release(args.version)) as proc:
+        proc.ready()
+        checked(proc, 30, 99)  # warm-up, discarded
+        rows = []
+        for seed in args.seeds:
+            started = time.perf_counter()
+            ops, cpu, programs = checked(proc, args.examples, seed)
+            raw_ops, raw_cpu = raw(proc, programs)
+            assert raw_ops == ops
+            rows.append((seed, ops, ops / cpu, raw_ops / raw_cpu, time.perf_counter() - started))
+            print(f"seed {seed}: {ops} operations in {len(programs)} programs; checked {ops / cpu:,.0f} ops per "
+                  f"CPU-s, raw {raw_ops / raw_cpu:,.0f} ops per CPU-s, ratio {(raw_ops / raw_cpu) / (ops / cpu):.2f}x",
+                  flush=True)
+    checked_median = statistics.median(r[2] for r in rows)
+    raw_median = statistics.median(r[3] for r in rows)
+    print(f"\nvLLM {args.version}, {args.examples} programs per seed, seeds {args.seeds}:")
+    print(f"  checked (stateful differential): median {checked_median:,.0f} operations per CPU-second")
+    print(f"  raw driver (same programs, unchecked, batched): median {raw_median:,.0f} operations per CPU-second")
+    print(f"  checking costs {raw_median / checked_median:.2f}x the raw driver")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,460 @@
+"""The stateful differential: Hypothesis's rule-based state machine driving
+one real KVCacheManager through the scheduler's moves, every observed state
+held to ``model.state``'s invariants (``oracles.state``).
+
+The registration differential sees two numbers per request on a fresh
+manager; the bugs of this code live in what many requests leave behind:
+shared blocks, reference counts, the free queue, the hash map.  Here requests
+share prefixes (so they hit each other's blocks), the pool is small (so
+blocks are evicted and requests preempted), and the cache is reset and
+blocks invalidated while requests run.  A failing program is shrunk by
+Hypothesis and recorded as a ``model.program.Program``, replayable alone.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any, Callable
+
+import attrs
+from hypothesis import HealthCheck, Phase, Verbosity, reject, settings, strategies as st
+from hypothesis.database import ExampleDatabase
+from hypothesis.errors import Flaky
+from hypothesis.stateful import (RuleBasedStateMachine, get_state_machine_test, initialize, precondition,
+                                 rule)
+
+from kvspec.model.capabilities import Capabilities
+from kvspec.model.domain import CoordinatorConfig, GroupKind
+from kvspec.model.errors import InfrastructureError, KvspecError, SetupError
+from kvspec.model.outcome import Outcome
+from kvspec.model.program import Program, describe_op
+from kvspec.model.state import scope_text
+from kvspec.oracles.registration import Discrepancy
+from kvspec.oracles.state import StateOracle
+from kvspec.subjects.process import SubjectProcess
+
+from .fuzz import _Abort
+from .property import Failure
+from .strategies import configs
+
+__all__ = ["StatefulResult", "StatefulTally", "fuzz_stateful", "replay_program", "programs_database_key",
+           "STEPS_PER_PROGRAM"]
+
+STEPS_PER_PROGRAM = 40  # Hypothesis's stateful_step_count: rules after the manager opens
+MAX_PROMPT = 48
+MAX_MODEL_LEN = 128  # prompt plus decoded and draft tokens stay below it
+FAMILIES = 3  # shared-prefix families: requests of one family hit each other's blocks
+
+
+@attrs.define
+class StatefulTally:
+    """What a stateful run exercised."""
+
+    programs: int = 0  # Hypothesis examples: a manager opened and driven
+    operations: int = 0  # operations applied and checked
+    schedules: int = 0  # scheduler steps among them
+    lookups: int = 0  # get_computed_blocks answers checked
+    nonzero_hits: int = 0
+    preemptions: int = 0
+    evictions: int = 0  # blocks invalidated by evict
+    resets: int = 0  # successful reset_prefix_cache calls
+    refused: int = 0  # geometries the worker could not drive (see ``refusals``)
+    refusals: dict[str, int] = attrs.Factory(dict)  # why -> how many
+
+    def as_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+@attrs.define
+class StatefulResult:
+    subject: dict[str, Any]
+    capabilities: Capabilities
+    seed: int
+    tally: StatefulTally = attrs.Factory(StatefulTally)
+    seconds: float = 0.0
+    failure: Failure | None = None
+    programs_to_first_failure: int | None = None
+    seconds_to_first_failure: float | None = None
+    stopped: Outcome | None = None
+    stopped_why: str = ""
+    scope_reduction: str = ""
+    # What the worker reported it could not exercise on this release (an
+    # operation vLLM does not have), said with the verdict.
+    not_exercised: tuple[str, ...] = ()
+
+    units = "operations"
+    differential = "stateful"
+    restarts: tuple[str, ...] = ()
+    other_failures: tuple[Failure, ...] = ()
+
+    @property
+    def examples(self) -> int:
+        return self.tally.programs
+
+    @property
+    def cases(self) -> int:
+        return self.tally.operations
+
+    def coverage(self) -> str:
+        t = self.tally
+        return (f"{t.programs} programs, {t.operations} operations ({t.schedules} scheduler steps, "
+                f"{t.lookups} lookups of which {t.nonzero_hits} hit, {t.preemptions} preemptions, "
+                f"{t.evictions} blocks invalidated, {t.resets} cache resets)")
+
+    def first_failure(self) -> str:
+        return f"{self.programs_to_first_failure} programs"
+
+    @property
+    def outcome(self) -> Outcome:
+        if self.failure is not None:
+            return Outcome.FINDING
+        if self.stopped is not None:
+            return self.stopped
+        if self.tally.operations == 0 or self.scope_reduction:
+            return Outcome.INCOMPLETE
+        return Outcome.OK
+
+    @property
+    def verdict(self) -> str:
+        if self.failure is not None:
+            return "state invariant broken"
+        if self.stopped is not None:
+            return f"incomplete ({self.stopped_why})"
+        if self.tally.operations == 0:
+            return "incomplete (no operation ran: every geometry was refused)"
+        if self.scope_reduction:
+            return f"no invariant broken in a reduced scope ({self.scope_reduction})"
+        return "no invariant broken"
+
+    def scope(self) -> str:
+        """What the verdict covers, in words."""
+        parts = [scope_text()]
+        if self.not_exercised:
+            parts.append("not exercised on this release: " + "; ".join(self.not_exercised))
+        if self.tally.refused:
+            reasons = "; ".join(f"{n} x {why}" for why, n in sorted(self.tally.refusals.items()))
+            parts.append(f"{self.tally.refused} geometries not driven ({reasons})")
+        return ". ".join(parts)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "subject": self.subject, "capabilities": self.capabilities.as_dict(), "seed": self.seed,
+            "differential": "stateful", "examples": self.examples, "cases": self.cases, **self.tally.as_dict(), "seconds": round(self.seconds, 3),
+            "programs_to_first_failure": self.programs_to_first_failure,
+            "seconds_to_first_failure": None if self.seconds_to_first_failure is None
+            else round(self.seconds_to_first_failure, 3),
+            "verdict": self.verdict, "stopped": None if self.stopped is None else self.stopped.name,
+            "failure": None if self.failure is None else self.failure.as_dict(),
+            "scope": self.scope(), "scope_reduction": self.scope_reduction or None,
+            "not_exercised": list(self.not_exercised),
+        }
+
+
+class StateViolation(AssertionError):
+    """A program broke an invariant (or made vLLM raise): Hypothesis shrinks it."""
+
+    def __init__(self, failure: Failure):
+        super().__init__(failure.discrepancies[0].summary())
+        self.failure = failure
+
+
+def _blocks_needed(config: CoordinatorConfig, tokens: int) -> int:
+    return sum(-(-tokens // g.block_size) for g in config.groups)
+
+
+@st.composite
+def geometries(draw, capabilities: Capabilities) -> Program:
+    """A manager to drive: a hybrid layout vLLM accepts, a pool from just
+    enough for one longest request to twice that (so blocks are evicted and
+    requests preempted), and sparse retention on layouts with a
+    sliding-window group (the only ones every supported release takes it for)."""
+    config = draw(configs(capabilities))
+    one = _blocks_needed(config, MAX_MODEL_LEN) + 2
+    num_blocks = draw(st.integers(one, 2 * one))
+    retention = None
+    if any(g.kind is GroupKind.SLIDING_WINDOW for g in config.groups) and draw(st.booleans()):
+        # A multiple of the scheduler block, as vLLM requires.
+        retention = config.scheduler_block_size * draw(st.integers(1, 4))
+    # Most deployments keep vLLM's default full-prompt admission gate.
+    reserve = draw(st.sampled_from((True, True, False)))
+    return Program(config, num_blocks, MAX_MODEL_LEN, (), retention, reserve_full_sequence=reserve)
+
+
+def _prompt(family: int, shared: int, suffix: int, seed: int) -> list[int]:
+    """``shared`` tokens of a family's prefix, then ``suffix`` tokens of its own."""
+    rng = random.Random(seed)
+    return [family * 1000 + i for i in range(shared)] + [50_000 + rng.randrange(1000) for _ in range(suffix)]
+
+
+def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
+                  on_program: Callable[..., None] = lambda machine, refused=None: None,
+                  on_violation: Callable[[Failure], None] = lambda failure: None) -> type[RuleBasedStateMachine]:
+    """The rule-based machine bound to one live subject, or to a function
+    that gives it on first use (the shipped pytest test: no worker starts
+    while tests are collected)."""
+    live = subject if callable(subject) else (lambda: subject)
+    drafts_possible = st.integers(0, 3)
+
+    class StatefulMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.program: Program | None = None
+            self.oracle: StateOracle | None = None
+            self.running: list[str] = []
+            self.waiting: list[str] = []
+            self.prompts: list[list[int]] = []
+            self.serial = 0
+            self.has_eagle = False
+            self.can_evict = False
+            self.proc: SubjectProcess | None = None
+            self.lookups = self.hits = self.preemptions = self.evictions = self.resets = 0
+            self.failed = False
+            self.last_reset = 0
+
+        @initialize(geometry=st.deferred(lambda: geometries(live().capabilities)))
+        def open(self, geometry: Program) -> None:
+            proc = self.proc = live()
+            try:
+                opened = proc.session({"op": "open_machine", "case": geometry.machine_case()})
+            except KvspecError as error:
+                raise _Abort(error) from error
+            self.program = geometry
+            if opened.get("environment"):
+                raise _Abort(SetupError(f"{proc.subject.label}: the vLLM runtime cannot import what the "
+                                        f"manager needs ({opened.get('error')})"))
+            if not opened.get("ok"):
+                if opened.get("unsupported"):
+                    on_program(self, refused=opened.get("error", "refused"))
+                    reject()
+                self._fail(geometry, [StateOracle.refused(opened)], opened)
+            if opened.get("retention_interval") != geometry.retention_interval and not (
+                    geometry.retention_interval is None and opened.get("retention_interval") in (None, 0)):
+                raise _Abort(InfrastructureError(
+                    f"asked for retention interval {geometry.retention_interval}, the manager took "
+                    f"{opened.get('retention_interval')} (a kvspec bug)"))
+            self.oracle = StateOracle(geometry, proc.capabilities, opened)
+            self.has_eagle = any(g.eagle for g in geometry.config.groups)
+            self.can_evict = bool(opened.get("operations", {}).get("evict"))
+            on_program(self)
+
+        def _fail(self, program: Program, found: list[Discrepancy], reply: dict[str, Any]) -> None:
+            self.failed = True
+            failure = Failure(program, tuple(found), reply)
+            on_violation(failure)
+            raise StateViolation(failure)
+
+        def _apply(self, op: dict[str, Any]) -> dict[str, Any]:
+            assert self.program is not None and self.oracle is not None
+            self.program = self.program.with_ops((*self.program.ops, op))
+            try:
+                reply = self.proc.session({"op": "machine_ops", "ops": [op]})
+            except KvspecError as error:  # the worker, not vLLM: no input is to blame
+                raise _Abort(error) from error
+            if reply.get("kvspec_error"):
+                raise _Abort(InfrastructureError(f"kvspec sent an operation the worker refused ({describe_op(op)}): "
+                                                 f"{reply['kvspec_error']} (a kvspec bug)"))
+            if reply.get("unsupported"):
+                raise _Abort(InfrastructureError(f"the worker cannot drive {describe_op(op)} on this vLLM: "
+                                                 f"{reply.get('error')}"))
+            if not reply.get("ok"):
+                self._fail(self.program, [StateOracle.crash(op, reply)], reply)
+            answer = reply["answers"][0]
+            found = self.oracle.check(op, answer)
+            if found:
+                self._fail(self.program, found, answer)
+            self.running = list(answer["running"])
+            self.waiting = list(answer["waiting"])
+            result = answer["result"]
+            self.lookups += len(result.get("lookups", ()))
+            self.hits += sum(lk["hit"] > 0 for lk in result.get("lookups", ()))
+            self.preemptions += len(result.get("preempted", ())) + (op["do"] == "preempt")
+            self.evictions += len(result.get("evicted", ()))
+            self.resets += bool(result.get("reset"))
+            return answer
+
+        def _arrive(self, tokens: list[int], external: int = 0) -> None:
+            name = f"r{self.serial}"
+            self.serial += 1
+            self.prompts.append(tokens)
+            op: dict[str, Any] = {"do": "arrive", "id": name, "tokens": tokens}
+            if external:
+                op["external"] = external
+            self._apply(op)
+
+        @precondition(lambda self: len(self.running) + len(self.waiting) < 6)
+        @rule(family=st.integers(0, FAMILIES - 1), shared=st.integers(0, MAX_PROMPT),
+              suffix=st.integers(0, 16), seed=st.integers(0, 2**16),
+              external=st.one_of(st.just(0), st.integers(1, MAX_PROMPT)))
+        def arrive(self, family: int, shared: int, suffix: int, seed: int, external: int) -> None:
+            tokens = _prompt(family, shared, suffix, seed)[:MAX_PROMPT]
+            self._arrive(tokens or [family * 1000], external)
+
+        @precondition(lambda self: self.prompts and len(self.running) + len(self.waiting) < 6)
+        @rule(which=st.integers(0, 2**16))
+        def resend(self, which: int) -> None:
+            """The same prompt again: the whole prefix is cached if nothing evicted it."""
+            self._arrive(list(self.prompts[which % len(self.prompts)]))
+
+        @rule(budget=st.one_of(st.none(), st.integers(1, 64)), drafts=drafts_possible,
+              accepted=st.integers(0, 3))
+        def schedule(self, budget: int | None, drafts: int, accepted: int) -> None:
+            op: dict[str, Any] = {"do": "schedule"}
+            if budget is not None:
+                op["budget"] = budget
+            if self.has_eagle and drafts:
+                op.update(drafts=drafts, accepted=min(accepted, drafts))
+            self._apply(op)
+
+        @rule()
+        def schedule_again(self) -> None:
+            """Steps are the common move: a second rule makes them twice as likely."""
+            self._apply({"do": "schedule"})
+
+        @precondition(lambda self: self.running)
+        @rule(which=st.integers(0, 2**16))
+        def finish(self, which: int) -> None:
+            self._apply({"do": "finish", "id": self.running[which % len(self.running)]})
+
+        @precondition(lambda self: self.running)
+        @rule(which=st.integers(0, 2**16))
+        def preempt(self, which: int) -> None:
+            self._apply({"do": "preempt", "id": self.running[which % len(self.running)]})
+
+        # A reset empties the cache the other rules fill, so it waits its turn.
+        @precondition(lambda self: self.program is not None and len(self.program.ops) - self.last_reset >= 8)
+        @rule()
+        def reset(self) -> None:
+            self.last_reset = len(self.program.ops)
+            self._apply({"do": "reset"})
+
+        @precondition(lambda self: self.running and self.can_evict)
+        @rule(which=st.integers(0, 2**16), from_block=st.integers(0, 8))
+        def evict(self, which: int, from_block: int) -> None:
+            self._apply({"do": "evict", "id": self.running[which % len(self.running)], "from_block": from_block})
+
+        def teardown(self) -> None:
+            # Drain: every request finishes, so a leak shows as blocks not free.
+            if self.program is None or self.oracle is None or self.failed:
+                return
+            for name in list(self.running):
+                self._apply({"do": "finish", "id": name})
+
+    return StatefulMachine
+
+
+def programs_database_key(subject_label: str) -> bytes:
+    """Saved failing programs, apart from every other differential's."""
+    return f"{subject_label}|stateful".encode()
+
+
+def fuzz_stateful(
+    proc: SubjectProcess,
+    max_examples: int,
+    seed: int,
+    database: ExampleDatabase | None = None,
+    steps: int = STEPS_PER_PROGRAM,
+    stop_at_first: bool = False,
+    on_first_failure: Callable[[StatefulResult], None] | None = None,
+    keep_programs: list[Program] | None = None,
+) -> StatefulResult:
+    """Drive ``max_examples`` programs through one live subject; the returned
+    failure is Hypothesis's shrunk minimum.  ``keep_programs``, when given,
+    receives every program run (the benchmark replays them unchecked)."""
+    caps = proc.capabilities
+    result = StatefulResult(subject=proc.describe(), capabilities=caps, seed=seed,
+                            scope_reduction=proc.scope_reduction)
+    failures: list[Failure] = []
+    restarts_before = len(proc.restarts)
+    start = time.perf_counter()
+    not_exercised: set[str] = set()
+
+    def on_program(machine, refused: str | None = None) -> None:
+        if refused is not None:
+            result.tally.refused += 1
+            why = refused.split(":")[0][:120]
+            result.tally.refusals[why] = result.tally.refusals.get(why, 0) + 1
+            return
+        result.tally.programs += 1
+        if not machine.can_evict:
+            not_exercised.add("evict (this vLLM's KVCacheManager has no evict_blocks)")
+
+    def on_violation(failure: Failure) -> None:
+        if result.programs_to_first_failure is None:
+            result.programs_to_first_failure = result.tally.programs
+            result.seconds_to_first_failure = time.perf_counter() - start
+            if on_first_failure is not None:
+                on_first_failure(result)
+        failures.append(failure)
+
+    machine_class = state_machine(proc, on_program, on_violation)
+
+    class Counted(machine_class):  # type: ignore[valid-type, misc]
+        """Adds each finished program's counts to the tally."""
+
+        def teardown(self) -> None:
+            try:
+                super().teardown()
+            finally:
+                if keep_programs is not None and self.program is not None:
+                    keep_programs.append(self.program)
+                t = result.tally
+                t.operations += len(self.program.ops) if self.program is not None else 0
+                t.schedules += sum(op["do"] == "schedule" for op in self.program.ops) if self.program else 0
+                t.lookups += self.lookups
+                t.nonzero_hits += self.hits
+                t.preemptions += self.preemptions
+                t.evictions += self.evictions
+                t.resets += self.resets
+
+    phases = [Phase.explicit, Phase.reuse, Phase.generate]
+    if not stop_at_first:
+        phases.append(Phase.shrink)
+    test = get_state_machine_test(Counted, settings=settings(
+        max_examples=max_examples, stateful_step_count=steps, deadline=None, database=database,
+        verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck), phases=phases,
+        report_multiple_bugs=False, derandomize=False))
+    test._hypothesis_internal_use_seed = seed
+    test.hypothesis.inner_test._hypothesis_internal_add_digest = programs_database_key(proc.subject.label)
+    try:
+        test()
+    except StateViolation:
+        result.failure = failures[-1]  # Hypothesis replays its minimal program last
+    except Flaky:
+        result.failure = attrs.evolve(failures[-1], flaky=True) if failures else None
+    except _Abort as abort:
+        result.stopped, result.stopped_why = abort.error.outcome, str(abort.error)
+        result.failure = failures[-1] if failures else None
+    except KeyboardInterrupt:
+        result.stopped, result.stopped_why = Outcome.INTERRUPTED, "interrupted"
+        result.failure = failures[-1] if failures else None
+    result.seconds = time.perf_counter() - start
+    result.restarts = tuple(proc.restarts[restarts_before:])
+    result.not_exercised = tuple(sorted(not_exercised))
+    return result
+
+
+def replay_program(proc: SubjectProcess, program: Program) -> tuple[list[Discrepancy], dict[str, Any]]:
+    """Run a recorded program on ``proc`` and check every step: the
+    discrepancies of the first step that has any (none: it passes here)."""
+    opened = proc.session({"op": "open_machine", "case": program.machine_case()})
+    if not opened.get("ok"):
+        if opened.get("environment"):
+            raise SetupError(f"the vLLM runtime cannot import what the manager needs ({opened.get('error')})")
+        if opened.get("unsupported"):
+            raise InfrastructureError(f"this subject cannot drive the program: {opened.get('error')}")
+        return [StateOracle.refused(opened)], opened
+    oracle = StateOracle(program, proc.capabilities, opened)
+    reply = proc.session({"op": "machine_ops", "ops": [dict(op) for op in program.ops]})
+    for op, answer in zip(program.ops, reply.get("answers", ())):
+        found = oracle.check(op, answer)
+        if found:
+            return found, answer
+    if not reply.get("ok"):
+        if reply.get("kvspec_error") or reply.get("unsupported"):
+            raise InfrastructureError(f"the program cannot run on this subject: "
+                                      f"{reply.get('kvspec_error') or reply.get('error')}")
+        index = reply.get("index")
+        op = program.ops[index] if index is not None and index < len(program.ops) else None
+        return [StateOracle.crash(op, reply)], reply
+    return [], reply

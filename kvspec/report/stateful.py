@@ -1,0 +1,130 @@
+"""Stateful findings: a broken ``model.state`` invariant (or a vLLM
+exception) on a shrunk program, stored as a ``model.finding.Finding``.
+
+The finding records the program (``inputs["program"]``, replayable with
+``kvspec replay``), the state model's scope, the operation that broke the
+invariant and what vLLM's manager looked like after it.  It is stored as
+soon as it exists, then completed: the program rerun once more on the live
+subject (a finding that does not reproduce is marked flaky) and a
+regression test emitted from the manager calls the program made
+(``kvspec.report.stateful_test``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from kvspec.model.finding import Blame, Category, Finding, Ledger
+
+from .completion import store_finding
+from .findings import subject_compared
+
+__all__ = ["STATE_RULE", "stateful_finding", "complete_stateful_finding", "store_raw_stateful_finding"]
+
+STATE_RULE = "state invariants (model.state.INVARIANTS)"
+
+_BLAME_NOTES = {
+    Category.SUBJECT_CRASH: (Blame.UNDETERMINED,
+                             "vLLM raised on an operation sequence a scheduler can issue, on a manager its "
+                             "constructor accepted: an implementation bug, or a precondition the model does "
+                             "not state"),
+    Category.PRECONDITION: (Blame.SPEC_BUG,
+                            "vLLM would not build a manager for a geometry its constructor validators accept"),
+}
+
+
+def stateful_finding(result, versions: dict[str, str]) -> Finding:
+    """The finding of a stateful run that failed (not yet stored)."""
+    failure = result.failure
+    program = failure.case
+    first = failure.discrepancies[0]
+    category = first.category
+    compared = subject_compared(result.subject, versions)
+    compared.update(spec_rule=STATE_RULE, capabilities=result.capabilities.as_dict(), scope=result.scope(),
+                    differential="stateful")
+    label = result.subject.get("label", "the subject")
+    blame, note = _BLAME_NOTES.get(category, (Blame.IMPLEMENTATION_BUG,
+                                              "vLLM's own state after the operation breaks the invariant; "
+                                              "the invariant is checked on observations only"))
+    run = {"seed": result.seed, "programs": result.tally.programs, "operations": result.tally.operations,
+           "seconds": round(result.seconds, 3), "programs_to_first_failure": result.programs_to_first_failure,
+           "seconds_to_first_failure": None if result.seconds_to_first_failure is None
+           else round(result.seconds_to_first_failure, 3), "flaky": failure.flaky}
+    return Finding(
+        source="fuzz",
+        verdict=f"DISCREPANCY: {category.title} ({category.meaning}) in {label}",
+        category=category, compared=compared,
+        inputs={"program": program.as_dict(), "describe": program.describe(),
+                "operations": len(program.ops)},
+        ledger=Ledger(None, None, None, label, blame, note),
+        detail="; ".join(d.summary() for d in failure.discrepancies),
+        traceback=failure.reply.get("traceback"), observations=_trimmed(failure.reply), run=run)
+
+
+def _trimmed(reply: dict[str, Any]) -> dict[str, Any]:
+    """The answer of the failing operation, without the free queue's
+    hundreds of ids (its length stays: the counter is compared with it)."""
+    out = dict(reply)
+    state = out.get("state")
+    if isinstance(state, dict):
+        state = dict(state)
+        queue = state.get("free_queue") or []
+        state["free_queue_length"] = len(queue)
+        state["free_queue"] = queue[:16]
+        state["blocks"] = [b for b in state.get("blocks", ()) if b[1] or b[2]]  # referenced or keyed
+        out["state"] = state
+    return out
+
+
+def _stem(finding: Finding) -> str:
+    subject = finding.compared.get("subject", {})
+    label = subject.get("version") or Path(subject.get("path") or "current").name
+    if subject.get("mutant"):
+        label += f"-{subject['mutant']}"
+    return f"finding-{label}-{finding.category.value}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _store_new(finding: Finding, findings_dir: Path, stopped: str | None = None) -> tuple[Finding, Path]:
+    findings_dir.mkdir(parents=True, exist_ok=True)
+    path = findings_dir / f"{_stem(finding)}.json"
+    run = finding.run if stopped is None else {**finding.run, "stopped": stopped}
+    finding = attrs.evolve(finding, replay=f"kvspec replay {path}", artifacts={"finding": str(path)}, run=run)
+    store_finding(finding, path)
+    return finding, path
+
+
+def complete_stateful_finding(proc, result, findings_dir: Path,
+                              versions: dict[str, str]) -> tuple[Finding, Path]:
+    from kvspec.diff_tests.stateful import replay_program
+
+    from .stateful_test import emit_stateful_test, expected_failure, verify_stateful_test
+
+    finding, path = _store_new(stateful_finding(result, versions), findings_dir)
+    program = result.failure.case
+    found, _ = replay_program(proc, program)
+    reproduced = any(d.category is finding.category for d in found)
+    finding = attrs.evolve(finding, run={**finding.run, "reproduced_on_replay": reproduced})
+    store_finding(finding, path)
+    trace = proc.session({"op": "machine_trace"}) if reproduced else {}
+    code = emit_stateful_test(finding, trace.get("trace"), proc.capabilities) if trace.get("ok") else None
+    artifacts = dict(finding.artifacts)
+    if code is not None:
+        test_dir = path.with_suffix("")
+        test_dir.mkdir(exist_ok=True)
+        test_path = test_dir / f"test_kvspec_{finding.category.value}.py"
+        test_path.write_text(code)
+        artifacts["regression_test"] = str(test_path)
+        checks = verify_stateful_test(test_path, proc.subject, expected_failure(finding))
+        finding = attrs.evolve(finding, artifacts=artifacts, regression_test={
+            "file_name": test_path.name, "path": str(test_path), "code": code, "verified": checks})
+        store_finding(finding, path)
+    return finding, path
+
+
+def store_raw_stateful_finding(result, findings_dir: Path, versions: dict[str, str]) -> tuple[Finding, Path]:
+    """A failure from a run that stopped early, stored as found (unshrunk)."""
+    return _store_new(stateful_finding(result, versions), findings_dir, stopped=result.stopped_why)

@@ -1,0 +1,251 @@
+"""The release's own test helpers and ruff configuration, for emitted tests.
+
+A regression test kvspec emits is meant to be pasted into vLLM's
+``tests/v1/core/``: where the release's ``tests/v1/core/test_prefix_caching.py``
+has the helpers vLLM's prefix-cache tests share (``make_kv_cache_manager``,
+``make_request``), the test imports them instead of building its own.  To run
+such a test kvspec needs the release's test helpers next to it, and to lint
+it, the release's ruff configuration: both come from the release's source
+distribution (the wheel has no tests), fetched once with pip and cached
+under ``$KVSPEC_CACHE/vllm-tests/VERSION`` (only the few files used are kept).
+
+``idiom_of`` reads what the helpers offer (by parsing, never importing);
+``verification_tree`` lays an emitted test out as it would sit in vLLM's
+repository; ``ruff_check`` lints it with the release's configuration.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+__all__ = ["HELPER_MODULE", "Idiom", "idiom_of", "ensure_vllm_tests", "tests_root_of",
+           "verification_tree", "ruff_check", "ruff_available"]
+
+HELPER_FILE = "tests/v1/core/test_prefix_caching.py"
+HELPER_MODULE = "tests.v1.core.test_prefix_caching"
+# What is kept of the source distribution: the helper module, the package
+# markers that make ``tests.v1.core`` importable, and the ruff configuration.
+KEPT = ("tests/__init__.py", "tests/v1/__init__.py", "tests/v1/core/__init__.py", HELPER_FILE,
+        "pyproject.toml")
+# The helper module imports parts of vLLM that need these, and kvspec's CPU
+# runtime (vLLM's registration path only) does not have them: installed next
+# to the helpers, without dependencies (both are pure Python).
+HELPER_EXTRAS = ("einops",)
+
+
+@attrs.frozen
+class Idiom:
+    """What a release's ``tests/v1/core`` offers an emitted test."""
+
+    # tests/v1/core/test_prefix_caching.py has make_kv_cache_manager(kv_cache_config,
+    # **kwargs) and make_request(request_id, prompt_token_ids, block_size, hash_fn, ...).
+    helpers: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"helpers": HELPER_MODULE if self.helpers else None}
+
+    @classmethod
+    def from_recorded(cls, value: Any) -> "Idiom":
+        """From a finding's record (untrusted): only the one known module counts."""
+        return cls(helpers=isinstance(value, dict) and value.get("helpers") == HELPER_MODULE)
+
+
+def _params(fn: ast.FunctionDef) -> tuple[list[str], bool]:
+    args = fn.args
+    return [a.arg for a in args.posonlyargs + args.args], args.kwarg is not None
+
+
+def idiom_of(root: Path | None) -> Idiom:
+    """What the tests under ``root`` (a directory holding ``tests/``) offer,
+    read from the helper module's source."""
+    if root is None or not (Path(root) / HELPER_FILE).is_file():
+        return Idiom()
+    try:
+        tree = ast.parse((Path(root) / HELPER_FILE).read_text())
+    except (SyntaxError, UnicodeDecodeError, OSError):
+        return Idiom()
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    manager, request = functions.get("make_kv_cache_manager"), functions.get("make_request")
+    if manager is None or request is None:
+        return Idiom()
+    manager_params, manager_kwargs = _params(manager)
+    request_params, _ = _params(request)
+    helpers = (manager_params[:1] == ["kv_cache_config"] and manager_kwargs
+               and request_params[:4] == ["request_id", "prompt_token_ids", "block_size", "hash_fn"])
+    return Idiom(helpers=bool(helpers))
+
+
+
+def _cache_root() -> Path:
+    from kvspec.subjects.provision import cache_root
+
+    return cache_root()
+
+
+def ensure_vllm_tests(version: str) -> Path:
+    """A directory holding release ``version``'s test helpers (``KEPT``) and
+    ``site/`` with ``HELPER_EXTRAS``; fetched on first use, then cached."""
+    from kvspec.subjects.provision import VERSION_RE, ProvisionError, provisioning_lock
+
+    if not VERSION_RE.match(version):
+        raise ProvisionError(f"not a release number: {version!r}")
+    root = _cache_root() / "vllm-tests" / version
+    marker = root / "READY"
+    if marker.exists():
+        return root
+    with provisioning_lock():
+        if marker.exists():
+            return root
+        if root.exists():
+            shutil.rmtree(root)
+        with tempfile.TemporaryDirectory(dir=_cache_root()) as scratch:
+            staging = Path(scratch) / "tree"
+            _fetch_sdist_files(version, Path(scratch), staging)
+            _pip([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
+                  str(staging / "site"), *HELPER_EXTRAS], f"installing {', '.join(HELPER_EXTRAS)}")
+            root.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(staging), str(root))
+        marker.write_text(json.dumps({"version": version, "kept": list(KEPT),
+                                      "extras": list(HELPER_EXTRAS)}))
+    return root
+
+
+def _pip(cmd: list[str], what: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    from kvspec.subjects.provision import ProvisionError
+
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if run.returncode != 0 and "download" not in cmd:
+        tail = (run.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ProvisionError(f"{what} failed: {tail}")
+    return run
+
+
+def _fetch_sdist_files(version: str, scratch: Path, staging: Path) -> None:
+    """The ``KEPT`` files of vLLM ``version``'s source distribution.
+
+    pip downloads and unpacks the sdist (checking its hash against the
+    index), then prepares its metadata, which runs vLLM's setup.py and needs
+    its build toolchain: that step fails here, after the sources are
+    unpacked, so pip is told to keep its build directory (``--no-clean``)
+    and the files are taken from there.  Where the metadata step succeeds,
+    the archive itself is in ``downloads``."""
+    from kvspec.subjects.provision import ProvisionError, report
+
+    report(f"fetching vLLM {version}'s test helpers from its source distribution (~47 MB, once)")
+    downloads, build = scratch / "downloads", scratch / "build"
+    build.mkdir()
+    env = {**os.environ, "TMPDIR": str(build)}
+    _pip([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+          "--no-build-isolation", "--no-clean", f"vllm=={version}", "-d", str(downloads)],
+         f"downloading vLLM {version}'s source distribution", env=env)
+    archives = list(downloads.glob("vllm-*.tar.gz"))
+    if archives:
+        with tarfile.open(archives[0]) as archive:
+            prefix = archive.getnames()[0].split("/")[0]
+            for name in KEPT:
+                member = archive.extractfile(f"{prefix}/{name}")
+                if member is not None:
+                    (staging / name).parent.mkdir(parents=True, exist_ok=True)
+                    (staging / name).write_bytes(member.read())
+    else:
+        sources = [p.parent for p in build.rglob("PKG-INFO")
+                   if f"\nVersion: {version}\n" in p.read_text(errors="replace")
+                   and (p.parent / HELPER_FILE).is_file()]
+        if not sources:
+            raise ProvisionError(f"pip unpacked no source distribution of vLLM {version}")
+        for name in KEPT:
+            if (sources[0] / name).is_file():
+                (staging / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(sources[0] / name, staging / name)
+    if not (staging / HELPER_FILE).is_file():
+        raise ProvisionError(f"vLLM {version}'s source distribution has no {HELPER_FILE}")
+
+
+def tests_root_of(subject) -> Path | None:
+    """Where the subject's own tests are: a release's (or a mutant's base
+    release's) from its source distribution, a source tree's own ``tests/``;
+    None for the current environment or a tree without them."""
+    if subject.kind in ("release", "mutant") and subject.version:
+        return ensure_vllm_tests(subject.version)
+    if subject.kind == "source" and subject.path and (Path(subject.path) / HELPER_FILE).is_file():
+        return Path(subject.path)
+    return None
+
+
+def verification_tree(dest: Path, tests_root: Path | None, file_name: str, code: str) -> Path:
+    """Lay the test out under ``dest`` as it would sit in vLLM's repository
+    (``tests/v1/core/FILE``, with the release's helpers beside it when
+    ``tests_root`` has them) and return its path.  pytest puts ``dest``
+    first on ``sys.path`` (the first directory above the test without an
+    ``__init__.py``), so ``tests.v1.core.test_prefix_caching`` imports."""
+    core = dest / "tests" / "v1" / "core"
+    core.mkdir(parents=True, exist_ok=True)
+    for name in KEPT[:3]:
+        (dest / name).touch()
+    if tests_root is not None:
+        for name in KEPT:
+            if name.startswith("tests/") and (tests_root / name).is_file():
+                shutil.copyfile(tests_root / name, dest / name)
+        site = tests_root / "site"
+        if site.is_dir():
+            for entry in site.iterdir():
+                if not (dest / entry.name).exists():
+                    (dest / entry.name).symlink_to(entry)
+    test = core / file_name
+    test.write_text(code)
+    return test
+
+
+def ruff_available() -> bool:
+    try:
+        import ruff  # noqa: F401
+    except ImportError:
+        return shutil.which("ruff") is not None
+    return True
+
+
+def _ruff() -> list[str]:
+    try:
+        from ruff.__main__ import find_ruff_bin
+
+        return [str(find_ruff_bin())]
+    except ImportError:
+        return [shutil.which("ruff") or "ruff"]
+
+
+def ruff_check(tests_root: Path, vllm_tree: Path, file_name: str, code: str) -> dict[str, Any]:
+    """``ruff check`` and ``ruff format --check`` of ``code`` as
+    ``tests/v1/core/FILE`` of the release's repository: its pyproject.toml
+    (from ``tests_root``), its ``vllm`` package (``vllm_tree``, linked) and
+    test helpers beside it -- ruff decides what is first-party by finding
+    each imported module's file, so they must be there."""
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        shutil.copyfile(tests_root / "pyproject.toml", root / "pyproject.toml")
+        (root / "vllm").symlink_to(Path(vllm_tree).resolve() / "vllm")
+        test = verification_tree(root, tests_root, file_name, code)
+        for entry in root.iterdir():  # only the release's files: no helper packages
+            if entry.is_symlink() and entry.name != "vllm":
+                entry.unlink()
+        rel = str(test.relative_to(root))
+        out = []
+        ok = True
+        for args in (["check", "--no-cache", "--output-format", "concise", rel],
+                     ["format", "--no-cache", "--check", "--diff", rel]):
+            run = subprocess.run([*_ruff(), *args], capture_output=True, text=True, cwd=root)
+            ok = ok and run.returncode == 0
+            out.append(f"$ ruff {' '.join(args)}\n{(run.stdout + run.stderr).strip()}")
+        version = subprocess.run([*_ruff(), "--version"], capture_output=True, text=True).stdout.strip()
+    return {"against": f"ruff with vLLM's configuration ({version})",
+            "outcome": "passed" if ok else "failed", "output": "\n".join(out)}

@@ -1,0 +1,385 @@
+"""The KV-cache manager's observable state, and the rules it keeps after every operation.
+
+The registration differential sees two numbers per request; bugs in this code
+live in the *state*: per-group block tables, blocks shared between requests
+and with the prefix cache, reference counts, the free-block queue, the hash
+map.  ``ManagerState`` is what a worker reads of vLLM's ``KVCacheManager``
+after an operation (``subjects/worker.py``, ``Machine.snapshot``);
+``INVARIANTS`` are the rules, each written once, each with its scope: exact
+where vLLM's own contract is exact, and the weaker statement kvspec does check
+where the model is not exact (sliding-window and Mamba tables, eviction
+order, registrations under sparse retention).
+
+Every check is a function ``(transition) -> list of violations`` over
+observations only; it never asks vLLM what vLLM should have done.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Callable, Iterable
+
+import attrs
+
+from .capabilities import Capabilities, ExpectedRegime
+from .domain import CoordinatorConfig, GroupKind
+from .finding import Category
+
+__all__ = ["Block", "Table", "ManagerState", "Lookup", "Transition", "Invariant", "INVARIANTS",
+           "OUT_OF_SCOPE", "check_transition", "scope_text"]
+
+
+@attrs.frozen
+class Block:
+    """One physical block of the pool."""
+
+    id: int
+    ref_cnt: int
+    keys: tuple[str, ...] = ()  # the hash-map keys the block says it owns (opaque ids)
+
+
+@attrs.frozen
+class Table:
+    """One request's block table in one KV-cache group."""
+
+    request: str
+    group: int
+    blocks: tuple[int, ...]  # block ids; a replaced slot holds the null block
+    cached: int = 0  # blocks already offered for registration (num_cached_block)
+
+
+@attrs.frozen
+class ManagerState:
+    null_block: int
+    num_free: int  # the pool's own counter
+    free_queue: tuple[int, ...]  # the free queue, head first
+    blocks: tuple[Block, ...]
+    hash_map: tuple[tuple[str, int], ...]  # every (key, block id) entry of the map
+    tables: tuple[Table, ...]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ManagerState":
+        return cls(
+            null_block=data["null_block"], num_free=data["num_free"], free_queue=tuple(data["free_queue"]),
+            blocks=tuple(Block(b[0], b[1], tuple(b[2])) for b in data["blocks"]),
+            hash_map=tuple((k, b) for k, b in data["hash_map"]),
+            tables=tuple(Table(t[0], t[1], tuple(t[2]), t[3]) for t in data["tables"]))
+
+    def held(self) -> Counter:
+        """How many table slots hold each block."""
+        return Counter(b for t in self.tables for b in t.blocks)
+
+    def tables_of(self, request: str) -> list[Table]:
+        return [t for t in self.tables if t.request == request]
+
+
+@attrs.frozen
+class Lookup:
+    """What ``get_computed_blocks`` answered for one request."""
+
+    request: str
+    hit: int
+    group_blocks: tuple[tuple[int, ...], ...]  # per group, the hit's blocks
+    num_tokens: int
+    # (ref counts, free count, number of keys) before and after the lookup:
+    # a lookup takes no reference and registers nothing.
+    before: tuple[Any, ...] = ()
+    after: tuple[Any, ...] = ()
+
+
+@attrs.frozen
+class Transition:
+    """One operation on the manager and what was observed around it."""
+
+    op: str  # model.program.OPERATIONS
+    request: str | None  # the request the operation names, if any
+    before: ManagerState | None
+    after: ManagerState
+    config: CoordinatorConfig
+    regime: ExpectedRegime
+    capabilities: Capabilities
+    running: dict[str, int]  # running requests -> computed tokens, after the op
+    lookups: tuple[Lookup, ...] = ()  # in the order the step made them
+    gone: tuple[str, ...] = ()  # requests freed or preempted by the operation
+    reset_succeeded: bool | None = None
+    handed_for_zeroing: tuple[int, ...] = ()
+
+
+@attrs.frozen
+class Invariant:
+    name: str
+    category: Category
+    statement: str  # what is checked, in words
+    check: Callable[[Transition], list[str]]
+    exact: bool = True  # False: the weaker statement that kvspec checks, said in ``statement``
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# -- the pool ----------------------------------------------------------------------
+
+def _free_list(t: Transition) -> list[str]:
+    s = t.after
+    out = []
+    if len(s.free_queue) != s.num_free:
+        out.append(f"the free-block counter says {s.num_free}, the free queue holds {len(s.free_queue)}")
+    twice = [b for b, n in Counter(s.free_queue).items() if n > 1]
+    if twice:
+        out.append(f"block {twice[0]} is in the free queue {Counter(s.free_queue)[twice[0]]} times")
+    if s.null_block in s.free_queue:
+        out.append("the null block is in the free queue")
+    return out
+
+
+def _free_iff_unreferenced(t: Transition) -> list[str]:
+    s = t.after
+    queued = set(s.free_queue)
+    out = []
+    for b in s.blocks:
+        if b.id == s.null_block:
+            continue
+        if b.ref_cnt == 0 and b.id not in queued:
+            out.append(f"block {b.id} has no reference and is not in the free queue (leaked)")
+        elif b.ref_cnt > 0 and b.id in queued:
+            out.append(f"block {b.id} is referenced {b.ref_cnt} times and also in the free queue")
+        elif b.ref_cnt < 0:
+            out.append(f"block {b.id} has a negative reference count {b.ref_cnt}")
+    return out[:3]
+
+
+def _ref_counts(t: Transition) -> list[str]:
+    s = t.after
+    held = s.held()
+    out = []
+    for b in s.blocks:
+        if b.id != s.null_block and b.ref_cnt != held.get(b.id, 0):
+            out.append(f"block {b.id} has reference count {b.ref_cnt}, {held.get(b.id, 0)} table slots hold it")
+    return out[:3]
+
+
+def _hash_map(t: Transition) -> list[str]:
+    s = t.after
+    by_block: dict[int, set[str]] = {}
+    for key, block in s.hash_map:
+        by_block.setdefault(block, set()).add(key)
+    out = []
+    for b in s.blocks:
+        mapped = by_block.get(b.id, set())
+        if b.id == s.null_block and (mapped or b.keys):
+            out.append("the null block is registered in the hash map")
+        elif mapped != set(b.keys):
+            extra, missing = sorted(mapped - set(b.keys)), sorted(set(b.keys) - mapped)
+            out.append(f"block {b.id}: the map has {len(extra)} key(s) the block does not own and the block "
+                       f"owns {len(missing)} key(s) the map does not have")
+    unknown = sorted(set(by_block) - {b.id for b in s.blocks})
+    if unknown:
+        out.append(f"the hash map points at block {unknown[0]}, which is not in the pool")
+    return out[:3]
+
+
+# -- per-request tables --------------------------------------------------------------
+
+def _append_only(t: Transition) -> list[str]:
+    if t.before is None:
+        return []
+    before = {(x.request, x.group): x.blocks for x in t.before.tables}
+    out = []
+    for table in t.after.tables:
+        old = before.get((table.request, table.group))
+        if old is None or table.request in t.gone:
+            continue
+        if len(table.blocks) < len(old):
+            out.append(f"request {table.request}, group {table.group}: the table shrank from {len(old)} to "
+                       f"{len(table.blocks)} slots while it ran")
+            continue
+        for slot, (was, now) in enumerate(zip(old, table.blocks)):
+            if now != was and now != t.after.null_block:
+                out.append(f"request {table.request}, group {table.group}: slot {slot} changed from block "
+                           f"{was} to block {now} (a slot may only turn null)")
+                break
+    return out[:3]
+
+
+def _covers_computed(t: Transition) -> list[str]:
+    out = []
+    for table in t.after.tables:
+        if table.request not in t.running:
+            continue
+        group = t.config.groups[table.group]
+        if group.kind is not GroupKind.FULL_ATTENTION:
+            continue
+        need = _cdiv(t.running[table.request], group.block_size)
+        real = [b for b in table.blocks[:need] if b != t.after.null_block]
+        if len(table.blocks) < need or len(real) < need:
+            out.append(f"request {table.request}, group {table.group} (full attention, block "
+                       f"{group.block_size}): {t.running[table.request]} computed tokens need {need} blocks, "
+                       f"the table holds {len(real)} real ones")
+        if table.cached > len(table.blocks):
+            out.append(f"request {table.request}, group {table.group}: {table.cached} blocks counted as "
+                       f"offered for registration, the table has {len(table.blocks)}")
+    return out[:3]
+
+
+def _forgets(t: Transition) -> list[str]:
+    out = []
+    for request in t.gone:
+        if request in t.running:
+            continue  # preempted and admitted again within the step
+        left = t.after.tables_of(request)
+        if left:
+            out.append(f"request {request} was freed, yet group {left[0].group} still holds a table for it "
+                       f"({len(left[0].blocks)} blocks, {left[0].cached} offered)")
+    return out[:3]
+
+
+# -- lookups ---------------------------------------------------------------------------
+
+def _lookup_pure(t: Transition) -> list[str]:
+    for lk in t.lookups:
+        if lk.before and lk.before != lk.after:
+            return [f"get_computed_blocks for request {lk.request} changed the pool (reference counts, free "
+                    "blocks or keys): a lookup must take nothing"]
+    return []
+
+
+def _hit_bounds(t: Transition) -> list[str]:
+    out = []
+    unit = t.config.hash_block_size if t.regime.partial_hash_hits else t.config.scheduler_block_size
+    for lk in t.lookups:
+        if not 0 <= lk.hit <= max(0, lk.num_tokens - 1):
+            out.append(f"request {lk.request}: a hit of {lk.hit} tokens for a {lk.num_tokens}-token request "
+                       f"(at most {lk.num_tokens - 1}: one token must be computed)")
+        if lk.hit % unit:
+            out.append(f"request {lk.request}: a hit of {lk.hit} tokens is not a multiple of {unit} (the "
+                       f"{'hash' if t.regime.partial_hash_hits else 'scheduler'} block)")
+    return out[:3]
+
+
+def _hit_groups(t: Transition) -> list[str]:
+    out = []
+    # A hit may be a block registered earlier in the same step: either side counts.
+    state = t.before or t.after
+    keyed = {b.id for s in (t.before, t.after) if s is not None for b in s.blocks if b.keys}
+    for lk in t.lookups:
+        for index, (group, blocks) in enumerate(zip(t.config.groups, lk.group_blocks)):
+            need = _cdiv(lk.hit, group.block_size)
+            if len(blocks) != need:
+                out.append(f"request {lk.request}: group {index} ({group.label()}) returned {len(blocks)} blocks "
+                           f"for a hit of {lk.hit} tokens; every group must hold cdiv(hit, {group.block_size}) "
+                           f"= {need}")
+            elif group.kind is GroupKind.FULL_ATTENTION:
+                bad = [b for b in blocks if b == state.null_block or b not in keyed]
+                if bad:
+                    out.append(f"request {lk.request}: group {index} ({group.label()}): hit block {bad[0]} is "
+                               f"{'the null block' if bad[0] == state.null_block else 'not registered'}")
+    return out[:3]
+
+
+# -- maintenance ------------------------------------------------------------------------
+
+def _reset(t: Transition) -> list[str]:
+    if t.op != "reset" or t.before is None:
+        return []
+    held = any(b.ref_cnt > 0 for b in t.before.blocks if b.id != t.before.null_block)
+    out = []
+    if t.reset_succeeded and held:
+        out.append("reset_prefix_cache succeeded while requests held blocks")
+    if t.reset_succeeded is False and not held:
+        out.append("reset_prefix_cache failed with no block held")
+    if t.reset_succeeded and (t.after.hash_map or any(b.keys for b in t.after.blocks)):
+        out.append(f"after a successful reset the hash map still holds {len(t.after.hash_map)} entries")
+    return out
+
+
+def _no_leak(t: Transition) -> list[str]:
+    if t.running or t.after.tables:
+        return []
+    total = len(t.after.blocks) - 1
+    if t.after.num_free != total:
+        return [f"no request holds a block, yet {total - t.after.num_free} of {total} blocks are not free"]
+    return []
+
+
+def _zeroing(t: Transition) -> list[str]:
+    if not t.handed_for_zeroing:
+        return []
+    # A block may be freed and placed again within one operation (a
+    # sliding-window slot dropped, the block reused at once), so what counts
+    # is the slot: one that is new, or holds another block than before.
+    before = {(x.request, x.group, i): b for x in (t.before.tables if t.before else ()) for i, b in enumerate(x.blocks)}
+    placed = {b for x in t.after.tables for i, b in enumerate(x.blocks) if before.get((x.request, x.group, i)) != b}
+    odd = [b for b in t.handed_for_zeroing if b == t.after.null_block or b not in placed]
+    if odd:
+        return [f"block {odd[0]} was handed out for zeroing but is not a block this operation placed"]
+    return []
+
+
+INVARIANTS: tuple[Invariant, ...] = (
+    Invariant("free_list", Category.STATE_FREE_LIST,
+              "the free queue holds no block twice and not the null block, and the pool's counter equals "
+              "its length", _free_list),
+    Invariant("free_iff_unreferenced", Category.STATE_FREE_BLOCKS,
+              "a block other than the null block is in the free queue iff no one references it", _free_iff_unreferenced),
+    Invariant("ref_counts", Category.STATE_REF_COUNT,
+              "a block's reference count equals the table slots (every group, every request) holding it, "
+              "once the step's copy-on-write sources are released as the scheduler does", _ref_counts),
+    Invariant("hash_map", Category.STATE_HASH_MAP,
+              "the hash map's entries and the keys each block owns agree both ways; the null block owns none",
+              _hash_map),
+    Invariant("append_only", Category.STATE_TABLE_APPEND_ONLY,
+              "while a request runs, each table slot keeps its block or turns null (what sliding-window and "
+              "Mamba groups do to slots they no longer need); a table never shrinks", _append_only),
+    Invariant("covers_computed", Category.STATE_TABLE_COVERAGE,
+              "a running request's full-attention table holds at least cdiv(computed, block) real blocks "
+              "(at least, not exactly: drafts and lookahead allocate ahead), and no more blocks are counted "
+              "as offered for registration than it holds", _covers_computed, exact=False),
+    Invariant("forgets", Category.STATE_FORGET,
+              "after free or preemption no group keeps a table for the request", _forgets),
+    Invariant("lookup_pure", Category.STATE_LOOKUP_PURITY,
+              "a lookup changes no reference count, free block or key", _lookup_pure),
+    Invariant("hit_bounds", Category.STATE_HIT_BOUNDS,
+              "a hit leaves at least one token to compute and lands on a multiple of the hash block under "
+              "partial hash hits, of the scheduler block otherwise", _hit_bounds),
+    Invariant("hit_groups", Category.STATE_HIT_GROUPS,
+              "every group answers one hit: cdiv(hit, block) blocks each, the full-attention ones real and "
+              "registered", _hit_groups),
+    Invariant("reset", Category.STATE_RESET,
+              "reset_prefix_cache succeeds iff no block is held, and then leaves no key", _reset),
+    Invariant("no_leak", Category.STATE_LEAK,
+              "when no request holds a block, every block but the null one is free", _no_leak),
+    Invariant("zeroing", Category.STATE_ZEROING,
+              "what is handed out for zeroing are blocks this operation placed in a table slot (new, or "
+              "holding another block than before)", _zeroing,
+              exact=False),
+)
+
+# What the state model does not decide, said with every verdict that uses it.
+OUT_OF_SCOPE = (
+    "the order of the free queue (eviction order) is not checked",
+    "which blocks sliding-window and Mamba groups keep is checked only as tables that never change a "
+    "slot except to null; Mamba checkpoints under retention are not predicted",
+    "hit lengths are checked for their bounds and their agreement across groups, not predicted "
+    "(the hit-length differential predicts them on full-attention layouts)",
+    "the null block's reference count is not checked (it drifts by design before 0.33)",
+)
+
+
+def check_transition(t: Transition, only: Iterable[str] | None = None) -> list[tuple[Invariant, str]]:
+    """Every violation of the invariants (or of the named ones) in ``t``."""
+    chosen = set(only) if only is not None else None
+    found = []
+    for invariant in INVARIANTS:
+        if chosen is not None and invariant.name not in chosen:
+            continue
+        found += [(invariant, message) for message in invariant.check(t)]
+    return found
+
+
+def scope_text() -> str:
+    """The state model's scope, in one line for a verdict."""
+    exact = ", ".join(i.name for i in INVARIANTS if i.exact)
+    weak = ", ".join(i.name for i in INVARIANTS if not i.exact)
+    return (f"checked after every operation: {exact} (exact); {weak} (the weaker statements); "
+            f"not checked: {'; '.join(OUT_OF_SCOPE)}")

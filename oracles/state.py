@@ -1,0 +1,66 @@
+"""The state oracle: every observed transition of the manager held to
+``model.state``'s invariants, one discrepancy per broken invariant (a
+category each)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvspec.model.capabilities import Capabilities, expected_regime
+from kvspec.model.finding import Category
+from kvspec.model.program import describe_op
+from kvspec.model.state import Lookup, ManagerState, Transition, check_transition
+
+from .registration import Discrepancy
+
+__all__ = ["StateOracle"]
+
+
+class StateOracle:
+    """Follows one program: the last state seen, and each answer checked."""
+
+    def __init__(self, program, capabilities: Capabilities, opened: dict[str, Any]):
+        self.program = program
+        self.capabilities = capabilities
+        self.regime = expected_regime(program.config, capabilities)
+        self.state = ManagerState.from_dict(opened["state"])
+        self.running: dict[str, int] = {}
+
+    def check(self, op: dict[str, Any], answer: dict[str, Any]) -> list[Discrepancy]:
+        """The discrepancies of one operation's answer (the oracle moves on)."""
+        result = answer.get("result", {})
+        lookups = tuple(Lookup(request=lk["request"], hit=lk["hit"], num_tokens=lk["num_tokens"],
+                               group_blocks=tuple(tuple(g) for g in lk["group_blocks"]),
+                               before=_frozen(lk.get("before")), after=_frozen(lk.get("after")))
+                        for lk in result.get("lookups", ()))
+        gone = tuple(result.get("preempted", ()))
+        if op["do"] in ("finish", "preempt"):
+            gone += (op["id"],)
+        after = ManagerState.from_dict(answer["state"])
+        self.running = dict(answer["running"])
+        transition = Transition(
+            op=op["do"], request=op.get("id"), before=self.state, after=after, config=self.program.config,
+            regime=self.regime, capabilities=self.capabilities, running=self.running, lookups=lookups, gone=gone,
+            reset_succeeded=result.get("reset"), handed_for_zeroing=tuple(answer.get("handed_for_zeroing", ())))
+        self.state = after
+        return [Discrepancy(invariant.category, None, None,
+                            detail=f"{invariant.name}: {message} (after {describe_op(op)})")
+                for invariant, message in check_transition(transition)]
+
+    @staticmethod
+    def refused(reply: dict[str, Any]) -> Discrepancy:
+        """vLLM would not build a manager the constructor's own validators accept."""
+        return Discrepancy(Category.PRECONDITION, None, None,
+                           detail=f"vLLM refused the geometry: {reply.get('error', 'unknown error')}")
+
+    @staticmethod
+    def crash(op: dict[str, Any] | None, reply: dict[str, Any]) -> Discrepancy:
+        where = f" during {describe_op(op)}" if op else ""
+        return Discrepancy(Category.SUBJECT_CRASH, None, None,
+                           detail=f"vLLM raised{where}: {reply.get('error', 'unknown error')}")
+
+
+def _frozen(value: Any) -> tuple[Any, ...]:
+    if value is None:
+        return ()
+    return tuple(tuple(v) if isinstance(v, list) else v for v in value)

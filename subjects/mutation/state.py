@@ -1,0 +1,119 @@
+"""State-side operators: defects in the block pool, the managers' bookkeeping
+and the coordinator's reconciliation that leave every single request's
+registration bounds and a fresh manager's lookups as they were, so only the
+stateful differential (``diff_tests.stateful``) can kill them.  Each is the
+shape of a real upstream defect class (see the README's kill matrix).
+"""
+
+from __future__ import annotations
+
+import ast
+
+from .operator import COORDINATOR_FILE, MANAGER_FILE, MutationOperator
+from .source import Edit, Missing, Source, exactly_one, find_class, find_method, is_attr, is_const, walk
+
+__all__ = ["STATE_MUTANTS", "BLOCK_POOL_FILE"]
+
+BLOCK_POOL_FILE = "vllm/v1/core/block_pool.py"
+
+
+def _method(src: Source, cls_name: str, name: str) -> tuple[str, ast.FunctionDef]:
+    cls = find_class(src.tree, cls_name)
+    method = find_method(cls, name)
+    if method is None:
+        raise Missing(f"{cls_name}.{name}")
+    return f"{cls_name}.{name}", method
+
+
+def _is_queue_call(node: ast.AST, attr: str) -> bool:
+    """``self.free_block_queue.<attr>(...)`` as a statement."""
+    return (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+            and is_attr(node.value.func, attr) and is_attr(node.value.func.value, "free_block_queue", "self"))
+
+
+def _touch_keeps_free(src: Source) -> tuple[str, list[Edit]]:
+    where, method = _method(src, "BlockPool", "touch")
+    call = exactly_one([n for n in walk(method.body) if _is_queue_call(n, "remove")],
+                       f"`self.free_block_queue.remove(block)` in {where}")
+    return where, [src.replace(call, "pass")]
+
+
+def _reset_ignores_held(src: Source) -> tuple[str, list[Edit]]:
+    where, method = _method(src, "BlockPool", "reset_prefix_cache")
+    test = exactly_one(
+        [n.test for n in walk(method.body)
+         if isinstance(n, ast.If) and isinstance(n.test, ast.Compare)
+         and isinstance(n.test.left, ast.Name) and n.test.left.id == "num_used_blocks"
+         and len(n.test.comparators) == 1 and is_const(n.test.comparators[0], 1)],
+        f"`if num_used_blocks != 1:` in {where}")
+    return where, [src.replace(test, "False")]
+
+
+def _free_leaks_cached(src: Source) -> tuple[str, list[Edit]]:
+    where, method = _method(src, "BlockPool", "free_blocks")
+    call = exactly_one([n for n in walk(method.body) if _is_queue_call(n, "append_n")],
+                       f"`self.free_block_queue.append_n(...)` in {where}")
+    return where, [src.replace(call, "pass")]
+
+
+def _new_block_double_ref(src: Source) -> tuple[str, list[Edit]]:
+    where, method = _method(src, "BlockPool", "get_new_blocks")
+    # `block.ref_cnt = 1` (0.29 on) or `block.ref_cnt += 1` (before): every one of them.
+    sets = [n for n in walk(method.body)
+            if isinstance(n, (ast.Assign, ast.AugAssign))
+            and is_attr(n.targets[0] if isinstance(n, ast.Assign) else n.target, "ref_cnt", "block")
+            and is_const(n.value, 1)]
+    if not sets:
+        raise Missing(f"`block.ref_cnt = 1` in {where}")
+    return where, [src.replace(n.value, "2") for n in sets]
+
+
+def _trim_first_group_only(src: Source) -> tuple[str, list[Edit]]:
+    where, method = _method(src, "HybridKVCacheCoordinator", "find_longest_cache_hit")
+    loop = exactly_one(
+        [n for n in method.body
+         if isinstance(n, ast.For) and is_attr(n.iter, "attention_groups", "self")
+         and any(isinstance(m, ast.Delete) for m in walk(n.body))],
+        f"the loop trimming every full-attention group's hit blocks in {where}")
+    return where, [src.replace(loop.iter, "self.attention_groups[:1]")]
+
+
+def _free_keeps_cached_count(src: Source) -> tuple[str, list[Edit]]:
+    where, method = _method(src, "SingleTypeKVCacheManager", "pop_blocks_for_free")
+    call = exactly_one(
+        [n for n in method.body
+         if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
+         and is_attr(n.value.func, "pop") and is_attr(n.value.func.value, "num_cached_block", "self")],
+        f"`self.num_cached_block.pop(request_id, None)` in {where}")
+    return where, [src.replace(call, "pass")]
+
+
+STATE_MUTANTS: tuple[MutationOperator, ...] = (
+    MutationOperator(
+        "touch_keeps_free_block",
+        "BlockPool.touch takes a reference on a hit block without removing it from the free queue "
+        "(a referenced block can be handed to another request)",
+        "", _touch_keeps_free, BLOCK_POOL_FILE, side="state"),
+    MutationOperator(
+        "reset_ignores_held_blocks",
+        "BlockPool.reset_prefix_cache clears the cache while requests still hold blocks",
+        "", _reset_ignores_held, BLOCK_POOL_FILE, side="state"),
+    MutationOperator(
+        "free_leaks_cached_blocks",
+        "BlockPool.free_blocks never returns cached blocks to the free queue (the pool leaks)",
+        "", _free_leaks_cached, BLOCK_POOL_FILE, side="state"),
+    MutationOperator(
+        "new_block_double_ref",
+        "BlockPool.get_new_blocks hands blocks out with a reference count of 2 (freed blocks never free)",
+        "", _new_block_double_ref, BLOCK_POOL_FILE, side="state"),
+    MutationOperator(
+        "trim_first_group_only",
+        "HybridKVCacheCoordinator.find_longest_cache_hit trims only the first full-attention group to the "
+        "reconciled hit (the 0.23-0.28 shape)",
+        "", _trim_first_group_only, COORDINATOR_FILE, side="state"),
+    MutationOperator(
+        "free_keeps_cached_count",
+        "SingleTypeKVCacheManager.pop_blocks_for_free forgets to drop the request's count of cached blocks "
+        "(a resumed request skips registering)",
+        "", _free_keeps_cached_count, MANAGER_FILE, side="state"),
+)

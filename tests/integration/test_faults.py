@@ -1,0 +1,166 @@
+"""Faults, interrupts and tampering on real vLLM: none may end in "no
+discrepancy", none may be blamed on vLLM, nothing found may be lost.
+
+Each test injects one fault the way an unlucky or hostile user would: the
+worker killed or stopped from outside, the parent interrupted at a phase, a
+cached tree edited, a tree path holding the path-list separator, a tree whose
+code no longer shows a capability its release has.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+
+from kvspec.model.case import Case, prefill
+from kvspec.model.corpus import case as corpus_case
+from kvspec.model.outcome import Outcome
+from kvspec.subjects.mutation import mutant
+from kvspec.subjects.process import SubjectProcess
+from kvspec.subjects.protocol import case_message
+from kvspec.subjects.provision import ensure_release
+from kvspec.subjects.subject import release, source_tree
+
+from tests.support import mutant_tree, planted_tree
+
+SEED = corpus_case("seed_52419")
+
+
+def _cases(count: int) -> list[dict]:
+    return [case_message(Case(SEED.config, n, (prefill(n),))) for n in range(1, count + 1)]
+
+
+def test_a_worker_killed_from_outside_is_restarted_and_never_a_finding(tmp_path):
+    # Case 30 takes two seconds in vLLM's code: the kill lands while it runs.
+    tree = planted_tree(tmp_path, "if num_computed_tokens == 30: __import__('time').sleep(2)")
+    with SubjectProcess(source_tree(str(tree))) as proc:
+        replies = []
+        for reply in proc.stream(_cases(40)):
+            replies.append(reply)
+            if len(replies) == 29:
+                time.sleep(0.5)
+                os.kill(proc.worker_pid, signal.SIGKILL)
+        assert len(replies) == 40 and all(r["ok"] for r in replies), [r for r in replies if not r["ok"]][:1]
+        assert [r["calls"][0]["n"] for r in replies] == list(range(1, 41))  # none lost, none twice
+        assert proc.restarts and "killed by SIGKILL and the retry answered" in proc.restarts[-1]
+
+
+def test_a_stopped_worker_times_out_and_is_restarted():
+    with SubjectProcess(release("0.33.0"), timeout=5) as proc:
+        os.kill(proc.worker_pid, signal.SIGSTOP)
+        started = time.monotonic()
+        reply = proc.run(_cases(1)[0])
+        assert reply["ok"] and time.monotonic() - started < 60
+        assert "gave no answer within 5 s" in proc.restarts[-1]
+
+
+def test_a_hang_that_recurs_is_an_infrastructure_error_not_a_finding(tmp_path):
+    tree = planted_tree(tmp_path, "if num_computed_tokens == 7: __import__('time').sleep(10**6)")
+    out = tmp_path / "fuzz.json"
+    env = {**os.environ, "KVSPEC_REPLY_TIMEOUT": "5"}
+    run = subprocess.run([sys.executable, "-m", "kvspec", "fuzz", "--vllm-src", str(tree), "--seed", "0",
+                          "--max-examples", "50", "--database", "", "--json", str(out),
+                          "--findings-dir", str(tmp_path / "f")],
+                         capture_output=True, text=True, env=env, timeout=900)
+    assert run.returncode == Outcome.INFRASTRUCTURE.exit_code, run.stdout[-2000:] + run.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "INCOMPLETE" and "on a fresh worker" in doc["stopped"]
+    assert not list((tmp_path / "f").glob("finding-*.json")), "a hang was reported as a vLLM finding"
+    assert "no discrepancy" not in run.stdout.replace("no discrepancy found so far", "")
+
+
+def _fuzz_until(tmp_path, trigger: str, *args) -> tuple[subprocess.CompletedProcess, dict, str]:
+    """Run `kvspec fuzz`, send it Ctrl-C (SIGINT) when ``trigger`` is printed."""
+    out, markdown = tmp_path / "fuzz.json", tmp_path / "fuzz.md"
+    command = [sys.executable, "-u", "-m", "kvspec", "fuzz", "--seed", "0", "--database", "",
+               "--json", str(out), "--markdown", str(markdown), "--findings-dir", str(tmp_path / "f"), *args]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if trigger in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    rest, _ = proc.communicate(timeout=300)
+    text = "".join(lines) + rest
+    assert any(trigger in line for line in lines), text[-3000:]
+    return (subprocess.CompletedProcess(command, proc.returncode, text, ""), json.loads(out.read_text()),
+            markdown.read_text())
+
+
+def test_an_interrupt_during_a_second_subject_keeps_the_first_and_says_interrupted(tmp_path):
+    run, doc, markdown = _fuzz_until(tmp_path, "vllm 0.33.0 + refloor_50062: starting",
+                                     "--vllm", "0.33.0", "--mutant", "refloor_50062", "--max-examples", "100")
+    assert run.returncode == Outcome.INTERRUPTED.exit_code, run.stdout[-2000:]
+    assert doc["status"] == "INTERRUPTED" and doc["subjects"][0]["verdict"] == "no discrepancy"
+    first = markdown.splitlines()[0]
+    assert first.startswith("## kvspec fuzz: INTERRUPTED") and "1 of 2 subjects" in first
+    assert "| vllm 0.33.0 + refloor_50062 | | not run | | |" in markdown
+
+
+def test_an_interrupt_while_shrinking_keeps_the_counterexample(tmp_path):
+    run, doc, markdown = _fuzz_until(tmp_path, "first counterexample",
+                                     "--vllm-src", str(mutant_tree("0.33.0", "refloor_50062")),
+                                     "--max-examples", "500")
+    # The finding decides the exit code, and it is stored as found.
+    assert run.returncode == Outcome.FINDING.exit_code, run.stdout[-2000:]
+    assert doc["status"] == "INTERRUPTED"
+    (subject,) = doc["subjects"]
+    assert subject["finding"] is not None and subject["finding"]["category"] == "under_registration"
+    assert list((tmp_path / "f").glob("finding-*.json"))
+    assert markdown.startswith("## kvspec fuzz: INTERRUPTED") and "DISCREPANCY" in markdown.splitlines()[0]
+
+
+def test_a_restored_mutant_tree_is_rebuilt_not_trusted(tmp_path, capsys):
+    operator = mutant("refloor_50062")
+    tree = mutant_tree("0.33.0", operator.name)
+    target = tree / operator.target_file
+    # Put the release's own module back: the tree now looks like a mutant and is not one.
+    shutil.copy2(ensure_release("0.33.0") / operator.target_file, target)
+    rebuilt = mutant_tree("0.33.0", operator.name)
+    assert "is not refloor_50062 applied to vLLM 0.33.0" in capsys.readouterr().err
+    assert target.read_text() == operator.apply((ensure_release("0.33.0") / operator.target_file).read_text())
+    assert rebuilt == tree
+
+
+def test_a_tree_path_with_the_separator_is_the_tree_tested(tmp_path):
+    """Through PYTHONPATH, "x/a:b" would be read as "x/a" then "b", and the
+    decoy in "x/a" imported instead."""
+    named = tmp_path / f"a{os.pathsep}b"
+    named.mkdir()
+    (named / "vllm").symlink_to(ensure_release("0.33.0") / "vllm", target_is_directory=True)
+    decoy = tmp_path / "a" / "vllm"
+    decoy.mkdir(parents=True)
+    (decoy / "__init__.py").write_text("raise ImportError('the decoy was imported')\n")
+    with SubjectProcess(source_tree(str(named))) as proc:
+        assert proc.identity["vllm_path"] == str(named / "vllm")
+        assert proc.run(_cases(1)[0])["calls"][0]["num_tokens"] == [1, 1]
+
+
+def test_a_tree_that_lost_a_capability_is_fuzzed_in_a_stated_reduced_scope(tmp_path):
+    tree = tmp_path / "renamed"
+    shutil.copytree(ensure_release("0.33.0"), tree)
+    manager = tree / "vllm" / "v1" / "core" / "kv_cache_manager.py"
+    # Only the constructor's keyword is renamed; the tree still works.
+    text = manager.read_text()
+    for old, new in (("num_hash_lookahead_tokens: int = 0,", "num_hash_lookahead_tokns: int = 0,"),
+                     ("num_hash_lookahead_tokens=num_hash_lookahead_tokens,",
+                      "num_hash_lookahead_tokens=num_hash_lookahead_tokns,")):
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    manager.write_text(text)
+    out = tmp_path / "fuzz.json"
+    run = subprocess.run([sys.executable, "-m", "kvspec", "fuzz", "--vllm-src", str(tree), "--seed", "0",
+                          "--max-examples", "20", "--database", "", "--json", str(out),
+                          "--findings-dir", str(tmp_path / "f")], capture_output=True, text=True, timeout=900)
+    assert run.returncode == Outcome.INCOMPLETE.exit_code, run.stdout[-2000:] + run.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "REDUCED SCOPE"
+    assert "lacks lookahead_block_hashes, which vLLM 0.33.0 has" in doc["subjects"][0]["scope_reduction"]
+    assert "REDUCED SCOPE" in run.stdout
