@@ -267,6 +267,12 @@ def _assess(finding: Finding, *, proc=None, hitrate: bool = True,
                "the profiles are not driven for this category")
         return Reach(f"Not assessed: no model variant explains this {finding.category.title} finding and {why}",
                      (), None, hardening=False), ()
+    from kvspec.model.deployments import FIRST_DERIVED, config_era
+
+    version = _release_of(finding)
+    if version is not None and config_era(version) is None:
+        return Reach(f"Not assessed: kvspec derives deployment profiles from vLLM {FIRST_DERIVED} on, and this "
+                     f"finding is on {version}", (), None, hardening=False), ()
     derived, release = _derivations(finding, say)
     entries, reached = [], []
     assessed = 0
@@ -371,7 +377,10 @@ def attach(finding: Finding, *, proc=None, hitrate: bool = True, say: Say = _qui
     explanation = finding.explanation
     if explanation is not None:
         explanation = attrs.evolve(explanation, knobs=knobs)
-    # What the release can do that the differential does not drive, with the finding.
-    compared = {**finding.compared, "not_covered": list(finding.subject_capabilities().not_covered())}
+    # What the release can do that the differential does not drive, and the
+    # hash scheme the finding holds under, with the finding.
+    scheme = ((finding.inputs or {}).get("config") or {}).get("hash_scheme", "legacy")
+    compared = {**finding.compared, "not_covered": list(finding.subject_capabilities().not_covered()),
+                "hash_scheme": scheme}
     return attrs.evolve(finding, reach=reach, explanation=explanation, compared=compared)
 

@@ -629,11 +629,14 @@ ERAS: tuple[ConfigEra, ...] = (
 def config_era(release: str) -> ConfigEra | None:
     """The era of a release's configuration code (a newer release than kvspec
     has seen is held to the newest; before 0.28, None: not derived)."""
+    import re
+
     from .about import release_key
 
+    match = re.match(r"^(\d+\.\d+\.\d+)", release or "")  # a tree's 0.35.0.dev12+g... is held to 0.35.0
     try:
-        key = release_key(release)
-    except ValueError:
+        key = release_key(match.group(1) if match else release)
+    except (ValueError, TypeError):
         return None
     if key < release_key(FIRST_DERIVED):
         return None

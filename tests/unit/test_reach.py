@@ -83,6 +83,7 @@ def test_a_rule_no_profile_reaches_is_hardening(modelled, monkeypatch):
 def test_attach_fills_reach_and_generated_knobs(modelled):
     finding = reach.attach(_finding())
     assert finding.reach is not None and finding.explanation.knobs
+    assert finding.compared["hash_scheme"] == "legacy" and finding.compared["not_covered"]
     assert not any("most prompt lengths qualify" in k for k in finding.explanation.knobs)
     again = Finding.from_dict(json.loads(json.dumps(finding.to_dict())))
     assert again.reach == finding.reach
@@ -100,3 +101,8 @@ def test_a_hardening_finding_exits_6():
     assert run.outcome is Outcome.HARDENING and run.outcome.exit_code == 6
     run.subjects[0].finding = attrs.evolve(finding, reach=Reach("y", hardening=False))
     assert run.outcome is Outcome.FINDING
+
+
+def test_a_release_before_the_derived_eras_is_not_assessed(modelled):
+    result = reach.assess(_finding(version="0.25.1"))
+    assert result.summary.startswith("Not assessed") and not result.hardening
