@@ -13,7 +13,7 @@ from hypothesis.errors import Flaky
 
 from kvspec.model.capabilities import Capabilities
 from kvspec.model.case import Case
-from kvspec.model.errors import KvspecError
+from kvspec.model.errors import KvspecError, UsageError
 from kvspec.model.outcome import Outcome
 from kvspec.oracles.lookup import check_case
 from kvspec.subjects.process import SubjectProcess
@@ -22,7 +22,7 @@ from kvspec.subjects.protocol import case_message
 from .property import Failure, Tally, run_batch
 from .reduce import reduce_case
 from .seeding import fixed_constant_pool
-from .strategies import batches, lookup_batches
+from .strategies import batches, deployment_configs, hash_schemes_of, lookup_batches
 
 __all__ = ["Failure", "FuzzResult", "fuzz_subject", "database_key"]
 
@@ -40,6 +40,15 @@ class FuzzResult:
     jobs: int = 1  # parallel runs merged into this result (diff_tests/parallel.py)
     other_failures: tuple[Failure, ...] = ()  # distinct from `failure`, found by other jobs
     lookup: bool = False  # cases carry a later request's lookup (the hit-length differential)
+    # The hash schemes fuzzed, and those the subject has that were left out
+    # (by --hash-scheme, or because a differential models only one): every
+    # verdict says under which it holds.
+    hash_schemes: tuple[str, ...] = ("legacy",)
+    schemes_left_out: tuple[str, ...] = ()
+    # Deployment profiles drawn from (their coordinator configurations), and
+    # why there are none when there are none.
+    deployment_configs: int = 0
+    deployments_note: str = ""
     restarts: tuple[str, ...] = ()  # worker restarts a retry did not reproduce (the machine's)
     # Why the run ended before its budget (an infrastructure error, an
     # interrupt), None when it ran in full; ``failure`` then holds what was
@@ -116,8 +125,40 @@ class FuzzResult:
             "differential": self.differential,
             "other_failures": [f.as_dict() for f in self.other_failures],
             "worker_restarts": list(self.restarts),
+            "hash_schemes": {"fuzzed": list(self.hash_schemes), "left_out": list(self.schemes_left_out),
+                             "lookahead_cases": self.tally.lookahead_cases,
+                             "legacy_cases": self.tally.cases - self.tally.lookahead_cases,
+                             "eagle_branch_exercised": "legacy" in self.hash_schemes},
+            "deployments": {"configs": self.deployment_configs, "cases": self.tally.deployment_cases,
+                            "note": self.deployments_note},
+            "not_covered": list(self.capabilities.not_covered()),
+            "known_excluded": [{"name": k.name, "summary": k.summary, "found_on": list(k.found_on),
+                                "reach": k.reach} for k in self.known_excluded],
             "scope_reduction": self.scope_reduction or None,
         }
+
+    @property
+    def known_excluded(self) -> tuple:
+        """Known findings kept out of this run's draw (``diff_tests.known``)."""
+        from .known import KNOWN
+
+        if "lookahead" not in self.hash_schemes or not self.capabilities.lookahead_block_hashes:
+            return ()
+        return KNOWN
+
+    @property
+    def scheme_text(self) -> str:
+        """Under which hash schemes this result holds, in words."""
+        t = self.tally
+        text = (f"hash schemes: legacy {t.cases - t.lookahead_cases} cases, lookahead {t.lookahead_cases}"
+                if "lookahead" in self.hash_schemes else "legacy hashes only (this subject has no others)"
+                if not self.schemes_left_out else "legacy hashes only")
+        if "lookahead" in self.schemes_left_out:
+            text += "; lookahead hashes (the default deployment of this release) NOT fuzzed"
+        if "legacy" in self.schemes_left_out:
+            text += ("; legacy hashes NOT fuzzed: the EAGLE branch of the bound never ran (it runs only with "
+                     "legacy hashes: a KV connector without lookahead support, disable_lookahead_block_hashes)")
+        return text
 
 
 class _Abort(BaseException):
@@ -138,14 +179,34 @@ def fuzz_subject(
     stop_at_first: bool = False,
     on_first_failure: Callable[["FuzzResult"], None] | None = None,
     lookup: bool = False,
+    hash_schemes: tuple[str, ...] | None = None,
+    deployments: bool = True,
 ) -> FuzzResult:
     """Fuzz one live subject; the returned failure is Hypothesis's shrunk minimum.
 
     With ``lookup``, every request is followed by a later request that looks
-    up (``oracles.lookup``): the hit-length differential."""
+    up (``oracles.lookup``): the hit-length differential.  ``hash_schemes``
+    narrows the schemes fuzzed (default: every one the subject has);
+    ``deployments`` adds the catalog's deployment profiles to the small scope."""
     caps = proc.capabilities
+    available = hash_schemes_of(caps)
+    schemes = hash_schemes_of(caps, hash_schemes)
+    left_out = tuple(s for s in available if s not in schemes)
+    if lookup and "lookahead" in schemes:
+        # The lookup model describes legacy hashes (a hit needs whole hash
+        # blocks of shared tokens, not L more): lookahead lookups are not judged.
+        schemes = tuple(s for s in schemes if s != "lookahead")
+        left_out += ("lookahead",)
+    if not schemes:
+        raise UsageError(f"none of the hash schemes {hash_schemes} can be fuzzed on this subject "
+                         f"(it has {', '.join(available)})")
+    configs = deployment_configs(proc.identity.get("vllm_version"), schemes) if deployments and not lookup else ()
+    note = ("" if configs else "the hit-length differential draws the small scope only" if lookup
+            else "not asked for" if not deployments
+            else "no deployment profile is derived for this release (kvspec derives them from 0.28)")
     result = FuzzResult(subject=proc.describe(), capabilities=caps, seed=seed, lookup=lookup,
-                        scope_reduction=proc.scope_reduction)
+                        hash_schemes=schemes, schemes_left_out=left_out, deployment_configs=len(configs),
+                        deployments_note=note, scope_reduction=proc.scope_reduction)
     restarts_before = len(proc.restarts)
     failures: list[Failure] = []
     start = time.perf_counter()
@@ -161,7 +222,7 @@ def fuzz_subject(
         suppress_health_check=list(HealthCheck), phases=phases, report_multiple_bugs=False,
     )
     @hypothesis_seed(seed)
-    @given(batch=(lookup_batches if lookup else batches)(caps))
+    @given(batch=lookup_batches(caps) if lookup else batches(caps, hash_schemes=schemes, deployments=configs))
     def differential(batch: tuple[Case, ...]) -> None:
         if progress is not None and result.tally.examples % 100 == 99:
             progress(result.tally.cases, time.perf_counter() - start)

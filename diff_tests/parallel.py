@@ -32,14 +32,16 @@ def job_shares(max_examples: int, jobs: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(jobs)]
 
 
-def _job(subject: Subject, max_examples: int, seed: int, database: str, lookup: bool) -> FuzzResult:
+def _job(subject: Subject, max_examples: int, seed: int, database: str, lookup: bool,
+         hash_schemes: tuple[str, ...] | None = None) -> FuzzResult:
     from kvspec.subjects.process import SubjectProcess
 
     from .database import example_database
     from .fuzz import fuzz_subject
 
     with SubjectProcess(subject) as proc:
-        return fuzz_subject(proc, max_examples, seed, database=example_database(database), lookup=lookup)
+        return fuzz_subject(proc, max_examples, seed, database=example_database(database), lookup=lookup,
+                            hash_schemes=hash_schemes)
 
 
 def _size(failure: Failure) -> tuple[int, ...]:
@@ -66,12 +68,15 @@ def merge_results(results: list[FuzzResult], seconds: float) -> FuzzResult:
         seconds_to_first_failure=min(times) if times else None,
         jobs=len(results), other_failures=tuple(ordered[1:]), lookup=first.lookup,
         restarts=tuple(r for result in results for r in result.restarts),
+        hash_schemes=first.hash_schemes, schemes_left_out=first.schemes_left_out,
+        deployment_configs=first.deployment_configs, deployments_note=first.deployments_note,
         scope_reduction=first.scope_reduction,
     )
 
 
 def fuzz_parallel(subject: Subject, jobs: int, max_examples: int, seed: int,
-                  database: str = "", lookup: bool = False) -> FuzzResult:
+                  database: str = "", lookup: bool = False,
+                  hash_schemes: tuple[str, ...] | None = None) -> FuzzResult:
     """``jobs`` independent runs of ``spec`` at once; SubjectError if one cannot start."""
     from kvspec.subjects.subject import resolve_subject
 
@@ -82,7 +87,7 @@ def fuzz_parallel(subject: Subject, jobs: int, max_examples: int, seed: int,
     context = multiprocessing.get_context("spawn")
     try:
         with ProcessPoolExecutor(max_workers=len(shares), mp_context=context) as pool:
-            futures = [pool.submit(_job, subject, n, seed + i, database, lookup) for i, n in shares]
+            futures = [pool.submit(_job, subject, n, seed + i, database, lookup, hash_schemes) for i, n in shares]
             results = [future.result() for future in futures]
     except BrokenProcessPool as exc:
         # A job's process was killed (the machine, not vLLM: a vLLM failure

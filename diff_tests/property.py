@@ -55,6 +55,10 @@ class Tally:
     exact_lookups: int = 0
     nonzero_hits: int = 0
     discrepancies: int = 0
+    # Cases under lookahead block hashes (the rest: legacy hashes), and cases
+    # drawn from the deployment profiles (the rest: the small scope).
+    lookahead_cases: int = 0
+    deployment_cases: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return attrs.asdict(self)
@@ -74,6 +78,8 @@ def run_batch(subject, batch: tuple[Case, ...], tally: Tally) -> Failure | None:
             continue
         case = batch[index]
         tally.cases += 1
+        tally.lookahead_cases += case.config.hash_scheme.value == "lookahead"
+        tally.deployment_cases += getattr(batch, "scope", "small") == "deployment"
         tally.calls += len(reply.get("calls", ()))
         if "probe" in reply:
             tally.lookups += 1

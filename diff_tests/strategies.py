@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import functools
 import random
+import re
 
+import attrs
 from hypothesis import strategies as st
 
 from kvspec.model.capabilities import Capabilities
 from kvspec.model.case import Case, LookupProbe, Step
-from kvspec.model.domain import CoordinatorConfig, GroupKind, KVCacheGroup
+from kvspec.model.domain import CoordinatorConfig, GroupKind, HashScheme, KVCacheGroup
 
-__all__ = ["configs", "full_attention_configs", "batches", "lookup_batches", "Batch", "MAX_BATCH"]
+from .known import without_known
+
+__all__ = ["configs", "full_attention_configs", "batches", "lookup_batches", "Batch", "MAX_BATCH",
+           "hash_schemes_of", "deployment_configs", "deployment_requests", "MAX_DEPLOYMENT_BATCH"]
 
 MAX_BATCH = 128
 
@@ -83,6 +88,7 @@ class Batch(tuple):
     requests (the failing case itself is in the assertion message)."""
 
     SHOWN = 3
+    scope = "small"  # or "deployment": drawn from what the catalog's deployment profiles run
 
     def __repr__(self) -> str:
         if not self:
@@ -110,11 +116,105 @@ def random_request(rng: random.Random) -> tuple[int, tuple[Step, ...]]:
     return prompt_len, tuple(steps)
 
 
+def hash_schemes_of(capabilities: Capabilities, narrowed: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """The hash schemes fuzzed on a subject: both where it has lookahead block
+    hashes (0.33+: lookahead is what its scheduler builds by default, legacy
+    what a KV connector without lookahead support or
+    ``disable_lookahead_block_hashes`` gets, and only there is the EAGLE
+    branch of the bound live), legacy before; ``narrowed`` keeps those named."""
+    available = ("legacy", "lookahead") if capabilities.lookahead_block_hashes else ("legacy",)
+    if narrowed is None:
+        return available
+    return tuple(s for s in available if s in narrowed)
+
+
+def _with_scheme(draw, config: CoordinatorConfig, schemes: tuple[str, ...]) -> CoordinatorConfig:
+    if len(schemes) < 2:
+        return attrs.evolve(config, hash_scheme=HashScheme(schemes[0])) if schemes else config
+    return attrs.evolve(config, hash_scheme=HashScheme(draw(_schemes(schemes))))
+
+
+@functools.lru_cache(maxsize=None)
+def _schemes(schemes: tuple[str, ...]) -> st.SearchStrategy[str]:
+    return st.sampled_from(schemes)
+
+
+# -- what real deployments run ----------------------------------------------------
+
+# Requests per example in the deployment scope: their prompts run to
+# thousands of tokens, so a batch is smaller than a toy one.
+MAX_DEPLOYMENT_BATCH = 8
+# Prefill chunk limits a server uses (max_num_batched_tokens).
+_CHUNKS = (512, 2048, 8192)
+_RELEASE = re.compile(r"^(\d+\.\d+\.\d+)")
+
+
+@functools.lru_cache(maxsize=None)
+def deployment_configs(version: str | None, schemes: tuple[str, ...]) -> tuple[CoordinatorConfig, ...]:
+    """The coordinator configurations the catalog's deployment profiles get
+    on release ``version`` (``model.deployments.derive``, held to the
+    release's own code by tests/integration/test_deployments.py), under each
+    hash scheme in ``schemes``: only those the hybrid coordinator runs and
+    the worker can drive (DCP > 1 is not; ``Capabilities.not_covered`` says
+    so).  A tree whose version is not a release is derived as the newest
+    release kvspec knows; before 0.28 there are none."""
+    from kvspec.model.about import NEWEST_VALIDATED
+    from kvspec.model.deployments import CATALOG, derive, schemes_for
+
+    match = _RELEASE.match(version or "")
+    release = match.group(1) if match else NEWEST_VALIDATED
+    found: dict[CoordinatorConfig, None] = {}
+    for profile in CATALOG:
+        for legacy in schemes_for(profile, release):
+            derived = derive(profile, release, legacy_hashes=legacy)
+            config = derived.coordinator_config()
+            if config is None or config.dcp_world_size > 1 or config.hash_scheme.value not in schemes:
+                continue
+            found[config] = None
+    return tuple(found)
+
+
+@functools.lru_cache(maxsize=None)
+def _deployment_choice(configs: tuple[CoordinatorConfig, ...]) -> st.SearchStrategy[CoordinatorConfig]:
+    return st.sampled_from(configs)
+
+
+def deployment_requests(rng: random.Random, config: CoordinatorConfig) -> tuple[int, tuple[Step, ...]]:
+    """A request of deployment size: a prompt of up to four scheduler blocks
+    (at least 64 tokens, at most 8,192), prefilled in chunks of a server's
+    limit (512, 2,048 or 8,192 tokens, the last one whatever is left), then
+    decode steps with up to three drafts."""
+    S = config.scheduler_block_size
+    prompt_len = rng.randint(1, min(8192, max(64, 4 * S)))
+    limit = rng.choice(_CHUNKS)
+    steps = [Step("prefill", tokens=min(limit, prompt_len - start)) for start in range(0, prompt_len, limit)]
+    for _ in range(rng.randint(0, 6)):
+        drafts = rng.randint(0, 3)
+        steps.append(Step("decode", drafts=drafts, accepted=rng.randint(0, drafts)))
+    return prompt_len, tuple(steps)
+
+
 @st.composite
-def batches(draw, capabilities: Capabilities, max_size: int = MAX_BATCH) -> tuple[Case, ...]:
+def batches(draw, capabilities: Capabilities, max_size: int = MAX_BATCH,
+            hash_schemes: tuple[str, ...] | None = None,
+            deployments: tuple[CoordinatorConfig, ...] = ()) -> tuple[Case, ...]:
     """One configuration (drawn, so Hypothesis shrinks it) and a batch of
-    requests from a drawn seed, each run on a fresh manager."""
-    config = draw(configs(capabilities))
+    requests from a drawn seed, each run on a fresh manager.
+
+    The configuration comes from the small scope (``configs``: toy block
+    sizes, where shrinking finds minimal counterexamples) or, when
+    ``deployments`` are given, from what real deployments run (S in the
+    hundreds, prompts of thousands of tokens); the hash scheme is drawn from
+    ``hash_schemes`` (default: both where the subject has lookahead hashes)."""
+    schemes = hash_schemes_of(capabilities) if hash_schemes is None else hash_schemes
+    if deployments and draw(st.booleans()):
+        config = _with_scheme(draw, draw(_deployment_choice(deployments)), ())
+        count = draw(_between(1, MAX_DEPLOYMENT_BATCH))
+        rng = random.Random(draw(_SEED))
+        batch = Batch(Case(config, *deployment_requests(rng, config)) for _ in range(count))
+        batch.scope = "deployment"
+        return batch
+    config = without_known(_with_scheme(draw, draw(configs(capabilities)), schemes), capabilities)
     count = draw(_between(1, max_size))
     rng = random.Random(draw(_SEED))
     return Batch(Case(config, *random_request(rng)) for _ in range(count))

@@ -20,7 +20,7 @@ from kvspec.model.outcome import Outcome
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 # The commands, in the order --help lists them.
-COMMANDS = ("check", "prove", "fuzz", "mutants", "exhaust", "history", "mtp", "hitrate", "replay",
+COMMANDS = ("check", "prove", "fuzz", "run", "mutants", "exhaust", "history", "mtp", "hitrate", "replay",
             "report", "recipe")
 
 

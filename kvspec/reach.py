@@ -1,9 +1,386 @@
-"""Which real deployments reach a finding (see ``model.finding.Reach``).
+"""Which real deployments reach a finding, and how badly (``model.finding.Reach``).
 
-Filled in by the deployment-profile work (issue 20); until then no finding
-says who is affected, and reports say so.
+A finding is held against every deployment profile of the catalog
+(``model/deployments.py``) as the finding's release builds it: the
+derivation calls the release's own configuration code
+(``subjects/drivers/deployments.py``; modelled, and said so, where it cannot
+run), under each hash scheme the release offers the profile.  On each
+profile's coordinator configuration the finding's rule is run -- the model
+variant the subject was diagnosed as (``model.variants``), over every
+request length up to two scheduler blocks past the reprefillable tokens --
+or, for a finding no variant explains, the live subject itself on a few
+requests of that configuration.  A profile is affected where the rule and
+the spec differ.
+
+Impact in the worst affected profile: tokens lost (or registered beyond the
+spec) at a request's end, the largest and the mean over request lengths, and
+the hit-rate points of the hit-rate replay on that profile
+(``subjects/drivers/hitrate.py``, what ``kvspec hitrate`` runs) where affordable.  The explanation's knob
+lines are generated here from the derivations (what the reached profiles
+share and the others lack, and the release's own speculative-method table),
+never written per rule.  A finding no profile reaches, or whose effect is
+only on speculative acceptance, is hardening (``Outcome.HARDENING``).
 """
 
 from __future__ import annotations
 
-__all__: list[str] = []
+import os
+from typing import Any, Callable
+
+import attrs
+
+from kvspec.model.arith import INT
+from kvspec.model.capabilities import Capabilities, expected_regime
+from kvspec.model.deployments import CATALOG, Derivation, profile as profile_named
+from kvspec.model.finding import Category, Finding, Reach
+from kvspec.model.spec import inputs_for_group, registration_bound
+
+__all__ = ["assess", "attach", "rule_impact", "knob_lines", "ACCEPTANCE_ONLY"]
+
+Say = Callable[[str], None]
+# Categories whose effect is on speculative acceptance only (the drafter's
+# proposals), never on the target's outputs.
+ACCEPTANCE_ONLY: tuple[str, ...] = ()
+_REGISTRATION = (Category.UNDER_REGISTRATION, Category.OVER_REGISTRATION, Category.BLOCK_MISMATCH)
+
+
+def _quiet(message: str) -> None:
+    return None
+
+
+# -- the rule on one configuration -------------------------------------------------
+
+def rule_impact(config, caps: Capabilities, rule) -> dict[str, Any]:
+    """Spec minus ``rule`` for every group at every request length n from 1 to
+    ``2 S + R`` (every residue of n modulo S, past the reprefillable tokens):
+    where they differ and by how much, as at a request's last ``cache_blocks``."""
+    regime = expected_regime(config, caps)
+    S = config.scheduler_block_size
+    top = 2 * S + max(0, regime.num_prefill_lookahead - 1)
+    groups = []
+    for g, group in enumerate(config.groups):
+        lost, over, differing = 0, 0, 0
+        total_lost = 0
+        first = None
+        for n in range(1, top + 1):
+            p = inputs_for_group(config, g, n, partial=regime.partial_hash_hits, eagle=regime.eagle[g],
+                                 lookahead=regime.num_prefill_lookahead)
+            gap = registration_bound(INT, p) - rule(INT, p)
+            if gap:
+                differing += 1
+                first = n if first is None else first
+                lost, over = max(lost, gap), max(over, -gap)
+                total_lost += max(gap, 0)
+        groups.append({"group": g, "kind": group.kind.value, "block_size": group.block_size,
+                       "eagle": bool(regime.eagle[g]), "lengths_differing": differing, "of_lengths": top,
+                       "max_tokens_lost": lost, "max_tokens_over": over,
+                       "mean_tokens_lost": round(total_lost / top, 1), "first_n": first})
+    worst = max(groups, key=lambda r: (r["max_tokens_lost"], r["max_tokens_over"], r["lengths_differing"]))
+    return {"affected": any(r["lengths_differing"] for r in groups), "groups": groups,
+            "max_tokens_lost": worst["max_tokens_lost"], "max_tokens_over": worst["max_tokens_over"],
+            "mean_tokens_lost": worst["mean_tokens_lost"],
+            "fraction_of_lengths": round(worst["lengths_differing"] / worst["of_lengths"], 3),
+            "eagle_branch_live": regime.eagle_branch_live, "hash_scheme": regime.hash_scheme}
+
+
+def _subject_impact(proc, config, category: Category) -> dict[str, Any]:
+    """The live subject on a few requests of ``config`` (lengths around the
+    scheduler and group blocks, a prefill then decodes), judged by the oracle:
+    for a finding no model variant explains."""
+    from kvspec.model.case import Case, decode, prefill
+    from kvspec.oracles.lookup import check_case
+    from kvspec.subjects.protocol import case_message
+
+    S = config.scheduler_block_size
+    lengths = sorted({n for b in {g.block_size for g in config.groups} | {S, config.hash_block_size}
+                      for n in (b - 1, b, b + 1, S + b + 1, 2 * S - 1) if 1 <= n <= 8192})
+    cases = [Case(config, n, (prefill(n), decode(), decode(2, 1))) for n in lengths]
+    found = 0
+    for case, reply in zip(cases, proc.run_many([case_message(c) for c in cases])):
+        discrepancies = check_case(case, proc.capabilities, reply)
+        found += bool(discrepancies) and discrepancies[0].category is category
+    return {"affected": found > 0, "requests": len(cases), "requests_differing": found,
+            "how": "the subject itself (no model variant explains the finding)"}
+
+
+# -- the catalog's derivations for the finding's release -------------------------------
+
+def _release_of(finding: Finding) -> str | None:
+    subject = finding.compared.get("subject") or {}
+    return subject.get("version") or subject.get("vllm_version")
+
+
+def _derivations(finding: Finding, say: Say) -> tuple[list[Derivation], str]:
+    """Each profile under each scheme, from the release's code where it runs."""
+    from kvspec.model.deployments import derive, schemes_for
+    from kvspec.subjects.drivers.deployments import derivations
+    from kvspec.subjects.subject import release, source_tree
+
+    subject = finding.compared.get("subject") or {}
+    version = _release_of(finding)
+    if version is None:
+        from kvspec.model.about import NEWEST_VALIDATED
+
+        version = NEWEST_VALIDATED
+    try:
+        if subject.get("kind") in ("release", "mutant") and subject.get("version"):
+            probed_on = release(subject["version"])
+        elif subject.get("path"):
+            probed_on = source_tree(subject["path"])
+        else:
+            raise LookupError("no release or tree to call")
+        say(f"  reach: deriving the catalog's {len(CATALOG)} deployment profiles with {probed_on.label}'s "
+            "own configuration code")
+        return derivations(probed_on, version), version
+    except Exception as exc:  # the probe could not run: every step modelled, and said so
+        why = f"{type(exc).__name__}: {exc}"
+        return [derive(p, version, legacy_hashes=legacy).because_not_called(why)
+                for p in CATALOG for legacy in schemes_for(p, version)], version
+
+
+# -- knob lines, generated from the derivations --------------------------------------
+
+def knob_lines(reached: list[Derivation], derived: list[Derivation], facts: dict[str, Any] | None,
+               release: str) -> tuple[str, ...]:
+    """What the profiles that reach a finding have and the others lack, from
+    the derivations (called or modelled, as each says), plus the release's
+    table of speculative methods: the deployment knobs of this finding."""
+    lines = []
+    in_scope = [d for d in derived if d.coordinator_config() is not None]
+    if not reached:
+        lines.append(f"on vLLM {release}, {len(in_scope)} of {len(derived)} profile derivations run the hybrid "
+                     "coordinator's registration; none reaches this finding")
+    schemes = sorted({d.hash_scheme for d in reached})
+    if reached and schemes == ["legacy"] and any(d.hash_scheme == "lookahead" for d in derived):
+        lines.append("hash scheme: reached only with legacy block hashes; by default this release gives "
+                     "EAGLE-family drafters lookahead hashes (VllmConfig.num_hash_lookahead_tokens) and the "
+                     "scheduler builds KVCacheManager(use_eagle=False): legacy hashes come with "
+                     "disable_lookahead_block_hashes or a KV connector without lookahead-hash support")
+    if reached:
+        partial = {d.partial_hash_hits for d in reached}
+        if partial == {True}:
+            why = []
+            for d in reached:
+                p = profile_named(d.profile)
+                knob = (f"prefix_match_unit={p.prefix_match_unit}" if p.prefix_match_unit
+                        else f"DCP {p.dcp}" if p.dcp > 1 else "the geometry")
+                why.append(f"{d.profile}: {knob} -> H={d.hash_block_size}, Mamba block "
+                           f"{[g.block_size for g in d.groups if g.kind == 'mamba_align']}")
+            lines.append("partial hash hits on in every profile that reaches it (the coordinator's "
+                         f"enable_partial_hash_hits): {'; '.join(sorted(set(why)))}")
+        eagle = {d.eagle_branch_live for d in reached}
+        if eagle == {True}:
+            parts = sorted({f"{d.profile}: EAGLE group block(s) "
+                            f"{sorted({g.block_size for g in d.groups if g.eagle})} vs S={d.scheduler_block_size}"
+                            for d in reached})
+            lines.append("EAGLE branch live (use_eagle=True and an EAGLE group) in every profile that reaches it: "
+                         + "; ".join(parts))
+        lookaheads = sorted({d.num_prefill_lookahead for d in reached})
+        lines.append(f"num_prefill_lookahead in the profiles that reach it: {lookaheads} "
+                     f"(reprefillable tokens {[max(0, x - 1) for x in lookaheads]})")
+        hypothetical = sorted({d.profile for d in reached if profile_named(d.profile).hypothetical})
+        if hypothetical:
+            lines.append("hypothetical drafter geometry (no published drafter config was read): "
+                         + ", ".join(hypothetical))
+    if facts:
+        methods = facts.get("speculative_methods") or {}
+        key = "use_eagle_block_drop" if any("use_eagle_block_drop" in m for m in methods.values()) else "use_eagle"
+        drop = sorted(m for m, f in methods.items() if f.get(key) is True)
+        other = sorted(m for m, f in methods.items() if f.get(key) is False)
+        lines.append(f"speculative methods with the EAGLE block drop on vLLM {release} (SpeculativeConfig.{key}, "
+                     f"called): {', '.join(drop)}; without: {', '.join(other)}")
+    return tuple(lines)
+
+
+# -- the assessment ---------------------------------------------------------------------
+
+def _entry(d: Derivation, impact: dict[str, Any]) -> dict[str, Any]:
+    p = profile_named(d.profile)
+    config = d.coordinator_config()
+    return {"profile": d.profile, "family": p.family, "model": p.model.name, "knobs": p.knobs(),
+            "provenance": p.provenance, "hypothetical": p.hypothetical, "release": d.release,
+            "hash_scheme": d.hash_scheme, "configuration": config.describe() if config else None,
+            "derivation": {"summary": d.summary(), "called": list(d.called), "modelled": list(d.modelled),
+                           "steps": [s.text() for s in d.steps]},
+            "impact": impact}
+
+
+def _hitrate(finding: Finding, worst: Derivation, say: Say) -> dict[str, Any]:
+    """Hit-rate points lost on the worst profile: the subject replayed against
+    the release it was made from (a mutant), or, for a release, against the
+    model of the diagnosed rule beside the spec's ideal (both modelled)."""
+    from kvspec.model.workload import Workload
+    from kvspec.subjects.drivers.hitrate import SubjectCache, replay
+    from kvspec.subjects.process import SubjectProcess
+    from kvspec.subjects.subject import mutant_subject, release
+
+    subject = finding.compared.get("subject") or {}
+    config = worst.coordinator_config()
+    workload = Workload()
+    if subject.get("kind") == "mutant":
+        say(f"  reach: hit-rate replay of {subject['label']} and vLLM {subject['version']} on {worst.profile}")
+        rates = []
+        for replayed in (mutant_subject(subject["version"], subject["mutant"]), release(subject["version"])):
+            with SubjectProcess(replayed) as proc:
+                rates.append(replay(workload, SubjectCache(proc, config, workload)).hit_rate)
+        return {"profile": worst.profile, "subject_hit_rate": round(rates[0], 6),
+                "reference": f"vllm {subject['version']}", "reference_hit_rate": round(rates[1], 6),
+                "points": round(100 * (rates[0] - rates[1]), 2),
+                "how": "measured: both replayed on real vLLM (kvspec hitrate's default workload)"}
+    diagnosis = finding.explanation.diagnosis if finding.explanation else None
+    if diagnosis is None or subject.get("kind") != "release":
+        return {"profile": worst.profile, "points": None,
+                "how": "not measured: no unmodified release to replay against and no model variant"}
+    from kvspec.model.variants import variant
+    from kvspec.oracles.ideal_cache import SpecCache
+    from kvspec.subjects.drivers.hitrate import replay
+
+    regime = expected_regime(config, finding.subject_capabilities())
+    ideal = replay(workload, SpecCache(config, regime))
+    model = replay(workload, SpecCache(config, regime, variant(diagnosis).rule, diagnosis))
+    return {"profile": worst.profile, "subject_hit_rate": model.hit_rate, "reference": "spec ideal",
+            "reference_hit_rate": ideal.hit_rate, "points": round(100 * (model.hit_rate - ideal.hit_rate), 2),
+            "how": "modelled: the diagnosed rule's model against the spec's ideal cache (not exact with Mamba "
+                   "groups, whose checkpoints follow the scheduler's chunking)"}
+
+
+def assess(finding: Finding, *, proc=None, hitrate: bool = True, say: Say = _quiet) -> Reach:
+    """Run the finding's rule against every profile of the catalog on its release."""
+    return _assess(finding, proc=proc, hitrate=hitrate, say=say)[0]
+
+
+def _assess(finding: Finding, *, proc=None, hitrate: bool = True,
+            say: Say = _quiet) -> tuple[Reach, tuple[str, ...]]:
+    """The Reach and the knob lines generated from the same derivations."""
+    from kvspec.model.variants import variant
+
+    caps = finding.subject_capabilities()
+    diagnosis = finding.explanation.diagnosis if finding.explanation else None
+    rule = variant(diagnosis).rule if diagnosis else None
+    # The live subject is driven only for registration-side findings, and not
+    # when the worker itself died on the case (every request would kill it again).
+    died = bool((finding.observations or {}).get("crashed"))
+    registration = (finding.category in _REGISTRATION or finding.category is Category.SUBJECT_CRASH) and not died
+    if rule is None and not (proc is not None and registration):
+        why = ("the worker process died on the case" if died else
+               "no live subject was at hand to drive the profiles" if registration else
+               "the profiles are not driven for this category")
+        return Reach(f"Not assessed: no model variant explains this {finding.category.title} finding and {why}",
+                     (), None, hardening=False), ()
+    from kvspec.model.deployments import FIRST_DERIVED, config_era
+
+    version = _release_of(finding)
+    if version is not None and config_era(version) is None:
+        return Reach(f"Not assessed: kvspec derives deployment profiles from vLLM {FIRST_DERIVED} on, and this "
+                     f"finding is on {version}", (), None, hardening=False), ()
+    derived, release = _derivations(finding, say)
+    entries, reached = [], []
+    assessed = 0
+    for d in derived:
+        config = d.coordinator_config()
+        if config is None or config.dcp_world_size > 1 and rule is None:
+            continue
+        assessed += 1
+        if rule is not None:
+            impact = {**rule_impact(config, caps, rule), "how": f"the diagnosed rule {diagnosis} (model.variants)"}
+        elif proc is not None and registration:
+            impact = _subject_impact(proc, config, finding.category)
+        else:
+            continue
+        if impact["affected"]:
+            entries.append(_entry(d, impact))
+            reached.append(d)
+    facts = _release_facts(finding)
+    knobs = knob_lines(reached, derived, facts, release)
+    out_of_scope = sorted({f"{d.profile}: {d.in_scope}" for d in derived if d.in_scope})
+    acceptance_only = finding.category.value in ACCEPTANCE_ONLY
+    worst = None
+    if entries:
+        best = max(range(len(entries)), key=lambda i: (entries[i]["impact"].get("max_tokens_lost", 0),
+                                                         entries[i]["impact"].get("max_tokens_over", 0),
+                                                         entries[i]["impact"].get("requests_differing", 0)))
+        w = entries[best]
+        worst = {"profile": w["profile"], "hash_scheme": w["hash_scheme"], "release": release,
+                 "max_tokens_lost": w["impact"].get("max_tokens_lost"),
+                 "max_tokens_over": w["impact"].get("max_tokens_over"),
+                 "mean_tokens_lost": w["impact"].get("mean_tokens_lost"),
+                 "fraction_of_lengths": w["impact"].get("fraction_of_lengths")}
+        if hitrate and os.environ.get("KVSPEC_REACH_HITRATE", "1") != "0" and rule is not None:
+            try:
+                worst["hitrate"] = _hitrate(finding, reached[best], say)
+            except Exception as exc:  # the replay is extra evidence; its failure is said, not fatal
+                worst["hitrate"] = {"profile": w["profile"], "points": None,
+                                    "how": f"not measured: {type(exc).__name__}: {exc}"}
+        else:
+            worst["hitrate"] = {"profile": w["profile"], "points": None,
+                                "how": "not measured (KVSPEC_REACH_HITRATE=0, or no model variant)"}
+    summary = _summary(finding, entries, reached, derived, assessed, release, worst, acceptance_only)
+    if out_of_scope:
+        summary += f"; not assessed, outside the hybrid coordinator: {'; '.join(out_of_scope)}"
+    hardening = not entries or acceptance_only
+    return Reach(summary, tuple(entries), worst, hardening=hardening), knobs
+
+
+def _release_facts(finding: Finding) -> dict[str, Any] | None:
+    from kvspec.subjects.drivers.deployments import probe_release
+    from kvspec.subjects.subject import release
+
+    version = (finding.compared.get("subject") or {}).get("version")
+    if not version:
+        return None
+    try:
+        return probe_release(release(version)).get("release_facts")
+    except Exception:
+        return None
+
+
+def _summary(finding: Finding, entries: list[dict[str, Any]], reached: list[Derivation],
+             derived: list[Derivation], assessed: int, release: str, worst: dict[str, Any] | None,
+             acceptance_only: bool) -> str:
+    what = finding.explanation.diagnosis if finding.explanation and finding.explanation.diagnosis \
+        else finding.category.title
+    profiles = len({d.profile for d in derived})
+    if not entries:
+        return (f"No known deployment: on vLLM {release}, {what} changes nothing in any of the {assessed} "
+                f"profile x hash-scheme configurations the hybrid coordinator runs ({profiles} profiles in "
+                "the catalog); it shows on hand-built geometry only (hardening)")
+    names = sorted({e["profile"] for e in entries})
+    published = sorted({e["profile"] for e in entries if not e["hypothetical"]})
+    schemes = sorted({e["hash_scheme"] for e in entries})
+    text = (f"On vLLM {release}, {what} reaches {len(names)} of {profiles} deployment profiles "
+            f"({', '.join(names)}), under {' and '.join(schemes)} hashes")
+    if not published:
+        text += "; only with hypothetical drafter geometry (no published drafter config was read)"
+    if worst is not None:
+        lost = worst.get("max_tokens_lost") or 0
+        over = worst.get("max_tokens_over") or 0
+        if lost or over:
+            text += (f"; worst: {worst['profile']}, up to {lost or over} tokens "
+                     f"{'lost' if lost else 'registered beyond the spec'} at a request's end "
+                     f"(mean {worst.get('mean_tokens_lost')} over request lengths, "
+                     f"{round(100 * (worst.get('fraction_of_lengths') or 0))}% of lengths)")
+        points = (worst.get("hitrate") or {}).get("points")
+        if points is not None:
+            text += f", {points:+.2f} hit-rate points on the replayed workload"
+    if acceptance_only:
+        text += "; its effect is on speculative acceptance only (hardening)"
+    return text
+
+
+def attach(finding: Finding, *, proc=None, hitrate: bool = True, say: Say = _quiet) -> Finding:
+    """``finding`` with its Reach and generated knob lines (the hook
+    ``kvspec.usecases.fuzz`` calls right after a finding is completed)."""
+    try:
+        reach, knobs = _assess(finding, proc=proc, hitrate=hitrate, say=say)
+    except Exception as exc:  # never lose a finding to its assessment
+        return attrs.evolve(finding, reach=Reach(f"Not assessed: {type(exc).__name__}: {exc}"))
+    explanation = finding.explanation
+    if explanation is not None:
+        explanation = attrs.evolve(explanation, knobs=knobs)
+    # What the release can do that the differential does not drive, and the
+    # hash scheme the finding holds under, with the finding.
+    scheme = ((finding.inputs or {}).get("config") or {}).get("hash_scheme", "legacy")
+    compared = {**finding.compared, "not_covered": list(finding.subject_capabilities().not_covered()),
+                "hash_scheme": scheme}
+    return attrs.evolve(finding, reach=reach, explanation=explanation, compared=compared)
+

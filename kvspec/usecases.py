@@ -111,6 +111,7 @@ class FuzzSettings:
     differentials: tuple[str, ...] = ("registration",)
     verify_test: bool = True
     progress: bool = False  # progress lines on stderr
+    hash_schemes: tuple[str, ...] | None = None  # --hash-scheme (None: every one the subject has)
 
     def __attrs_post_init__(self) -> None:
         unknown = set(self.differentials) - set(DIFFERENTIALS)
@@ -123,7 +124,8 @@ class FuzzSettings:
 
     def as_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "max_examples": self.max_examples, "lookup": self.lookup,
-                "differentials": list(self.differentials), "jobs": self.jobs}
+                "differentials": list(self.differentials), "jobs": self.jobs,
+                "hash_schemes": list(self.hash_schemes) if self.hash_schemes else "all"}
 
 
 @attrs.define
@@ -149,7 +151,10 @@ class FuzzRun:
 
     @property
     def outcome(self) -> Outcome:
-        parts = [Outcome.FINDING if s.finding is not None else s.result.outcome for s in self.subjects]
+        # A finding no deployment reaches, or acceptance-only, is hardening (kvspec.reach).
+        parts = [(Outcome.HARDENING if s.finding.reach is not None and s.finding.reach.hardening
+                  else Outcome.FINDING) if s.finding is not None else s.result.outcome
+                 for s in self.subjects]
         parts += [Outcome.USAGE for _ in self.errors]
         if self.stopped is not None:
             parts.append(self.stopped)
@@ -189,17 +194,20 @@ def _launch(subject):
 
 def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: FuzzRun | None = None,
          on_update: Callable[[FuzzRun], None] = lambda run: None, say: Say = _print,
-         started: float | None = None) -> FuzzRun:
+         started: float | None = None, on_finding: Callable | None = None) -> FuzzRun:
     """Fuzz each subject in its own worker; the run is handed to ``on_update``
     after every subject and finding.  A setup error of one subject is
     recorded and the next one fuzzed; an infrastructure error or an interrupt
     stops the run (status INCOMPLETE or INTERRUPTED), keeping what was found.
 
     With one job, workers start ahead: the next one while the current one
-    is fuzzed, so vLLM's import time overlaps other work."""
+    is fuzzed, so vLLM's import time overlaps other work.  ``on_finding``
+    (the command passes ``kvspec.reach.attach``) completes each finding with
+    who it reaches, while its subject is still live; the finding is stored again."""
     from kvspec.diff_tests.database import example_database
     from kvspec.diff_tests.parallel import fuzz_parallel
     from kvspec.model.about import versions
+    from kvspec.report.completion import store_finding
 
     started = time.perf_counter() if started is None else started
     run = FuzzRun(settings, [subject.label for subject in subjects]) if run is None else run
@@ -228,7 +236,8 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
                 for differential in settings.differentials:
                     if differential != "stateful" and jobs > 1:
                         result = fuzz_parallel(subject, jobs, settings.max_examples, settings.seed,
-                                               settings.database, lookup=differential == "lookup")
+                                               settings.database, lookup=differential == "lookup",
+                                               hash_schemes=settings.hash_schemes)
                         if result.failure is not None and proc is None:
                             proc = _launch(subject)
                             if isinstance(proc, Exception):
@@ -246,6 +255,9 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
                             f"into fuzzing); run with shrinking {result.seconds:.1f} s; completing the finding")
                         entry.finding, entry.finding_path = _complete(proc, result, differential, findings_dir,
                                                                       versions(), settings.verify_test)
+                        if on_finding is not None:  # who is affected (kvspec.reach.attach), stored with it
+                            entry.finding = on_finding(entry.finding, proc, say)
+                            store_finding(entry.finding, entry.finding_path)
                     elif result.failure is not None:  # stopped mid-run: keep what was found, as found
                         entry.finding, entry.finding_path = _store_raw(result, differential, findings_dir,
                                                                        versions())
@@ -322,10 +334,22 @@ def _say_result(entry: SubjectRun, say: Say, in_parallel: str) -> None:
         say(f"{label}: STOPPED after {result.cases} {result.units}: {result.stopped_why}")
     else:
         say(render_text(finding))
+        if finding.reach is not None:
+            say(f"  who is affected: {finding.reach.summary}")
         say(f"  stored: {entry.finding_path}")
         if getattr(result, "other_failures", ()):
             say(f"  {len(result.other_failures)} other distinct failure(s) found by other jobs: "
                 + "; ".join(f.case.describe() for f in result.other_failures))
+    # Under which hash schemes and scopes the result holds, and what was not driven.
+    if entry.differential == "stateful":
+        return
+    say(f"  {result.scheme_text}; deployment profiles: "
+        + (f"{result.tally.deployment_cases} cases on {result.deployment_configs} derived configurations"
+           if result.deployment_configs else result.deployments_note))
+    for item in result.capabilities.not_covered():
+        say(f"  not covered: {item}")
+    for known in result.known_excluded:
+        say(f"  known finding kept out of the draw (diff_tests/known.py): {known.name}: {known.reach}")
 
 
 def _fuzz_one(proc, label: str, settings: FuzzSettings, database, started: float, say: Say, *,
@@ -346,7 +370,8 @@ def _fuzz_one(proc, label: str, settings: FuzzSettings, database, started: float
 
     # Failing examples from earlier runs are replayed first.
     return fuzz_subject(proc, settings.max_examples, settings.seed, database=database, progress=tick,
-                        on_first_failure=first, lookup=lookup)
+                        on_first_failure=first, lookup=lookup,
+                        hash_schemes=settings.hash_schemes)
 
 
 def _fuzz_stateful_one(proc, label: str, settings: FuzzSettings, database, started: float, say: Say):
@@ -559,7 +584,12 @@ def mtp_model_side() -> list[dict[str, Any]]:
 
 
 def mtp_subject_side(subject) -> dict[str, Any]:
-    from kvspec.oracles.mtp import HASH_SCHEMES
+    """The stale-reuse search on one subject (the writer chunked by its own
+    scheduler), the model's condition checked per configuration, the
+    suggested fix checked against what vLLM did, and which deployment
+    profiles (as the release's own configuration code derives them) reach it."""
+    from kvspec.oracles.mtp import HASH_SCHEMES, fix_rejects, profiles_reaching
+    from kvspec.subjects.drivers.deployments import derivations
     from kvspec.subjects.drivers.mtp import search_stale_reuse
     from kvspec.subjects.process import SubjectProcess
 
@@ -584,10 +614,25 @@ def mtp_subject_side(subject) -> dict[str, Any]:
         result["model_necessary"] = all(r["model_predicts_stale"] for r in rows if r["vllm_stale"])
         result["model_condition_matches"] = all(
             bool(r["vllm_stale"]) == r["model_predicts_stale"] for r in rows)
+        # The condition a single-chunk writer showed (kept to show it does not match).
         result["whole_block_condition_matches"] = all(
             bool(r["vllm_stale"]) == r["model_predicts_stale_whole_blocks"] for r in rows)
+        # The suggested guard against what vLLM did: it must refuse every
+        # configuration with stale reuse and nothing vLLM handles safely.
+        result["fix_refuses_every_stale"] = all(r["fix_rejects"] for r in rows if r["vllm_stale"])
+        result["fix_refuses_safe"] = [r["config"] for r in rows if r["fix_rejects"] and not r["vllm_stale"]]
         results[scheme] = result
-    return {"subject": subject.label, "vllm_version": version, "schemes": results}
+    try:
+        derived = derivations(subject, version)
+        reach = {"profiles": profiles_reaching(derived), "derivations": len(derived),
+                 "fix_refuses_profiles": [d.profile for d in derived
+                                          if d.coordinator_config() is not None and d.eagle_branch_live
+                                          and fix_rejects(d.coordinator_config())],
+                 "called": sum(bool(d.called) for d in derived)}
+    except Exception as exc:  # the deployment derivation is extra evidence; say why it is missing
+        reach = {"error": f"{type(exc).__name__}: {exc}"}
+    return {"subject": subject.label, "vllm_version": version, "schemes": results, "reach": reach,
+            "not_covered": list(caps.not_covered())}
 
 
 # -- the hit-rate replay ---------------------------------------------------------

@@ -45,6 +45,17 @@ class Capabilities:
     get_num_cacheable_tokens: bool = True
     # KVCacheManager takes num_hash_lookahead_tokens: lookahead block hashes (0.33+).
     lookahead_block_hashes: bool = True
+    # Partial hash hits also under DCP > 1, with the Mamba block equal to the
+    # hash block (0.29+; 0.26-0.28 turned them off whenever dcp_world_size > 1).
+    dcp_partial_hash_hits: bool = True
+    # Deployment features kvspec's differential does not drive (not_covered):
+    # a prefix-cache retention interval (an environment variable up to 0.29,
+    # KVCacheConfig.prefix_cache_retention_interval from 0.29), replay
+    # boundaries handed to every group's cache_blocks (0.30+), groups that opt
+    # out of prefix caching (KVCacheSpec.prefix_cacheable, 0.29+).
+    retention_interval: bool = True
+    replay_boundaries: bool = True
+    per_group_caching: bool = True
     # The keyword names of KVCacheManager.__init__ and Request.__init__.
     manager_keywords: tuple[str, ...] = attrs.field(default=(), converter=_keywords)
     request_keywords: tuple[str, ...] = attrs.field(default=(), converter=_keywords)
@@ -86,6 +97,24 @@ class Capabilities:
             out.append("num_prefill_lookahead <= 1 (this release has no reprefillable tokens)")
         return tuple(out)
 
+    def not_covered(self) -> tuple[str, ...]:
+        """What this release can do that kvspec's differential does not drive,
+        in words: every verdict on such a release lists them."""
+        out = []
+        if self.dcp_partial_hash_hits:
+            out.append("DCP > 1: partial hash hits with the Mamba block equal to the hash block are in the "
+                       "model's regime rule, but no DCP > 1 configuration is driven through vLLM")
+        if self.retention_interval:
+            out.append("the prefix-cache retention interval: vLLM runs with its default (every boundary "
+                       "retained); a deployment that sets one is not fuzzed")
+        if self.replay_boundaries:
+            out.append("replay boundaries handed to cache_blocks: the bound each group receives is compared, "
+                       "not which replay boundaries a group keeps")
+        if self.per_group_caching:
+            out.append("groups that opt out of prefix caching (KVCacheSpec.prefix_cacheable): every group "
+                       "kvspec builds is cacheable")
+        return tuple(out)
+
     def missing(self, reference: "Capabilities") -> tuple[str, ...]:
         """Flags ``reference`` has and this tree lacks: dimensions kvspec
         would not generate here (a renamed keyword looks exactly like this)."""
@@ -103,31 +132,51 @@ class ExpectedRegime:
     partial_hash_hits: bool
     eagle: tuple[bool, ...]
     num_prefill_lookahead: int
+    # Tokens past each block its hash covers (0: legacy hashes).
+    num_hash_lookahead_tokens: int = 0
+
+    @property
+    def eagle_branch_live(self) -> bool:
+        """Whether any group takes the EAGLE branch of the registration bound."""
+        return any(self.eagle)
+
+    @property
+    def hash_scheme(self) -> str:
+        return "lookahead" if self.num_hash_lookahead_tokens else "legacy"
 
 
 def expected_regime(config: CoordinatorConfig, capabilities: Capabilities) -> ExpectedRegime:
     """The regime, derived from the configuration and the era alone (never
     adopted from the subject's own flags: a difference is a finding)."""
     partial = capabilities.partial_hash_hits and derive_partial_hash_hits(
-        config, require_fine_grained_lookups=capabilities.fine_grained_lookup_fallback)
-    if capabilities.per_group_eagle:
+        config, require_fine_grained_lookups=capabilities.fine_grained_lookup_fallback,
+        dcp_partial=capabilities.dcp_partial_hash_hits)
+    # Lookahead block hashes replace the EAGLE drop (the scheduler builds the
+    # manager with use_eagle=False): config.effective_eagle is all off then.
+    hash_lookahead = config.num_hash_lookahead_tokens if capabilities.lookahead_block_hashes else 0
+    if capabilities.per_group_eagle or not config.eagle_drop:
         eagle = config.effective_eagle
     else:  # one global use_eagle flag: every group is EAGLE
         eagle = tuple(config.any_eagle for _ in config.groups)
     lookahead = config.num_prefill_lookahead if capabilities.reprefillable_tokens else 0
-    return ExpectedRegime(partial, eagle, lookahead)
+    return ExpectedRegime(partial, eagle, lookahead, hash_lookahead)
 
 
 # What each published release's code holds, as introspected (``kvspec
 # history`` prints it): a tree that says it is one of these releases is held
 # to that era, so a renamed keyword cannot quietly shrink what is fuzzed.
+_BEFORE_029 = dict(dcp_partial_hash_hits=False, replay_boundaries=False, per_group_caching=False)
 ERAS: tuple[tuple[str, str, Capabilities], ...] = (
     ("0.23.0", "0.25.1", Capabilities(partial_hash_hits=False, fine_grained_lookup_fallback=False,
                                       reprefillable_tokens=False, get_num_cacheable_tokens=False,
-                                      lookahead_block_hashes=False)),
+                                      lookahead_block_hashes=False, **_BEFORE_029)),
     ("0.26.0", "0.27.1", Capabilities(reprefillable_tokens=False, get_num_cacheable_tokens=False,
-                                      lookahead_block_hashes=False)),
-    ("0.28.0", "0.31.0", Capabilities(get_num_cacheable_tokens=False, lookahead_block_hashes=False)),
+                                      lookahead_block_hashes=False, **_BEFORE_029)),
+    ("0.28.0", "0.28.0", Capabilities(get_num_cacheable_tokens=False, lookahead_block_hashes=False,
+                                      **_BEFORE_029)),
+    ("0.29.0", "0.29.0", Capabilities(get_num_cacheable_tokens=False, lookahead_block_hashes=False,
+                                      replay_boundaries=False)),
+    ("0.30.0", "0.31.0", Capabilities(get_num_cacheable_tokens=False, lookahead_block_hashes=False)),
     ("0.32.0", "0.32.0", Capabilities(lookahead_block_hashes=False)),
     ("0.33.0", "0.34.0", Capabilities()),
 )

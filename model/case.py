@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from .domain import CoordinatorConfig, GroupKind, KVCacheGroup
+from .domain import CoordinatorConfig, GroupKind, HashScheme, KVCacheGroup
 from .errors import InputError
 
 __all__ = ["Step", "Case", "LookupProbe", "InvalidCase", "prefill", "decode", "MAX_TOKENS", "MAX_STEPS",
@@ -133,6 +133,9 @@ class Case:
                 "num_prefill_lookahead": self.config.num_prefill_lookahead,
                 "dcp_world_size": self.config.dcp_world_size,
                 "allow_partial_hash_hits": self.config.allow_partial_hash_hits,
+                # Written only when not the legacy default, so older case files read the same.
+                **({"hash_scheme": self.config.hash_scheme.value}
+                   if self.config.hash_scheme is not HashScheme.LEGACY else {}),
             },
             "prompt_len": self.prompt_len,
             "steps": [attrs.asdict(s) for s in self.steps],

@@ -24,6 +24,7 @@ __all__ = [
     "GroupRegistration",
     "InvalidGeometry",
     "derive_partial_hash_hits",
+    "HashScheme",
 ]
 
 
@@ -35,6 +36,32 @@ class InvalidGeometry(InputError, ValueError):
         self.rule = rule
         self.value = value
         super().__init__(f"invalid {field}={value!r}: {rule}")
+
+
+class HashScheme(str, enum.Enum):
+    """How the request's block hashes are computed, and so whether the EAGLE
+    drop runs (vLLM's scheduler decides; ``CoordinatorConfig`` derives it).
+
+    ``legacy``: each hash covers its block; an EAGLE group drops its last
+    matched block on lookup and registers one block past the aligned boundary
+    (the EAGLE branch of the registration bound).  Every release before 0.33;
+    0.33+ with a KV connector (0.34: one without lookahead-hash support) or
+    ``disable_lookahead_block_hashes``.
+    ``lookahead``: each hash also covers the next ``num_prefill_lookahead``
+    tokens (``num_hash_lookahead_tokens``), so no drop is needed and the
+    scheduler builds ``KVCacheManager(use_eagle=False)``: the EAGLE branch is
+    not live.  0.33+'s default for EAGLE-family drafters with prefix caching.
+    """
+
+    LEGACY = "legacy"
+    LOOKAHEAD = "lookahead"
+
+
+def _hash_scheme(value: Any) -> HashScheme:
+    try:
+        return HashScheme(value)
+    except ValueError:
+        raise InvalidGeometry("hash_scheme", "must be legacy or lookahead", value) from None
 
 
 class GroupKind(str, enum.Enum):
@@ -125,6 +152,7 @@ class CoordinatorConfig:
     num_prefill_lookahead: int = attrs.field(default=0, validator=_non_negative)
     dcp_world_size: int = attrs.field(default=1, validator=_positive)
     allow_partial_hash_hits: bool = attrs.field(default=True, validator=_is_bool)
+    hash_scheme: HashScheme = attrs.field(default=HashScheme.LEGACY, converter=_hash_scheme)
 
     def __attrs_post_init__(self) -> None:
         S, H = self.scheduler_block_size, self.hash_block_size
@@ -168,6 +196,24 @@ class CoordinatorConfig:
         return any(g.eagle for g in self.groups)
 
     @property
+    def num_hash_lookahead_tokens(self) -> int:
+        """``num_hash_lookahead_tokens`` as vLLM's configuration derives it:
+        under lookahead hashes, with prefix caching and an EAGLE-family
+        drafter, the prefill lookahead (at least 1: every EAGLE-family method
+        has one, ``VllmConfig.num_prefill_lookahead_tokens``; kvspec's small
+        scope lets 0 stand for it); 0 otherwise."""
+        if self.hash_scheme is HashScheme.LOOKAHEAD and self.enable_caching and self.any_eagle:
+            return max(1, self.num_prefill_lookahead)
+        return 0
+
+    @property
+    def eagle_drop(self) -> bool:
+        """Whether the scheduler builds the manager with ``use_eagle=True``
+        (the EAGLE drop, and the EAGLE branch of the registration bound, are
+        live): an EAGLE group and no lookahead hashes."""
+        return self.any_eagle and not self.num_hash_lookahead_tokens
+
+    @property
     def num_reprefillable_tokens(self) -> int:
         """Tokens multi-module MTP may prefill again: ``max(0, lookahead - 1)``."""
         return max(0, self.num_prefill_lookahead - 1)
@@ -183,33 +229,41 @@ class CoordinatorConfig:
 
         vLLM merges groups with an identical spec for lookup and gives the
         merged group the EAGLE bit if any member has it, so an unflagged twin of
-        an EAGLE group is treated as EAGLE too.
+        an EAGLE group is treated as EAGLE too.  Under lookahead hashes no
+        group drops (``eagle_drop``): the groups stay flagged in vLLM, but the
+        manager is built with ``use_eagle=False``, so every flag here is off.
         """
+        if not self.eagle_drop:
+            return tuple(False for _ in self.groups)
         flagged = {(g.kind, g.block_size, g.sliding_window) for g in self.groups if g.eagle}
         return tuple((g.kind, g.block_size, g.sliding_window) in flagged for g in self.groups)
 
     def describe(self) -> str:
         groups = ", ".join(g.label() for g in self.groups)
+        hashes = " hashes=lookahead" if self.hash_scheme is HashScheme.LOOKAHEAD else ""
         return (
             f"S={self.scheduler_block_size} H={self.hash_block_size} "
             f"lookahead={self.num_prefill_lookahead} dcp={self.dcp_world_size} "
-            f"caching={'on' if self.enable_caching else 'off'} [{groups}]"
+            f"caching={'on' if self.enable_caching else 'off'}{hashes} [{groups}]"
         )
 
 
 def derive_partial_hash_hits(
-    config: CoordinatorConfig, *, require_fine_grained_lookups: bool = True
+    config: CoordinatorConfig, *, require_fine_grained_lookups: bool = True, dcp_partial: bool = True
 ) -> bool:
     """Whether fine-grained (sub-block) prefix-cache hits are on.
 
     They need prefix caching, the switch on, a Mamba "align" group whose block
-    is coarser than the hash block (or equal to it under DCP), and -- from 0.28,
+    is coarser than the hash block (or equal to it under DCP, from 0.29:
+    ``dcp_partial``; 0.26-0.28 had none under DCP), and -- from 0.28,
     ``require_fine_grained_lookups`` -- every other group able to look up
     inside its block (full attention, Mamba) or with a block equal to the hash
     block; 0.26-0.27 did not have that last fallback.
     """
     H, dcp = config.hash_block_size, config.dcp_world_size
     if not (config.enable_caching and config.allow_partial_hash_hits):
+        return False
+    if dcp > 1 and not dcp_partial:
         return False
     has_aligned_mamba = any(
         g.kind is GroupKind.MAMBA_ALIGN and (g.block_size > H if dcp == 1 else g.block_size >= H)

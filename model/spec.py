@@ -198,18 +198,22 @@ def evaluate_config(
     partial: bool | None = None,
     eagle: tuple[bool, ...] | None = None,
     lookahead: int | None = None,
+    hashed: int | None = None,
 ) -> tuple[GroupRegistration, ...]:
     """Per-group registration of ``rule`` at one ``cache_blocks(n)`` call.
 
     The derivation is filled in when the rule's steps are known: the spec's
     own, or ``steps`` (which then defines the bound and ``rule`` is unused).
+    ``hashed``: the tokens the request's block hashes cover, when known (under
+    lookahead block hashes they stop ``num_hash_lookahead_tokens`` short of
+    the request's tokens); else every whole hash block of ``total_tokens``.
     """
     if not 0 <= n <= total_tokens:
         raise ValueError(f"need 0 <= n <= total_tokens, got n={n}, total={total_tokens}")
     if steps is None and rule is registration_bound:
         steps = registration_steps
     results = []
-    hashed = hashed_tokens(INT, total_tokens, config.hash_block_size)
+    hashed = hashed_tokens(INT, total_tokens if hashed is None else hashed, config.hash_block_size)
     for i, group in enumerate(config.groups):
         p = inputs_for_group(config, i, n, partial=partial, lookahead=lookahead,
                              eagle=None if eagle is None else eagle[i])

@@ -13,6 +13,13 @@ covers the ``L`` tokens its last position's draft KV read).
 
 A witness is judged from the subject's own answer only: the hit vLLM returned,
 the tokens the two requests share and ``model.lookup.draft_dependency_end``.
+The writer is prefilled as vLLM's scheduler chunks it (``subjects/drivers/mtp.py``):
+that is where Mamba states exist, and so where a hit can land.
+
+Impact: draft-layer KV only feeds the drafter's proposals, which the target
+verifies; under the default rejection sampling the outputs are unchanged and
+stale draft KV lowers the acceptance rate for the rest of the later request
+(vLLM's lossy "fly" sampling is the exception).
 """
 
 from __future__ import annotations
@@ -27,7 +34,8 @@ from kvspec.model.domain import CoordinatorConfig
 from kvspec.model.lookup import draft_dependency_end, eagle_drop_tail
 from kvspec.model.spec import inputs_for_group
 
-__all__ = ["HASH_SCHEMES", "StaleReuse", "stale_reuse", "model_predicts_stale"]
+__all__ = ["HASH_SCHEMES", "StaleReuse", "stale_reuse", "model_predicts_stale", "fix_rejects",
+           "profiles_reaching"]
 
 # (name, tokens past each block its hash covers, as a function of L)
 HASH_SCHEMES = {
@@ -76,13 +84,41 @@ def stale_reuse(case: Case, scheme: str, reply: dict[str, Any]) -> StaleReuse | 
 
 def model_predicts_stale(config: CoordinatorConfig, whole_blocks: bool = False) -> bool:
     """``proofs``' reachability condition (mtp.stale_reuse_reachability) at
-    this configuration: some EAGLE group has L > its drop tail.  With
-    ``whole_blocks`` the group is taken to match whole blocks only (its tail
-    is its block B): what a full-attention group with B > H does when no
-    Mamba state sits inside its block, the only case seen on real vLLM."""
+    this configuration: some EAGLE group has L > its drop tail.
+
+    ``whole_blocks`` takes every group to match whole blocks only (its tail
+    is its block B).  That is what a writer prefilled in one chunk shows on
+    0.31+ (no Mamba state at the prompt checkpoint the drop lands on): an
+    artifact of that harness, not vLLM's behaviour, kept to say so; with the
+    scheduler's own chunking (``subjects/drivers/mtp.py``) vLLM matches the
+    unrestricted condition."""
     for index, group in enumerate(config.groups):
         p = inputs_for_group(config, index, 0)
         fine_grained = group.kind.fine_grained_lookup and not whole_blocks
         if p.eagle and p.L > eagle_drop_tail(INT, p, fine_grained):
             return True
     return False
+
+
+def fix_rejects(config: CoordinatorConfig) -> bool:
+    """The suggested guard: with legacy hashes and an EAGLE group, refuse a
+    prefill lookahead longer than the tail the lookup drops (the hash block
+    under partial hits, else each EAGLE group's block) -- instead of vLLM's
+    ``scheduler_block_size >= num_prefill_lookahead``.  (Lookahead block
+    hashes, 0.33's default, need no guard.)"""
+    return model_predicts_stale(config)
+
+
+def profiles_reaching(derivations) -> list[dict[str, Any]]:
+    """Deployment derivations (``model.deployments.Derivation``) under which
+    a hit can keep stale draft KV: the model's condition on each one's
+    coordinator configuration (legacy hashes: lookahead hashes prevent it)."""
+    out = []
+    for d in derivations:
+        config = d.coordinator_config()
+        if config is None or not d.eagle_branch_live:
+            continue
+        if model_predicts_stale(config):
+            out.append({"profile": d.profile, "release": d.release, "hash_scheme": d.hash_scheme,
+                        "configuration": config.describe(), "called": list(d.called)})
+    return out

@@ -76,7 +76,7 @@ def expected_calls(case: Case, regime: ExpectedRegime, observed: list[dict],
         regs = evaluate_config(
             config, n, max(n, hashed), rule, steps=steps,
             partial=regime.partial_hash_hits, eagle=regime.eagle,
-            lookahead=regime.num_prefill_lookahead,
+            lookahead=regime.num_prefill_lookahead, hashed=hashed,
         )
         tokens = tuple(r.tokens_to_cache for r in regs)
         # A manager's registered count only grows: it skips a call that would

@@ -1,4 +1,4 @@
-"""What the solver knows about a finding: loss, worst case, reachability, knobs.
+"""What the solver knows about a finding: loss, worst case, reachability.
 
 A finding's subject is first *diagnosed*: the model variant (if any) that
 reproduces its observations at every call.  For a diagnosed variant the
@@ -36,19 +36,12 @@ class ExplanationSpec:
     block_reachability: str | None = None
     loss: str | None = None  # closed form of spec - variant
     worst_case: str | None = None
-    knobs: tuple[str, ...] = ()
 
 
-KNOBS_50062 = (
-    "partial hash hits on (P): a hybrid model with a Mamba layer in mamba_cache_mode='align', "
-    "prefix caching enabled, dcp_world_size == 1, hash_block_size smaller than the Mamba block "
-    "(from 0.28 also: every sliding-window group's block equal to the hash block)",
-    "EAGLE on the group (E): a speculative method of the EAGLE family (eagle, eagle3, mtp, DSpark) "
-    "-- vLLM's is_eagle_group",
-    "R = max(0, num_prefill_lookahead - 1): non-zero only with multi-module MTP",
-    "(n - R) mod S > B: the scheduler block (vLLM sizes it to the Mamba page) spans at least two "
-    "attention blocks, so most prompt lengths qualify",
-)
+# The deployment knobs of a finding are not written here per rule: they are
+# generated from the deployment profiles' derivations and the release's own
+# code when the finding's reach is assessed (kvspec/reach.py fills
+# Explanation.knobs), so they say what the finding's release does.
 
 EXPLAINED: dict[str, ExplanationSpec] = {
     "regression_50062": ExplanationSpec(
@@ -57,7 +50,6 @@ EXPLAINED: dict[str, ExplanationSpec] = {
         block_reachability="reachability.regression_blocks",
         loss="loss.regression_closed_form",
         worst_case="loss.regression_worst_case",
-        knobs=KNOBS_50062,
     ),
 }
 
@@ -150,5 +142,5 @@ def explain(
         diagnosis, summary, nature,
         loss_formula=loss_formula, loss_predicted=loss_predicted, loss_observed=row.token_gap,
         worst_case=worst, reachability=reach_text, reachable_here=reachable,
-        theorems=tuple(theorems), knobs=spec.knobs, intended_drop=drops,
+        theorems=tuple(theorems), intended_drop=drops,
     )

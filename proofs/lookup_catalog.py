@@ -16,7 +16,14 @@ attention and Mamba; not sliding window).  A hit at a landing point is
   EAGLE drop tail is a whole scheduler block; the tail is the hash block under
   partial hits (and the group's block when B < S), so a hit can keep
   draft-layer KV computed from writer tokens the later request does not
-  share, exactly when ``L > drop tail``.
+  share, exactly when ``L > drop tail``.  Real vLLM (0.28-0.34, legacy hashes)
+  shows stale reuse in exactly those configurations once the writer is
+  prefilled as its own scheduler chunks it (``subjects/drivers/mtp.py``): a
+  hit lands at ``M - tail`` only where a Mamba state exists, and the prompt
+  checkpoint the scheduler materializes is that landing.  (A single-chunk
+  writer made no such state and showed whole-block tails only, which is why
+  S=4, H=2, L=3, B=4 once looked like a counterexample to this theorem.)
+  The impact is on speculative acceptance: draft KV only feeds proposals.
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ Requests (``op``): ``run`` / ``run_many`` / ``stream`` (cases), ``open_session``
 ``model.program.Program``'s ``machine_case``) / ``machine_ops`` (operations,
 answered each with its result and the manager's state after it) /
 ``machine_trace`` (the vLLM calls they made), for the stateful differential,
-``stats``, ``quit``.  A case is
+``prefill_chunks`` (vLLM's scheduler chunking of prompts on one geometry:
+``case`` and ``prompts``) and ``mamba_layer_checkpoint_fields`` (what the
+release's Mamba2 layer declares), for the MTP search, ``stats``, ``quit``.  A case is
 sent as ``case_message``; its reply carries ``ok``, then either the
 observations (``calls``, ``regime``, ``probe``) or ``error`` with ``phase``
 (``construct``: vLLM refused the configuration; ``drive``: vLLM raised) and a
@@ -37,6 +39,9 @@ def case_message(case: Case) -> dict[str, Any]:
         "enable_caching": c.enable_caching,
         "num_prefill_lookahead": c.num_prefill_lookahead,
         "dcp_world_size": c.dcp_world_size,
+        # Lookahead block hashes (0: legacy); the worker then builds the
+        # manager with use_eagle=False, as vLLM's scheduler does.
+        "num_hash_lookahead_tokens": c.num_hash_lookahead_tokens,
         "max_model_len": case.max_model_len,
         "num_blocks": case.num_blocks,
         "prompt_len": case.prompt_len,

@@ -72,8 +72,33 @@ def introspect():
         "fine_grained_lookup_fallback": hasattr(stm, "supports_fine_grained_hash_lookup"),
         "get_num_cacheable_tokens": hasattr(hybrid, "get_num_cacheable_tokens"),
         "lookahead_block_hashes": "num_hash_lookahead_tokens" in manager_params,
+        **_deployment_features(hybrid_source, kv_cache_interface, kv_cache_coordinator),
         "manager_keywords": sorted(manager_params),
         "request_keywords": sorted(request_params),
+    }
+
+
+def _deployment_features(hybrid_source, kv_cache_interface, kv_cache_coordinator):
+    """Features a deployment can switch on that kvspec's differential does
+    not drive (``Capabilities.not_covered`` words them): partial hash hits
+    under DCP > 1, the prefix-cache retention interval, replay boundaries
+    handed to ``cache_blocks``, groups that opt out of prefix caching."""
+    from vllm.v1.core import kv_cache_utils
+
+    rule = hybrid_source
+    if hasattr(kv_cache_utils, "partial_hash_hits_enabled"):
+        rule += inspect.getsource(kv_cache_utils.partial_hash_hits_enabled)
+    config_fields = {f.name for f in dataclasses.fields(kv_cache_interface.KVCacheConfig)}
+    try:
+        import vllm.envs as envs
+        retention_env = "VLLM_PREFIX_CACHE_RETENTION_INTERVAL" in inspect.getsource(envs)
+    except Exception:
+        retention_env = False
+    return {
+        "dcp_partial_hash_hits": "block_size >= hash_block_size" in rule,
+        "retention_interval": "prefix_cache_retention_interval" in config_fields or retention_env,
+        "replay_boundaries": "replay_boundaries" in inspect.getsource(kv_cache_coordinator),
+        "per_group_caching": hasattr(kv_cache_interface.KVCacheSpec, "prefix_cacheable"),
     }
 
 
@@ -128,7 +153,7 @@ class Driver:
         if kind == "mamba_align":
             return self.iface.MambaSpec(
                 block_size=block, shapes=((4, 4),), dtypes=(torch.float16,),
-                mamba_cache_mode="align")
+                mamba_cache_mode="align", **group.get("mamba_spec", {}))
         raise ValueError(f"unknown group kind {kind!r}")
 
     def _manager(self, case):
@@ -166,9 +191,9 @@ class Driver:
         return self.KVCacheManager(**{k: v for k, v in wanted.items() if k in self.manager_params})
 
     def _hash_lookahead(self, case):
-        """Tokens past each block its hash covers: only the MTP evidence
-        (``oracles.mtp``) asks for them; the registration oracle models the
-        legacy hashes."""
+        """Tokens past each block its hash covers (``num_hash_lookahead_tokens``;
+        0: legacy hashes): from the configuration's hash scheme
+        (``model.domain.HashScheme``), or set by the MTP search."""
         lookahead = case.get("num_hash_lookahead_tokens", 0)
         if lookahead and not self.capabilities["lookahead_block_hashes"]:
             raise Unsupported("this vLLM has no lookahead block hashes (added in 0.33)")
@@ -358,6 +383,91 @@ class Driver:
                               "later_tokens": later.num_tokens}
         self._keep_for_reuse(recorded, request)
         return reply
+
+
+# -- vLLM's prefill chunking of a Mamba "align" layout (the MTP search) ----------------
+
+def mamba_layer_checkpoint_fields():
+    """The prefill-checkpoint fields vLLM's own Mamba2 layer gives its
+    MambaSpec in this release ({} where it declares none), read from the
+    layer's source text (importing the model layers is not needed)."""
+    import vllm
+
+    path = os.path.join(os.path.dirname(vllm.__file__), "model_executor", "layers", "mamba", "mamba_mixer2.py")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError:
+        return {}
+    if "num_prefill_checkpoint_blocks=1" in text and "prefill_checkpoint_alignment=1" in text:
+        return {"num_prefill_checkpoint_blocks": 1, "prefill_checkpoint_alignment": 1}
+    return {}
+
+
+def _mtp_scheduler(manager, case):
+    """What ``_mamba_block_aligned_split`` and ``_reserve_prefill_lookahead``
+    read of their scheduler, derived as the release's ``Scheduler.__init__``
+    derives it from the manager (the strict stand-in the stateful machine
+    uses: an attribute kvspec does not know is refused)."""
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    coordinator = manager.coordinator
+    specs = [g.kv_cache_spec for g in manager.kv_cache_config.kv_cache_groups
+             if isinstance(g.kv_cache_spec, MambaSpec)]
+    S, H = case["scheduler_block_size"], case["hash_block_size"]
+    use_eagle = any(getattr(m, "use_eagle", False) for m in coordinator.single_type_managers)
+    partial = bool(specs) and H < S and bool(getattr(coordinator, "enable_partial_hash_hits", False))
+    return _SchedulerStandIn({
+        "cache_config": _SchedulerStandIn({"block_size": specs[0].block_size if specs else S,
+                                           "mamba_cache_mode": "align",
+                                           "enable_prefix_caching": case["enable_caching"]}),
+        "scheduler_config": _SchedulerStandIn({"long_prefill_token_threshold": 0}),
+        "block_size": S, "hash_block_size": H, "use_eagle": use_eagle, "use_eagle_block_drop": use_eagle,
+        "num_hash_lookahead_tokens": case.get("num_hash_lookahead_tokens", 0),
+        "num_prefill_lookahead": case["num_prefill_lookahead"],
+        "max_num_scheduled_tokens": 1 << 16, "need_mamba_block_aligned_split": True,
+        "scheduler_block_size": S, "mamba_partial_cache_hit": partial,
+        "mamba_prefill_checkpoint_alignment": next(
+            (getattr(spec, "prefill_checkpoint_alignment", None) for spec in specs), None),
+        "mamba_has_prefill_checkpoint_blocks": bool(specs) and all(
+            getattr(spec, "num_prefill_checkpoint_blocks", 0) > 0 for spec in specs),
+        "mamba_fine_grained_prefix_cache": False, "mamba_shared_prefix_checkpoint": False,
+    })
+
+
+def prefill_chunks(driver, request):
+    """vLLM's scheduler chunking of each prompt length for one geometry:
+    ``_mamba_block_aligned_split`` then ``_reserve_prefill_lookahead`` in
+    ``schedule()``'s order, until the prompt is computed (a step that
+    schedules nothing is a stall, reported as such)."""
+    import types
+
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    case = request["case"]
+    split = getattr(Scheduler, "_mamba_block_aligned_split", None)
+    reserve = getattr(Scheduler, "_reserve_prefill_lookahead", None)
+    if split is None:
+        return {"ok": False, "unsupported": True, "error": "this vLLM's scheduler has no _mamba_block_aligned_split"}
+    manager = driver._manager(case)
+    scheduler = _mtp_scheduler(manager, case)
+    out = []
+    for prompt in request["prompts"]:
+        req = types.SimpleNamespace(num_computed_tokens=0, num_prompt_tokens=prompt, num_tokens=prompt,
+                                    shared_prefix_boundary=0)
+        chunks, computed = [], 0
+        while computed < prompt:
+            new = split(scheduler, req, prompt - computed)
+            if reserve is not None:
+                new = reserve(scheduler, req, computed, new)
+            if new <= 0:
+                break
+            chunks.append(new)
+            computed += new
+            req.num_computed_tokens = computed
+        out.append({"prompt": prompt, "chunks": chunks, "stalled_at": None if computed >= prompt else computed})
+    return {"ok": True, "results": out, "reserve": reserve is not None,
+            "checkpoint_blocks": scheduler.mamba_has_prefill_checkpoint_blocks}
 
 
 # What a case says about its request rather than about the manager's geometry.
@@ -929,6 +1039,10 @@ def main():
             _send({"ok": True, "done": True})
         elif request.get("op") in ("open_session", "session_actions"):
             _send(_session_op(driver, request))
+        elif request.get("op") == "prefill_chunks":
+            _send(_prefill_chunks_op(driver, request))
+        elif request.get("op") == "mamba_layer_checkpoint_fields":
+            _send({"ok": True, "fields": mamba_layer_checkpoint_fields()})
         elif request.get("op") in ("open_machine", "machine_ops", "machine_trace"):
             _send(_machine_op(driver, request))
         elif request.get("op") == "stats":
@@ -953,6 +1067,15 @@ def _run_one(driver, case):
                  "traceback": traceback.format_exc()}
     reply["seconds"] = time.perf_counter() - started
     return reply
+
+
+def _prefill_chunks_op(driver, request):
+    try:
+        return prefill_chunks(driver, request)
+    except Unsupported as exc:
+        return {"ok": False, "unsupported": True, "error": str(exc)}
+    except BaseException as exc:
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
 
 
 def _machine_op(driver, request):

@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> Outcome:
     from kvspec.report.findings import theorem_finding
     from kvspec.report.fuzz import fuzz_document
     from kvspec.report.proofs import summary, to_json
+    from kvspec.reach import attach
     from kvspec.subjects.subject import release, source_tree
 
     if args.vllm and args.vllm_src:
@@ -88,7 +89,8 @@ def run(args: argparse.Namespace) -> Outcome:
             write_text(fuzz_json, json.dumps(fuzz_document(run), indent=2, sort_keys=True))
 
     try:
-        usecases.fuzz([subject], settings, findings_dir, run=fuzz_run, on_update=record)
+        usecases.fuzz([subject], settings, findings_dir, run=fuzz_run, on_update=record,
+                      on_finding=lambda finding, proc, say: attach(finding, proc=proc, say=say))
     finally:
         record(fuzz_run)
         overall = worst([proof_outcome, fuzz_run.outcome])

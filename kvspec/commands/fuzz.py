@@ -38,6 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write a Markdown report (also appended to $GITHUB_STEP_SUMMARY when set)")
     parser.add_argument("--no-verify-test", action="store_true",
                         help="do not run the emitted regression test against the subject")
+    parser.add_argument("--hash-scheme", choices=("lookahead", "legacy"), default=None,
+                        help="fuzz only this hash scheme (default: every one the subject has; on 0.33+ "
+                             "lookahead, its default, and legacy, where the EAGLE branch of the bound runs); "
+                             "the verdict says what was left out")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--lookup", action="store_true",
                        help="follow every request with a later one that looks up (get_computed_blocks) and "
@@ -66,6 +70,13 @@ def run(args: argparse.Namespace) -> Outcome:
                           differentials=differentials)
 
 
+def _who_is_affected(finding, proc, say):
+    """Every finding says which deployments it reaches (kvspec.reach)."""
+    from kvspec.reach import attach
+
+    return attach(finding, proc=proc, say=say)
+
+
 def fuzz_and_write(named, args, *, markdown: str | None, verify_test: bool,
                    differentials: tuple[str, ...]) -> Outcome:
     """Check every output and the database first, then fuzz, writing the
@@ -85,7 +96,9 @@ def fuzz_and_write(named, args, *, markdown: str | None, verify_test: bool,
     print(f"kvspec fuzz: seed {seed} (rerun with --seed {seed})", flush=True)
     settings = usecases.FuzzSettings(max_examples=args.max_examples, seed=seed, database=args.database,
                                      jobs=args.jobs, differentials=differentials, verify_test=verify_test,
-                                     progress=sys.stderr.isatty())
+                                     progress=sys.stderr.isatty(),
+                                     hash_schemes=(args.hash_scheme,) if getattr(args, "hash_scheme", None)
+                                     else None)
 
     def record(fuzz_run) -> None:
         if json_path is not None:
@@ -97,7 +110,8 @@ def fuzz_and_write(named, args, *, markdown: str | None, verify_test: bool,
 
     fuzz_run = usecases.FuzzRun(settings, [s.label for s in named])
     try:
-        usecases.fuzz(named, settings, findings_dir, run=fuzz_run, on_update=record, started=STARTED)
+        usecases.fuzz(named, settings, findings_dir, run=fuzz_run, on_update=record, started=STARTED,
+                      on_finding=_who_is_affected)
     except KeyboardInterrupt:
         # Recorded as INTERRUPTED; a finding made before still decides the exit code.
         fuzz_run.stopped = fuzz_run.stopped or Outcome.INTERRUPTED

@@ -8,8 +8,18 @@ command runs the ``mtp.*`` theorems, then looks for stale draft-KV reuse on
 each subject under each hash scheme it has (``oracles.mtp``), and prints one
 verdict; ``--markdown`` writes it as a finding a reviewer can post upstream.
 
-Exit codes: 0 no stale reuse anywhere, 1 stale reuse found on a subject (or a
-theorem not as expected), 2 usage or setup error, 3 a theorem timed out.
+The writer's prompt is prefilled as the release's own scheduler chunks it
+(``Scheduler._mamba_block_aligned_split`` and ``_reserve_prefill_lookahead``,
+with the Mamba group declaring the release's prefill-checkpoint blocks): a
+Mamba state -- where a hit can land -- exists only where a chunk ended, so a
+single-chunk writer hid stale reuse the model predicts (S=4, H=2, L=3, B=4:
+0 before, 16 of 332 lookups on 0.33.0 now).  Each subject's deployment
+profiles (its own configuration code) say who can reach it.
+
+Exit codes: 0 no stale reuse anywhere, 6 hardening (stale reuse exactly where
+the model says: it affects speculative acceptance only), 1 a theorem not as
+expected, the model disagreeing with vLLM, or stale reuse under lookahead
+hashes, 2 usage or setup error, 3 a theorem timed out.
 """
 
 from __future__ import annotations

@@ -11,19 +11,54 @@ __all__ = ["verdict", "render_text", "render_markdown"]
 
 
 def verdict(theorems: list[dict[str, Any]], subjects: list[dict[str, Any]]) -> tuple[str, Outcome]:
+    """The verdict the evidence supports, and its outcome: a theorem not as
+    expected, the model disagreeing with vLLM, or stale reuse under lookahead
+    hashes is a finding; stale reuse exactly where the model says (legacy
+    hashes, L > drop tail) is hardening -- draft KV only feeds proposals the
+    target verifies, so the effect is on acceptance, and no deployment profile
+    reaches it unless one is named; none at all is OK."""
     unexpected = [t["name"] for t in theorems if not t["as_expected"] and t["status"] != "UNKNOWN"]
     unknown = [t["name"] for t in theorems if t["status"] == "UNKNOWN"]
-    stale = [(s["subject"], scheme) for s in subjects for scheme, r in s.get("schemes", {}).items()
+    stale = [(s["subject"], scheme, r) for s in subjects for scheme, r in s.get("schemes", {}).items()
              if r["witnesses"]]
     if unexpected:
         return f"THEOREMS NOT AS EXPECTED: {', '.join(unexpected)}", Outcome.FINDING
+    disagree = [f"{s['subject']} with {scheme}" for s in subjects for scheme, r in s.get("schemes", {}).items()
+                if not r.get("model_necessary", True)
+                or (HASH_LEGACY in scheme and not r.get("model_condition_matches", True))]
+    if disagree:
+        return (f"MODEL DISAGREES WITH vLLM on {'; '.join(disagree)}: stale reuse where the model says there is "
+                "none, or none where it says there is (a model bug until shown otherwise)"), Outcome.FINDING
+    if any(HASH_LEGACY not in scheme for _, scheme, _ in stale):
+        where = "; ".join(f"{label} with {scheme}" for label, scheme, _ in stale if HASH_LEGACY not in scheme)
+        return f"COUNTEREXAMPLE: stale draft KV under lookahead block hashes ({where})", Outcome.FINDING
     if stale:
-        where = "; ".join(f"{label} with {scheme}" for label, scheme in stale)
-        return (f"COUNTEREXAMPLE: the guard S >= num_prefill_lookahead does not keep stale draft KV "
-                f"out of prefix-cache hits (found on {where})"), Outcome.FINDING
+        where = "; ".join(f"{label} ({r['witnesses']} of {r['cases']} lookups)" for label, _, r in stale)
+        reached = sorted({p["profile"] for s in subjects for p in (s.get("reach") or {}).get("profiles", [])})
+        who = (f"deployment profiles that reach it: {', '.join(reached)}" if reached else
+               "no deployment profile of the catalog reaches it (their drop tails, the hash block or the EAGLE "
+               "group's block, are 16 tokens or more; the prefill lookahead is num_speculative_tokens)")
+        results = [r for _, _, r in stale]
+        refused_safe = sorted({c for r in results for c in r.get("fix_refuses_safe", ())})
+        refused_profiles = sorted({p for s in subjects for p in (s.get("reach") or {}).get("fix_refuses_profiles", [])})
+        fix = ("the suggested guard (L <= the drop tail, under legacy hashes) refuses "
+               + ("every stale configuration found" if all(r.get("fix_refuses_every_stale") for r in results)
+                  else "NOT every stale configuration found")
+               + (f", but also {len(refused_safe)} that vLLM handled safely" if refused_safe
+                  else ", none that vLLM handled safely")
+               + (f" and these deployment profiles: {', '.join(refused_profiles)}" if refused_profiles
+                  else ", and no deployment profile"))
+        return (f"HARDENING: with legacy hashes and the EAGLE drop a prefix-cache hit keeps stale draft KV exactly "
+                f"where the model's condition holds (EAGLE and L > drop tail), as vLLM's own scheduler chunks the "
+                f"writer ({where}); {who}; the effect is on speculative acceptance only (draft KV feeds "
+                f"proposals the target verifies; outputs change only under lossy rejection sampling); {fix}"
+                ), Outcome.HARDENING
     if unknown:
         return f"UNKNOWN: the solver timed out on {', '.join(unknown)} (never counted as proved)", Outcome.UNKNOWN
     return "NO STALE REUSE on the subjects tested; the model's counterexample stands", Outcome.OK
+
+
+HASH_LEGACY = "legacy hashes"
 
 
 def _theorem_line(t: dict[str, Any]) -> str:

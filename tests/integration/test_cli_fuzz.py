@@ -127,6 +127,17 @@ def test_mutant_option_finding_report_replay_and_regression_test(tmp_path, capsy
     # The proved closed form predicts exactly the loss the real code showed.
     assert finding["explanation"]["loss_predicted"] == finding["explanation"]["loss_observed"] > 0
     assert {t["status"] for t in finding["explanation"]["theorems"]} == {"PROVED"}
+    # Who is affected: the deployment profiles where the re-floor differs, each
+    # derived by 0.33.0's own configuration code (kvspec.reach).
+    reach = finding["reach"]
+    assert reach["profiles"] and not reach["hardening"]
+    assert {p["hash_scheme"] for p in reach["profiles"]} == {"legacy"}  # 0.33's default never runs it
+    for profile in reach["profiles"]:
+        assert {"groups", "block_sizes", "manager"} <= set(profile["derivation"]["called"])
+        assert profile["impact"]["max_tokens_lost"] > 0
+    assert reach["worst"]["hitrate"]["points"] < 0
+    assert any(k.startswith("hash scheme: reached only with legacy") for k in finding["explanation"]["knobs"])
+    assert doc["subjects"][1]["hash_schemes"]["fuzzed"] == ["legacy", "lookahead"]
     # The emitted test uses vLLM 0.33.0's own helpers, fails on the mutant on
     # its assertion, passes on 0.33.0, and passes ruff with 0.33.0's configuration.
     test = finding["regression_test"]
@@ -139,8 +150,8 @@ def test_mutant_option_finding_report_replay_and_regression_test(tmp_path, capsy
     assert test["lint"]["outcome"] == "passed", test["lint"]["output"]
     assert test["command"].startswith("pytest tests/v1/core/test_prefix_cache_registration.py::test_")
     text = markdown.read_text()
-    assert text.startswith("**Impact:** For this finding's own geometry only (no deployment profile "
-                           "assessed), a request whose computed tokens end at n = ")
+    # The impact sentence is the reach's: who is affected, the worst profile.
+    assert text.startswith("**Impact:** On vLLM 0.33.0, regression_50062 reaches 1 of 18 deployment profiles")
     assert "\n## kvspec fuzz: DISCREPANCY (implementation bug)" in text
     for expected in ("**Ledger verdict: implementation bug**", "(n-R) mod S - B",
                      "Reachability (PROVED)", "kvspec replay ", f"def {test['test_name']}(monkeypatch):",

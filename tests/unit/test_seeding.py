@@ -57,9 +57,12 @@ def test_without_the_pin_new_imports_change_the_examples(tmp_path):
     from hypothesis.internal.conjecture import providers
 
     assert hasattr(providers, "_get_local_constants"), "this Hypothesis has no local constant pool"
-    before = _generated()
+    # A constant is drawn now and then, so the control needs enough examples
+    # for one of the new ones to be drawn (40 were not enough once batches
+    # drew the hash scheme too).
+    before = _generated(100)
     _import_module_with_constants(tmp_path, "kvspec_seeding_probe_b", base=2_000_000)
-    after = _generated()
+    after = _generated(100)
     assert before != after
 
 

@@ -1,0 +1,248 @@
+"""``kvspec run``: one geometry on demand, on real vLLM, beside the spec.
+
+Runs one named corpus case (``model/corpus.py``), a deployment profile's
+configuration as the release's own code derives it (``--profile``; ``--profiles``
+prints every profile's derivation, called and modelled steps), or a
+configuration and step list given as JSON (a ``Case``: ``{"config": {...}, "prompt_len": N,
+"steps": [...]}``, inline or in a file) through the subject's own
+``KVCacheManager`` and prints, at every ``cache_blocks`` call, each group's
+bound and registered full blocks beside the spec's, the regime both sides
+chose, and under which hash scheme the run holds.  The hash scheme is the
+release's default unless ``--hash-scheme`` says otherwise: lookahead block
+hashes on 0.33+ (the scheduler then builds the manager with
+``use_eagle=False``, so the EAGLE branch of the bound is not live), legacy
+hashes before.
+
+Exit codes: 0 vLLM agrees with the spec, 1 it differs, 2 usage or setup error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from kvspec.arguments import writable
+from kvspec.model.errors import UsageError
+from kvspec.model.outcome import Outcome
+
+HELP = "run one corpus case or configuration on real vLLM and print it beside the spec"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--vllm", metavar="VERSION", help="a vLLM release from PyPI")
+    parser.add_argument("--vllm-src", metavar="PATH", help="a directory holding the vllm package")
+    parser.add_argument("--mutant", metavar="NAME", help="apply this mutation to the --vllm release first")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--case", metavar="NAME", help="a corpus case (model/corpus.py), e.g. seed_52419")
+    what.add_argument("--config", metavar="JSON", help="a case as JSON, inline or a file name")
+    what.add_argument("--profile", metavar="NAME",
+                      help="a deployment profile (model/deployments.py): its configuration as the release's "
+                           "own code derives it, then one request of --prompt tokens")
+    what.add_argument("--profiles", action="store_true",
+                      help="print every deployment profile's derivation on the release (called and modelled "
+                           "steps) and run nothing")
+    parser.add_argument("--prompt", type=int, default=None, metavar="N",
+                        help="with --profile: the request's prompt (default 2.5 scheduler blocks)")
+    parser.add_argument("--hash-scheme", choices=("lookahead", "legacy"), default=None,
+                        help="block hashes to run under (default: the release's own default: lookahead "
+                             "on 0.33+, legacy before)")
+    parser.add_argument("--json", metavar="FILE", help="write the per-call record")
+
+
+def _subject(args: argparse.Namespace):
+    from kvspec.subjects.mutation import mutant
+    from kvspec.subjects.subject import mutant_subject, release, source_tree
+
+    if bool(args.vllm) == bool(args.vllm_src):
+        raise UsageError("name one subject: --vllm VERSION or --vllm-src PATH")
+    if args.mutant:
+        if not args.vllm:
+            raise UsageError("--mutant applies to a release: use --vllm VERSION")
+        mutant(args.mutant)
+        return mutant_subject(args.vllm, args.mutant)
+    return release(args.vllm) if args.vllm else source_tree(args.vllm_src)
+
+
+def _case(args: argparse.Namespace):
+    """The case to run and what the corpus says of it (None for --config)."""
+    from kvspec.model.case import Case, prefill
+    from kvspec.model.corpus import CORPUS
+
+    if args.case:
+        named = {c.name: c for c in CORPUS}
+        if args.case not in named:
+            raise UsageError(f"no corpus case {args.case!r}; known: {', '.join(named)}")
+        entry = named[args.case]
+        return Case(entry.config, entry.n, (prefill(entry.n),)), entry
+    text = args.config
+    if not text.lstrip().startswith("{"):
+        try:
+            text = Path(text).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"--config {args.config}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"--config: not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise UsageError("--config: expected a JSON object with config, prompt_len and steps")
+    return Case.from_dict(data), None
+
+
+def _derived(subject, version: str):
+    from kvspec.subjects.drivers.deployments import derivations
+    from kvspec.subjects.subject import release
+
+    probed_on = release(subject.version) if subject.kind in ("release", "mutant") else subject
+    return derivations(probed_on, version)
+
+
+def _print_profiles(subject, version: str) -> Outcome:
+    from kvspec.model.deployments import profile
+
+    print(f"kvspec run: the deployment profiles on vLLM {version}, derived by {subject.label}'s configuration code")
+    for d in _derived(subject, version):
+        p = profile(d.profile)
+        print(f"{p.describe()} -- {'legacy hashes asked' if d.legacy_hashes else 'defaults'}")
+        print(f"  {d.summary()}")
+        config = d.coordinator_config()
+        print(f"  kvspec configuration: {config.describe() if config else 'none: ' + str(d.in_scope)}")
+        print(f"  called: {', '.join(d.called) or 'nothing'}; modelled: {', '.join(d.modelled) or 'nothing'}")
+        for step in d.steps:
+            if step.note and step.step == "release_code":
+                print(f"  {step.note}")
+    return Outcome.OK
+
+
+def _profile_case(subject, version: str, name: str, scheme: str | None, prompt: int | None):
+    """The profile's derived configuration (under legacy hashes when asked)
+    and one request: a prompt in server-sized chunks, then two decodes."""
+    from kvspec.model.case import Case, Step, decode
+    from kvspec.model.deployments import profile
+
+    profile(name)  # a known name, or a usage error below
+    chosen = [d for d in _derived(subject, version) if d.profile == name
+              and d.legacy_hashes == (scheme == "legacy")]
+    if not chosen:
+        chosen = [d for d in _derived(subject, version) if d.profile == name]
+    derived = chosen[0]
+    config = derived.coordinator_config()
+    if config is None:
+        raise UsageError(f"profile {name} on vLLM {version}: {derived.in_scope or 'no hybrid coordinator'}")
+    S = config.scheduler_block_size
+    n = prompt or 2 * S + S // 2 + 1
+    steps = tuple(Step("prefill", tokens=min(2048, n - i)) for i in range(0, n, 2048)) + (decode(), decode(2, 1))
+    return Case(config, n, steps), derived
+
+
+def _with_scheme(case, scheme: str):
+    import attrs
+
+    return attrs.evolve(case, config=attrs.evolve(case.config, hash_scheme=scheme))
+
+
+def _scheme_text(case, regime) -> str:
+    config = case.config
+    if regime.num_hash_lookahead_tokens:
+        return (f"lookahead block hashes (num_hash_lookahead_tokens = {regime.num_hash_lookahead_tokens}): the "
+                "scheduler builds KVCacheManager(use_eagle=False), so the EAGLE branch of the bound is NOT "
+                "live (groups stay flagged, none drops); --hash-scheme legacy runs it")
+    if not config.any_eagle:
+        return "legacy hashes; no group is EAGLE, so the EAGLE branch is not live under any hash scheme"
+    flagged = [i for i, e in enumerate(regime.eagle) if e]
+    return (f"legacy hashes: the EAGLE branch of the bound IS live (use_eagle=True; EAGLE groups {flagged}); "
+            "on 0.33+ this is what a KV connector without lookahead-hash support or "
+            "disable_lookahead_block_hashes gets")
+
+
+def run(args: argparse.Namespace) -> Outcome:
+    from kvspec.model.capabilities import expected_regime
+    from kvspec.oracles.registration import compare, expected_calls
+    from kvspec.report.files import write_text
+    from kvspec.subjects.process import SubjectProcess
+    from kvspec.subjects.protocol import case_message
+
+    json_path = writable(args.json, "--json")
+    subject = _subject(args)
+    derived = None
+    if args.profiles or args.profile:
+        version = subject.version
+        if version is None:
+            raise UsageError("--profile and --profiles name a release: use --vllm VERSION")
+        if args.profiles:
+            return _print_profiles(subject, version)
+        try:
+            case, derived = _profile_case(subject, version, args.profile, args.hash_scheme, args.prompt)
+        except KeyError as exc:
+            raise UsageError(str(exc.args[0])) from None
+        entry = None
+    else:
+        case, entry = _case(args)
+    with SubjectProcess(subject) as proc:
+        caps = proc.capabilities
+        scheme = args.hash_scheme or ("lookahead" if caps.lookahead_block_hashes else "legacy")
+        if scheme == "lookahead" and not caps.lookahead_block_hashes:
+            raise UsageError(f"{subject.label} has no lookahead block hashes (0.33+); use --hash-scheme legacy")
+        if derived is None:
+            case = _with_scheme(case, scheme)
+        else:  # the profile's own scheme, as derived (legacy when asked and the release offers it)
+            scheme = case.config.hash_scheme.value
+        reply = proc.run(case_message(case))
+        version = proc.identity.get("vllm_version")
+    regime = expected_regime(case.config, caps)
+    lines = [f"kvspec run: {subject.label} (vLLM {version})"]
+    if entry is not None:
+        lines.append(f"case {entry.name}: {entry.source}")
+        lines.append("  corpus expects, per group at n = " + str(entry.n) + ": "
+                     + "; ".join(f"{name} {list(tokens)}" for name, tokens in entry.expected.items()))
+    if derived is not None:
+        lines.append(f"profile {derived.profile}: {derived.summary()}")
+        lines.append(f"  derivation: called {', '.join(derived.called) or 'nothing'}; "
+                     f"modelled {', '.join(derived.modelled) or 'nothing'}")
+    lines.append(f"configuration: {case.describe()}")
+    lines.append(f"hash scheme: {_scheme_text(case, regime)}")
+    record: dict[str, Any] = {"subject": subject.as_dict(), "vllm_version": version, "case": case.as_dict(),
+                              "corpus_case": entry.name if entry else None, "hash_scheme": scheme,
+                              "profile": derived.as_dict() if derived is not None else None,
+                              "eagle_branch_live": regime.eagle_branch_live, "reply": reply,
+                              "not_covered": list(caps.not_covered())}
+    if not reply.get("ok"):
+        lines.append(f"vLLM raised ({reply.get('phase', 'drive')}): {reply.get('error')}")
+        found = compare(case, caps, reply)
+        lines.append("VERDICT: DIFFERS: " + "; ".join(d.summary() for d in found))
+        print("\n".join(lines))
+        if json_path is not None:
+            write_text(json_path, json.dumps({**record, "verdict": "differs"}, indent=2, sort_keys=True))
+        return Outcome.FINDING
+    seen = reply["regime"]
+    lines.append(f"regime: partial hash hits spec {regime.partial_hash_hits}, vLLM {seen['partial_hash_hits']}; "
+                 f"per-group use_eagle spec {list(regime.eagle)}, vLLM {seen['use_eagle']}")
+    predicted = expected_calls(case, regime, reply["calls"])
+    calls = []
+    for index, (call, (tokens, blocks, _)) in enumerate(zip(reply["calls"], predicted)):
+        step = case.steps[index].label() if index < len(case.steps) else "?"
+        lines.append(f"call {index} ({step}): n = {call['n']}, hashed tokens {call['hashed_tokens']}")
+        lines.append(f"  {'group':<34} {'spec tokens':>11} {'vLLM tokens':>11} {'spec blocks':>11} "
+                     f"{'vLLM blocks':>11}")
+        for g, group in enumerate(case.config.groups):
+            mark = "" if (tokens[g], blocks[g]) == (call["num_tokens"][g], call["registered_blocks"][g]) else "  <-"
+            lines.append(f"  {g} {group.label():<32} {tokens[g]:>11} {str(call['num_tokens'][g]):>11} "
+                         f"{blocks[g]:>11} {str(call['registered_blocks'][g]):>11}{mark}")
+        calls.append({"n": call["n"], "spec_tokens": list(tokens), "vllm_tokens": call["num_tokens"],
+                      "spec_blocks": list(blocks), "vllm_blocks": call["registered_blocks"]})
+    if calls:
+        last = calls[-1]
+        lines.append(f"per-group tokens at the last call: spec {last['spec_tokens']}, vLLM {last['vllm_tokens']}")
+    found = compare(case, caps, reply)
+    verdict = ("AGREES with the spec" if not found
+               else "DIFFERS: " + "; ".join(d.summary() for d in found))
+    lines += [f"not covered: {item}" for item in caps.not_covered()]
+    lines.append(f"VERDICT ({scheme} hashes): {verdict}")
+    print("\n".join(lines))
+    if json_path is not None:
+        write_text(json_path, json.dumps({**record, "calls": calls, "verdict": "agrees" if not found else "differs",
+                                          "discrepancies": [d.summary() for d in found]},
+                                         indent=2, sort_keys=True))
+    return Outcome.FINDING if found else Outcome.OK
