@@ -132,19 +132,19 @@ class FuzzResult:
             "deployments": {"configs": self.deployment_configs, "cases": self.tally.deployment_cases,
                             "note": self.deployments_note},
             "not_covered": list(self.capabilities.not_covered()),
-            "known_excluded": [{"name": k.name, "summary": k.summary, "found_on": list(k.found_on),
+            "known_excluded": [{"name": k.name, "summary": k.summary, "first": k.first, "fixed_in": k.fixed_in,
                                 "reach": k.reach} for k in self.known_excluded],
             "scope_reduction": self.scope_reduction or None,
         }
 
     @property
     def known_excluded(self) -> tuple:
-        """Known findings kept out of this run's draw (``diff_tests.known``)."""
-        from .known import KNOWN
+        """Known bugs kept out of this run's draw (``model.known``)."""
+        from kvspec.model.known import excluded_from_draw
 
         if "lookahead" not in self.hash_schemes or not self.capabilities.lookahead_block_hashes:
             return ()
-        return KNOWN
+        return excluded_from_draw()
 
     @property
     def scheme_text(self) -> str:

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from kvspec.model.capabilities import Capabilities
 from kvspec.model.case import Case, LookupProbe, Step
 from kvspec.model.domain import CoordinatorConfig, GroupKind, HashScheme, KVCacheGroup
+from kvspec.model.known import without_known
 
-from .known import without_known
 
 __all__ = ["configs", "full_attention_configs", "batches", "lookup_batches", "Batch", "MAX_BATCH",
            "hash_schemes_of", "deployment_configs", "deployment_requests", "MAX_DEPLOYMENT_BATCH"]

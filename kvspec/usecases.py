@@ -349,7 +349,7 @@ def _say_result(entry: SubjectRun, say: Say, in_parallel: str) -> None:
     for item in result.capabilities.not_covered():
         say(f"  not covered: {item}")
     for known in result.known_excluded:
-        say(f"  known finding kept out of the draw (diff_tests/known.py): {known.name}: {known.reach}")
+        say(f"  known vLLM bug kept out of the draw (model/known.py): {known.name}: {known.reach}")
 
 
 def _fuzz_one(proc, label: str, settings: FuzzSettings, database, started: float, say: Say, *,

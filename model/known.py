@@ -2,19 +2,27 @@
 
 Each was found by a differential, shrunk, replayed on every release to find
 the first without it, and judged a vLLM bug (not a gap in the model): the
-README's tables and the shipped tests' expected failures read this list.
+README's tables, the shipped tests' expected failures and the fuzzer's draw
+read this list.  A bug that would mask others in the default draw says so
+with ``draw_exclusion``: a configuration it covers is drawn under legacy
+hashes instead, never unsaid (every fuzz result lists what it kept out, and
+tests/integration/test_known_findings.py shows each still reproduces, so a
+fix shows).
 """
 
 from __future__ import annotations
 
 import re
+from typing import Callable
 
 import attrs
 
 from .about import release_key
+from .capabilities import Capabilities
+from .domain import CoordinatorConfig, GroupKind, HashScheme
 from .finding import Category
 
-__all__ = ["KnownBug", "KNOWN_BUGS", "known_bugs"]
+__all__ = ["KnownBug", "KNOWN_BUGS", "known_bugs", "excluded_from_draw", "known_for", "without_known"]
 
 
 @attrs.frozen
@@ -25,6 +33,11 @@ class KnownBug:
     summary: str
     signature: str  # text every discrepancy of this bug shows in its summary
     needs: str = ""  # a non-default setting it needs, if any
+    name: str = ""
+    # The configurations the fuzzer draws under legacy hashes instead, so the
+    # bug does not mask others (None: drawn as any other configuration).
+    draw_exclusion: Callable[[CoordinatorConfig, Capabilities], bool] | None = None
+    reach: str = ""  # who is affected, as kvspec.reach found it (for an excluded one)
 
     def matches(self, summary: str) -> bool:
         return self.signature in summary
@@ -32,6 +45,13 @@ class KnownBug:
     def carried_by(self, version: str) -> bool:
         key = release_key(version)
         return key >= release_key(self.first) and (self.fixed_in is None or key < release_key(self.fixed_in))
+
+
+def _sliding_window_eagle_lookahead(config: CoordinatorConfig, caps: Capabilities) -> bool:
+    eagle = [g for g in config.groups if g.eagle]
+    return (caps.lookahead_block_hashes and config.num_hash_lookahead_tokens >= 2
+            and not any(g.kind is GroupKind.FULL_ATTENTION for g in config.groups)
+            and any(g.kind is GroupKind.SLIDING_WINDOW for g in eagle))
 
 
 KNOWN_BUGS: tuple[KnownBug, ...] = (
@@ -54,6 +74,18 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
              "the Mamba group's block estimate leaves out the block it takes for KV-connector tokens, so "
              "allocate_slots raises 'Cannot get N free blocks' instead of refusing", "free blocks from the pool",
              needs="--no-scheduler-reserve-full-isl"),
+    KnownBug(Category.SUBJECT_CRASH, "0.33.0", None,
+             "SlidingWindowManager.find_longest_cache_hit raises IndexError (block_hashes[i]) on a request's "
+             "first lookup when a sliding-window group is an EAGLE group, no group is full attention (the "
+             "others are Mamba 'align' or sliding window) and lookahead block hashes cover 2 or more tokens "
+             "(multi-module MTP): it scans max_length // block_size blocks, but lookahead hashes stop "
+             "num_hash_lookahead_tokens short of the request (a full-attention group, looked up first, keeps "
+             "the candidate within the hashes)", "IndexError",
+             needs="lookahead block hashes of 2+ tokens, an EAGLE sliding-window group, no full-attention group",
+             name="sliding_window_eagle_multi_module_lookahead_crash",
+             draw_exclusion=_sliding_window_eagle_lookahead,
+             reach="no known deployment: it needs a drafter layer with sliding-window attention, multi-module MTP "
+                   "and no full-attention group; no profile of the catalog has one (hardening)"),
 )
 
 
@@ -65,3 +97,20 @@ def known_bugs(version: str | None, category: Category | None = None, summary: s
         return []  # a checkout's own version says nothing of which fixes it has
     return [b for b in KNOWN_BUGS if b.carried_by(version) and (category is None or b.category is category)
             and (summary is None or b.matches(summary))]
+
+
+def excluded_from_draw() -> tuple[KnownBug, ...]:
+    """The known bugs the fuzzer keeps out of its default draw."""
+    return tuple(b for b in KNOWN_BUGS if b.draw_exclusion is not None)
+
+
+def known_for(config: CoordinatorConfig, caps: Capabilities) -> KnownBug | None:
+    """The draw-excluded known bug this configuration would reproduce, if any."""
+    return next((b for b in excluded_from_draw() if b.draw_exclusion(config, caps)), None)
+
+
+def without_known(config: CoordinatorConfig, caps: Capabilities) -> CoordinatorConfig:
+    """``config``, drawn under legacy hashes when its own scheme reproduces a known bug."""
+    if config.hash_scheme is HashScheme.LOOKAHEAD and known_for(config, caps) is not None:
+        return attrs.evolve(config, hash_scheme=HashScheme.LEGACY)
+    return config

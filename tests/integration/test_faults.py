@@ -101,7 +101,7 @@ def test_an_interrupt_during_a_second_subject_keeps_the_first_and_says_interrupt
     assert doc["status"] == "INTERRUPTED" and doc["subjects"][0]["verdict"] == "no discrepancy"
     first = markdown.splitlines()[0]
     assert first.startswith("## kvspec fuzz: INTERRUPTED") and "1 of 2 subjects" in first
-    assert "| vllm 0.33.0 + refloor_50062 | | not run | | |" in markdown
+    assert "| vllm 0.33.0 + refloor_50062 | | | not run | | | | |" in markdown
 
 
 def test_an_interrupt_while_shrinking_keeps_the_counterexample(tmp_path):

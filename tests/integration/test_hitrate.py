@@ -21,7 +21,7 @@ def _run(tmp_path, name, *args):
     code = main(["hitrate", *args, "--json", str(out), "--svg", str(svg)])
     doc = json.loads(out.read_text())
     assert doc["schema"] == "kvspec.hitrate/1" and not doc["errors"]
-    assert svg.read_text().startswith("<svg")
+    assert "<svg" in svg.read_text()[:400]  # matplotlib's SVG, after its XML prolog
     return code, {(r["label"], r["scheduler_block_size"]): r for r in doc["subjects"]}
 
 
