@@ -56,15 +56,14 @@ def verdict_line(run) -> str:
 
 
 def render_markdown(run) -> str:
-    """The run's status first (an interrupted or incomplete run must say so
-    before anything else), then each finding's impact (the sentence a
-    reviewer decides on), a row per subject, then each finding in full."""
+    """Each finding's impact first (the sentence a reviewer decides on), then
+    the run's verdict and a row per subject, then each finding in full."""
     v = versions()
     findings = [s.finding for s in run.subjects if s.finding is not None]
-    lines = [f"## kvspec fuzz: {_md(public_label(verdict_line(run)))}", ""]
-    lines += [f"**Impact:** {_md(public_label(impact_sentence(f)))}" for f in findings]
-    lines += [""] if findings else []
-    lines += [f"seed {run.settings.seed}, kvspec {v['kvspec']}, z3 {v['z3']}, hypothesis {v['hypothesis']}", "",
+    lines = [f"**Impact:** {_md(public_label(impact_sentence(f)))}" for f in findings]
+    lines += [""] if lines else []
+    lines += [f"## kvspec fuzz: {_md(public_label(verdict_line(run)))}", "",
+              f"seed {run.settings.seed}, kvspec {v['kvspec']}, z3 {v['z3']}, hypothesis {v['hypothesis']}", "",
               "| subject | vLLM | differential | verdict | Hypothesis examples | checked | "
               "to the first discrepancy | fuzzing and shrinking (s) |",
               "|---|---|---|---|---|---|---|---|"]

@@ -151,8 +151,8 @@ def test_mutant_option_finding_report_replay_and_regression_test(tmp_path, capsy
     assert test["command"].startswith("pytest tests/v1/core/test_prefix_cache_registration.py::test_")
     text = markdown.read_text()
     # The impact sentence is the reach's: who is affected, the worst profile.
-    assert text.startswith("## kvspec fuzz: DISCREPANCY (implementation bug)\n\n**Impact:** On vLLM 0.33.0, "
-                           "regression_50062 reaches 1 of 18 deployment profiles")
+    assert text.startswith("**Impact:** On vLLM 0.33.0, regression_50062 reaches 1 of 18 deployment profiles")
+    assert "\n## kvspec fuzz: DISCREPANCY (implementation bug)" in text
     for expected in ("**Ledger verdict: implementation bug**", "(n-R) mod S - B",
                      "Reachability (PROVED)", "kvspec replay ", f"def {test['test_name']}(monkeypatch):",
                      "failed on its assertion on vllm 0.33.0 + refloor_50062", "passed on unmutated",
