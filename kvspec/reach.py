@@ -254,6 +254,12 @@ def _assess(finding: Finding, *, proc=None, hitrate: bool = True,
     """The Reach and the knob lines generated from the same derivations."""
     from kvspec.model.variants import variant
 
+    if "program" in (finding.inputs or {}):
+        # A stateful finding is an operation sequence on one geometry; the
+        # profiles are not driven through programs, so who it reaches is not
+        # measured (and so never called hardening for want of a measurement).
+        return Reach("Not assessed: a stateful finding is a program on the finding's own geometry; kvspec does "
+                     "not replay programs on the deployment profiles", (), None, hardening=False), ()
     caps = finding.subject_capabilities()
     diagnosis = finding.explanation.diagnosis if finding.explanation else None
     rule = variant(diagnosis).rule if diagnosis else None

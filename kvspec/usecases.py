@@ -112,6 +112,7 @@ class FuzzSettings:
     verify_test: bool = True
     progress: bool = False  # progress lines on stderr
     hash_schemes: tuple[str, ...] | None = None  # --hash-scheme (None: every one the subject has)
+    include_known: bool = False  # --include-known: draw what known vLLM bugs would mask too
 
     def __attrs_post_init__(self) -> None:
         unknown = set(self.differentials) - set(DIFFERENTIALS)
@@ -125,7 +126,8 @@ class FuzzSettings:
     def as_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "max_examples": self.max_examples, "lookup": self.lookup,
                 "differentials": list(self.differentials), "jobs": self.jobs,
-                "hash_schemes": list(self.hash_schemes) if self.hash_schemes else "all"}
+                "hash_schemes": list(self.hash_schemes) if self.hash_schemes else "all",
+                "include_known": self.include_known}
 
 
 @attrs.define
@@ -342,6 +344,9 @@ def _say_result(entry: SubjectRun, say: Say, in_parallel: str) -> None:
                 + "; ".join(f.case.describe() for f in result.other_failures))
     # Under which hash schemes and scopes the result holds, and what was not driven.
     if entry.differential == "stateful":
+        if finding is not None:
+            for known in result.known_excluded:
+                say(f"  known vLLM bug kept out of the draw (model/known.py): {known.name}")
         return
     say(f"  {result.scheme_text}; deployment profiles: "
         + (f"{result.tally.deployment_cases} cases on {result.deployment_configs} derived configurations"
@@ -381,7 +386,8 @@ def _fuzz_stateful_one(proc, label: str, settings: FuzzSettings, database, start
         say(f"{label}: first broken invariant after {result.programs_to_first_failure} programs, "
             f"{time.perf_counter() - started:.1f} s after kvspec started; shrinking")
 
-    return fuzz_stateful(proc, settings.max_examples, settings.seed, database=database, on_first_failure=first)
+    return fuzz_stateful(proc, settings.max_examples, settings.seed, database=database, on_first_failure=first,
+                         include_known=settings.include_known)
 
 
 # -- mutants --------------------------------------------------------------------
@@ -542,7 +548,8 @@ def history_row(version: str, max_examples: int, seed: int, symbolic: bool) -> d
             result = fuzz_subject(proc, max_examples, seed)
             # The same worker then answers the hit-length and stateful differentials.
             lookup = fuzz_subject(proc, max_examples, seed, lookup=True)
-            stateful = fuzz_stateful(proc, max_examples, seed)
+            # History shows every bug a release carries: none kept out of the draw.
+            stateful = fuzz_stateful(proc, max_examples, seed, include_known=True)
     except SubjectUnsupported as exc:
         return {**row, "status": "unsupported", "detail": str(exc)}
     except KvspecError as exc:

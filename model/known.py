@@ -22,7 +22,8 @@ from .capabilities import Capabilities
 from .domain import CoordinatorConfig, GroupKind, HashScheme
 from .finding import Category
 
-__all__ = ["KnownBug", "KNOWN_BUGS", "known_bugs", "excluded_from_draw", "known_for", "without_known"]
+__all__ = ["KnownBug", "KNOWN_BUGS", "known_bugs", "excluded_from_draw", "known_for", "without_known",
+           "stateful_exclusions"]
 
 
 @attrs.frozen
@@ -38,6 +39,9 @@ class KnownBug:
     # bug does not mask others (None: drawn as any other configuration).
     draw_exclusion: Callable[[CoordinatorConfig, Capabilities], bool] | None = None
     reach: str = ""  # who is affected, as kvspec.reach found it (for an excluded one)
+    # The layouts on which the stateful draw offers no KV-connector tokens on a
+    # release that carries the bug (None: the stateful draw is not narrowed).
+    withholds_connector: Callable[[CoordinatorConfig], bool] | None = None
 
     def matches(self, summary: str) -> bool:
         return self.signature in summary
@@ -54,6 +58,10 @@ def _sliding_window_eagle_lookahead(config: CoordinatorConfig, caps: Capabilitie
             and any(g.kind is GroupKind.SLIDING_WINDOW for g in eagle))
 
 
+def _has_mamba(config: CoordinatorConfig) -> bool:
+    return any(g.kind is GroupKind.MAMBA_ALIGN for g in config.groups)
+
+
 KNOWN_BUGS: tuple[KnownBug, ...] = (
     KnownBug(Category.STATE_HIT_GROUPS, "0.23.0", "0.29.0",
              "the hybrid lookup trims only the first full-attention group to the reconciled hit; a second one "
@@ -65,15 +73,24 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
              "does not support fine-grained (partial) cache hits"),
     KnownBug(Category.STATE_TABLE_APPEND_ONLY, "0.26.0", "0.28.0",
              "after an admission with KV-connector tokens the Mamba manager copies-on-write into the running "
-             "request's table, which must stay append-only", "append_only:"),
+             "request's table, which must stay append-only", "append_only:",
+             name="mamba_copy_into_running_table", withholds_connector=_has_mamba),
     KnownBug(Category.SUBJECT_CRASH, "0.27.1", "0.32.0",
              "with KV-connector tokens on a full-attention + Mamba layout after a reset and a preemption, "
              "allocate_slots raises 'Cannot get 1 free blocks' instead of refusing (vLLM's default admission "
-             "gate on)", "free blocks from the pool"),
+             "gate on)", "free blocks from the pool",
+             name="connector_mamba_preempted_free_blocks_crash", withholds_connector=_has_mamba),
     KnownBug(Category.SUBJECT_CRASH, "0.30.0", None,
              "the Mamba group's block estimate leaves out the block it takes for KV-connector tokens, so "
              "allocate_slots raises 'Cannot get N free blocks' instead of refusing", "free blocks from the pool",
-             needs="--no-scheduler-reserve-full-isl"),
+             needs="--no-scheduler-reserve-full-isl",
+             name="connector_mamba_estimate_free_blocks_crash", withholds_connector=_has_mamba),
+    KnownBug(Category.SUBJECT_CRASH, "0.31.0", None,
+             "with vLLM's default full-prompt gate, KV-connector tokens on a Mamba hybrid with an EAGLE group and "
+             "prefill lookahead (multi-module MTP), then a reset and a preemption: allocate_slots raises "
+             "'Cannot get 2 free blocks' instead of refusing (0.30.0 and 0.28.0 run the same program cleanly)",
+             "free blocks from the pool", needs="a KV connector, a Mamba hybrid, multi-module MTP",
+             name="connector_mamba_lookahead_free_blocks_crash", withholds_connector=_has_mamba),
     KnownBug(Category.SUBJECT_CRASH, "0.33.0", None,
              "SlidingWindowManager.find_longest_cache_hit raises IndexError (block_hashes[i]) on a request's "
              "first lookup when a sliding-window group is an EAGLE group, no group is full attention (the "
@@ -114,3 +131,9 @@ def without_known(config: CoordinatorConfig, caps: Capabilities) -> CoordinatorC
     if config.hash_scheme is HashScheme.LOOKAHEAD and known_for(config, caps) is not None:
         return attrs.evolve(config, hash_scheme=HashScheme.LEGACY)
     return config
+
+
+def stateful_exclusions(version: str | None) -> tuple[KnownBug, ...]:
+    """The known bugs release ``version`` carries that narrow the stateful
+    draw (none for anything that is not a release number)."""
+    return tuple(b for b in known_bugs(version) if b.withholds_connector is not None)

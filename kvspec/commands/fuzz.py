@@ -42,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fuzz only this hash scheme (default: every one the subject has; on 0.33+ "
                              "lookahead, its default, and legacy, where the EAGLE branch of the bound runs); "
                              "the verdict says what was left out")
+    parser.add_argument("--include-known", action="store_true",
+                        help="stateful: also draw what a known vLLM bug of the release would mask (by default "
+                             "kept out of the draw and said in the verdict; model/known.py lists them)")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--lookup", action="store_true",
                        help="follow every request with a later one that looks up (get_computed_blocks) and "
@@ -98,7 +101,7 @@ def fuzz_and_write(named, args, *, markdown: str | None, verify_test: bool,
                                      jobs=args.jobs, differentials=differentials, verify_test=verify_test,
                                      progress=sys.stderr.isatty(),
                                      hash_schemes=(args.hash_scheme,) if getattr(args, "hash_scheme", None)
-                                     else None)
+                                     else None, include_known=args.include_known)
 
     def record(fuzz_run) -> None:
         if json_path is not None:

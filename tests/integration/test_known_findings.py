@@ -1,16 +1,21 @@
 """Each known vLLM bug kept out of the default draw (model/known.py) still
 reproduces on the releases it was found on -- so a fix shows, and the
-exclusion can go -- and its configuration, under legacy hashes (what the
-draw uses instead), does not crash."""
+exclusion can go -- and what the draw uses instead does not crash."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import attrs
 import pytest
 
-from kvspec.model.known import excluded_from_draw
+from kvspec.diff_tests.stateful import replay_program
+from kvspec.model.finding import Category
 from kvspec.model.case import Case, prefill
 from kvspec.model.domain import CoordinatorConfig, GroupKind, HashScheme, KVCacheGroup
+from kvspec.model.known import KNOWN_BUGS, excluded_from_draw, stateful_exclusions
+from kvspec.model.program import Program
 from kvspec.oracles.lookup import check_case
 from kvspec.subjects.protocol import case_message
 
@@ -34,3 +39,23 @@ def test_the_sliding_window_lookahead_crash_still_reproduces(kvspec_release, ver
     assert "find_longest_cache_hit" in reply["traceback"]
     legacy = attrs.evolve(case, config=attrs.evolve(CRASH, hash_scheme=HashScheme.LEGACY))
     assert check_case(legacy, proc.capabilities, proc.run(case_message(legacy))) == []
+
+
+PROGRAM = Path(__file__).parent.parent / "fixtures" / "program_connector_mamba_lookahead_crash.json"
+
+
+@pytest.mark.parametrize("version, crashes", [("0.28.0", False), ("0.33.0", True), ("0.34.0", True)])
+def test_the_connector_mamba_lookahead_crash_reproduces_where_it_is_known(kvspec_release, version, crashes):
+    """The program kvspec check found on 0.33.0 with vLLM's default admission
+    gate: a crash on the releases model/known.py says carry it, none on 0.28.0;
+    and the stateful draw keeps its trigger out on exactly those releases."""
+    (bug,) = [b for b in KNOWN_BUGS if b.name == "connector_mamba_lookahead_free_blocks_crash"]
+    program = Program.from_dict(json.loads(PROGRAM.read_text()))
+    assert program.reserve_full_sequence and any(op.get("external") for op in program.ops)
+    found, _ = replay_program(kvspec_release(version), program)
+    assert bug.carried_by(version) is crashes
+    if crashes:
+        assert [d.category for d in found] == [Category.SUBJECT_CRASH] and bug.matches(found[0].summary())
+        assert bug in stateful_exclusions(version) and bug.withholds_connector(program.config)
+    else:
+        assert found == []

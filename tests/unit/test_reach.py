@@ -106,3 +106,12 @@ def test_a_hardening_finding_exits_6():
 def test_a_release_before_the_derived_eras_is_not_assessed(modelled):
     result = reach.assess(_finding(version="0.25.1"))
     assert result.summary.startswith("Not assessed") and not result.hardening
+
+
+def test_a_stateful_finding_is_not_assessed_and_never_hardening(modelled):
+    """A program is not replayed on the profiles: who it reaches is not
+    measured, so it is not called hardening (which would turn a finding's exit
+    code into 6 on a measurement never made)."""
+    finding = attrs.evolve(_finding(), inputs={"program": {"ops": []}, "describe": "a program"})
+    result = reach.attach(finding).reach
+    assert result.summary.startswith("Not assessed: a stateful finding") and not result.hardening
