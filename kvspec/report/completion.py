@@ -35,7 +35,8 @@ STAGES = ("explain", "sweep", "plot", "emit", "symbolic leg", "test on the subje
           "test on the release", "ruff")
 
 
-def _stem(finding: Finding) -> str:
+def finding_stem(finding: Finding) -> str:
+    """The file name (without suffix) a finding is stored under."""
     subject = finding.compared.get("subject", {})
     label = subject.get("version") or Path(subject.get("path") or "current").name
     if subject.get("mutant"):
@@ -175,7 +176,7 @@ def complete_finding(proc, result, findings_dir: Path, versions: dict[str, str],
         # test need only the case and the per-group values.
         finding = fuzz_finding(result, versions, explain=False)
         findings_dir.mkdir(parents=True, exist_ok=True)
-        stem = _stem(finding)
+        stem = finding_stem(finding)
         path = findings_dir / f"{stem}.json"
         artifacts = {"finding": str(path)}
 
@@ -241,7 +242,7 @@ def store_raw_finding(result, findings_dir: Path, versions: dict[str, str]) -> t
 
     finding = fuzz_finding(result, versions, explain=False)
     findings_dir.mkdir(parents=True, exist_ok=True)
-    path = findings_dir / f"{_stem(finding)}.json"
+    path = findings_dir / f"{finding_stem(finding)}.json"
     finding = attrs.evolve(finding, replay=f"kvspec replay {path}", artifacts={"finding": str(path)},
                            run={**finding.run, "stopped": result.stopped_why})
     store_finding(finding, path)

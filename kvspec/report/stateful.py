@@ -12,7 +12,6 @@ regression test emitted from the manager calls the program made
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import attrs
 
 from kvspec.model.finding import Blame, Category, Finding, Ledger
 
-from .completion import store_finding
+from .completion import finding_stem, store_finding
 from .findings import subject_compared
 
 __all__ = ["STATE_RULE", "stateful_finding", "complete_stateful_finding", "store_raw_stateful_finding"]
@@ -80,17 +79,9 @@ def _trimmed(reply: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _stem(finding: Finding) -> str:
-    subject = finding.compared.get("subject", {})
-    label = subject.get("version") or Path(subject.get("path") or "current").name
-    if subject.get("mutant"):
-        label += f"-{subject['mutant']}"
-    return f"finding-{label}-{finding.category.value}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
 def _store_new(finding: Finding, findings_dir: Path, stopped: str | None = None) -> tuple[Finding, Path]:
     findings_dir.mkdir(parents=True, exist_ok=True)
-    path = findings_dir / f"{_stem(finding)}.json"
+    path = findings_dir / f"{finding_stem(finding)}.json"
     run = finding.run if stopped is None else {**finding.run, "stopped": stopped}
     finding = attrs.evolve(finding, replay=f"kvspec replay {path}", artifacts={"finding": str(path)}, run=run)
     store_finding(finding, path)
