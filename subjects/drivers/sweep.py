@@ -20,11 +20,19 @@ from ..protocol import case_message
 __all__ = ["sweep", "sweep_range"]
 
 
+MAX_POINTS = 160  # prompt lengths a sweep runs (and the plot shows)
+
+
 def sweep_range(case: Case, n: int | None) -> range:
-    """Enough periods of the scheduler block to show the pattern around ``n``."""
+    """Enough periods of the scheduler block to show the pattern around ``n``;
+    at real sizes (S in the hundreds) MAX_POINTS lengths centred on ``n``, so
+    the finding's own length, and the loss it starts, are always in view."""
     S = case.config.scheduler_block_size
     upper = max(8 * S, (n or 0) + 2 * S, 24)
-    return range(1, min(upper, 160) + 1)
+    if upper <= MAX_POINTS or n is None or n <= MAX_POINTS // 2:
+        return range(1, min(upper, MAX_POINTS) + 1)
+    start = n - MAX_POINTS // 2
+    return range(start, start + MAX_POINTS)
 
 
 def sweep(proc: SubjectProcess, case: Case, ns: range) -> dict[str, Any]:

@@ -165,6 +165,10 @@ def test_mutant_option_finding_report_replay_and_regression_test(tmp_path, capsy
     (png,) = stored.glob("finding-*.png")
     assert f"]({png.name})" in text  # embedded by artifact name: the findings dir is not below the cwd
     assert "tokens registered" in plot.read_text() and png.read_bytes().startswith(b"\x89PNG")
+    # The picture shows the loss: the sweep covers the finding's own length
+    # (real sizes: S = 1,120 here) and lengths where tokens are lost.
+    sweep = finding["sweep"]
+    assert sweep["n"][0] <= finding["n"] <= sweep["n"][-1] and sweep["differing_n"], sweep["differing_n"]
     capsys.readouterr()
     assert main(["replay", str(finding_file)]) == Outcome.FINDING.exit_code
     assert "STILL FAILING" in capsys.readouterr().out

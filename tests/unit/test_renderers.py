@@ -427,3 +427,23 @@ def test_mtp_reports_snapshot():
                          "schemes": {"legacy hashes + EAGLE drop": scheme}}]}
     assert_snapshot("mtp.txt", mtp_text(doc) + "\n")
     assert_snapshot("mtp.md", mtp_markdown(doc) + "\n")
+
+
+def test_the_sweep_always_covers_the_findings_own_length():
+    """Small scope: whole periods from n = 1; real sizes (a Mamba page of
+    1,120 tokens): 160 lengths centred on n, so the plot shows where the loss
+    starts instead of 160 lengths that all agree."""
+    from kvspec.model.case import Case, prefill
+    from kvspec.model.domain import CoordinatorConfig, GroupKind, KVCacheGroup
+    from kvspec.subjects.drivers.sweep import MAX_POINTS, sweep_range
+
+    def case(S: int, B: int) -> Case:
+        config = CoordinatorConfig(groups=(KVCacheGroup(GroupKind.MAMBA_ALIGN, S // 2),
+                                           KVCacheGroup(GroupKind.FULL_ATTENTION, B, eagle=True)),
+                                   scheduler_block_size=S, hash_block_size=16 if S > 16 else 1)
+        return Case(config, 1, (prefill(1),))
+
+    assert sweep_range(case(8, 2), 2) == range(1, 65)
+    assert sweep_range(case(1120, 560), None) == range(1, MAX_POINTS + 1)
+    real = sweep_range(case(1120, 560), 561)
+    assert len(real) == MAX_POINTS and real[0] < 561 < real[-1] and real[0] == 481
