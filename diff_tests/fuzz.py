@@ -231,13 +231,13 @@ def fuzz_subject(
         except KvspecError as error:  # the worker, not vLLM: no input is to blame
             raise _Abort(error) from error
         if failed is not None:
+            failures.append(failed)  # first: an interrupt from here on keeps it
             if result.cases_to_first_failure is None:
                 # Counting stops at the failing case, so this includes it.
                 result.cases_to_first_failure = result.tally.cases
                 result.seconds_to_first_failure = time.perf_counter() - start
                 if on_first_failure is not None:
                     on_first_failure(result)
-            failures.append(failed)
             raise AssertionError(failed.discrepancies[0].summary())
 
     # The database is keyed by subject and differential. Hypothesis deletes a

@@ -414,12 +414,12 @@ def fuzz_stateful(
             not_exercised.add("evict (this vLLM's KVCacheManager has no evict_blocks)")
 
     def on_violation(failure: Failure) -> None:
+        failures.append(failure)  # first: an interrupt from here on keeps it
         if result.programs_to_first_failure is None:
             result.programs_to_first_failure = result.tally.programs
             result.seconds_to_first_failure = time.perf_counter() - start
             if on_first_failure is not None:
                 on_first_failure(result)
-        failures.append(failure)
 
     machine_class = state_machine(proc, on_program, on_violation, lambda: known)
 

@@ -255,11 +255,17 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
                         say(f"{subject.label}: DISCREPANCY ({result.failure.category.value}, {differential} "
                             f"differential) after {result.first_failure()} ({result.seconds_to_first_failure:.2f} s "
                             f"into fuzzing); run with shrinking {result.seconds:.1f} s; completing the finding")
-                        entry.finding, entry.finding_path = _complete(proc, result, differential, findings_dir,
-                                                                      versions(), settings.verify_test)
-                        if on_finding is not None:  # who is affected (kvspec.reach.attach), stored with it
-                            entry.finding = on_finding(entry.finding, proc, say)
-                            store_finding(entry.finding, entry.finding_path)
+                        try:
+                            entry.finding, entry.finding_path = _complete(proc, result, differential, findings_dir,
+                                                                          versions(), settings.verify_test)
+                            if on_finding is not None:  # who is affected (kvspec.reach.attach), stored with it
+                                entry.finding = on_finding(entry.finding, proc, say)
+                                store_finding(entry.finding, entry.finding_path)
+                        except KeyboardInterrupt:  # interrupted while completing: keep the finding as found
+                            entry.finding, entry.finding_path = _store_raw(result, differential, findings_dir,
+                                                                           versions())
+                            run.subjects.append(entry)
+                            raise
                     elif result.failure is not None:  # stopped mid-run: keep what was found, as found
                         entry.finding, entry.finding_path = _store_raw(result, differential, findings_dir,
                                                                        versions())

@@ -17,7 +17,7 @@ from kvspec.model.domain import CoordinatorConfig
 from kvspec.model.spec import RegistrationRule, registration_bound
 
 from .encoding import GEOMETRY_BOOLS, GEOMETRY_INTS, Vars, declare, inputs
-from .runner import DEFAULT_RLIMIT
+from .runner import DEFAULT_RLIMIT, check, new_solver
 
 __all__ = ["group_vars", "z3_bounds"]
 
@@ -46,12 +46,11 @@ def z3_bounds(
         ar = Z3Arith(ctx)
         v = declare(ar, GEOMETRY_INTS, GEOMETRY_BOOLS)
         bound = z3.Int("bound", ctx)
-        solver = z3.Solver(ctx=ctx)
-        solver.set("rlimit", DEFAULT_RLIMIT)  # evaluating at a point: far below it
+        solver = new_solver(ctx, DEFAULT_RLIMIT)  # evaluating at a point: far below the budget
         for name in GEOMETRY_INTS:
             solver.add(v[name] == concrete[name])
         for name in GEOMETRY_BOOLS:
             solver.add(v[name] == z3.BoolVal(concrete[name], ctx))
         solver.add(bound == rule(ar, inputs(v)))
-        out.append(solver.model()[bound].as_long() if solver.check() == z3.sat else None)
+        out.append(solver.model()[bound].as_long() if check(solver) == z3.sat else None)
     return tuple(out)

@@ -69,7 +69,7 @@ def _rlimit_count(solver: z3.Solver) -> int:
 def _check(solver: z3.Solver, budget: Budget, spend: _Spend) -> Any:
     """One check within ``budget``, counted in ``spend``."""
     before = _rlimit_count(solver)
-    answer = solver.check()
+    answer = check(solver)
     used = max(0, _rlimit_count(solver) - before)
     spend.most, spend.total = max(spend.most, used), spend.total + used
     if answer == z3.unknown:
@@ -84,9 +84,26 @@ def _check(solver: z3.Solver, budget: Budget, spend: _Spend) -> Any:
     return answer
 
 
-def _solver(ctx: z3.Context, budget: Budget, seed: int) -> z3.Solver:
+def new_solver(ctx: z3.Context, rlimit: int) -> z3.Solver:
+    """A solver with a resource budget (check it with ``check``)."""
     solver = z3.Solver(ctx=ctx)
-    solver.set("rlimit", int(budget.rlimit))
+    solver.set("rlimit", int(rlimit))
+    return solver
+
+
+def check(solver: z3.Solver) -> Any:
+    """``solver.check()``, with Ctrl-C raised as KeyboardInterrupt: Z3 takes
+    SIGINT itself while it solves and answers "unknown" (reason "interrupted
+    from keyboard"), which would swallow the interrupt (a run went on and
+    said COMPLETE) and pass for a budget that ran out."""
+    answer = solver.check()
+    if answer == z3.unknown and "keyboard" in solver.reason_unknown():
+        raise KeyboardInterrupt
+    return answer
+
+
+def _solver(ctx: z3.Context, budget: Budget, seed: int) -> z3.Solver:
+    solver = new_solver(ctx, budget.rlimit)
     solver.set("timeout", int(budget.safety_net_s * 1000))
     solver.set("random_seed", int(seed))
     return solver

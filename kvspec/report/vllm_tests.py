@@ -29,6 +29,8 @@ from typing import Any
 
 import attrs
 
+from kvspec.subjects.mutation.source import parse
+
 __all__ = ["HELPER_MODULE", "Idiom", "idiom_of", "ensure_vllm_tests", "tests_root_of",
            "verification_tree", "ruff_check", "ruff_available"]
 
@@ -72,7 +74,7 @@ def idiom_of(root: Path | None) -> Idiom:
     if root is None or not (Path(root) / HELPER_FILE).is_file():
         return Idiom()
     try:
-        tree = ast.parse((Path(root) / HELPER_FILE).read_text())
+        tree = parse((Path(root) / HELPER_FILE).read_text())
     except (SyntaxError, UnicodeDecodeError, OSError):
         return Idiom()
     functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}

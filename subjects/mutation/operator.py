@@ -14,7 +14,7 @@ import attrs
 
 from kvspec.model.errors import SetupError
 
-from .source import Edit, Missing, Source, function_dumps
+from .source import Edit, Missing, Source, function_dumps, parse
 
 __all__ = ["MutationError", "MutationTargetNotFound", "MutationOperator", "Rewrite",
            "COORDINATOR_FILE", "MANAGER_FILE"]
@@ -67,7 +67,7 @@ class MutationOperator:
         if out == source:
             raise MutationError(f"{self.name}: {self.target_file}: the rewrite changed nothing")
         try:
-            after = ast.parse(out)
+            after = parse(out)
         except SyntaxError as e:
             raise MutationError(
                 f"{self.name}: {self.target_file}: the result does not parse ({e.msg}, line {e.lineno})"

@@ -8,11 +8,12 @@ rewrite exactly the intended span from the nodes' line/column offsets.
 from __future__ import annotations
 
 import ast
+import threading
 from typing import Iterator
 
 import attrs
 
-__all__ = ["Missing", "Edit", "Source", "walk", "exactly_one", "find_class", "find_method", "is_name",
+__all__ = ["parse", "Missing", "Edit", "Source", "walk", "exactly_one", "find_class", "find_method", "is_name",
            "is_attr", "is_const", "is_call", "is_method_call", "floor_text", "function_dumps"]
 
 
@@ -31,6 +32,19 @@ class Edit:
     text: str
 
 
+# CPython 3.11.7 (this machine's Python) keeps ast.parse's recursion count in
+# state shared by threads: two parses at once can fail with "SystemError: AST
+# constructor recursion depth mismatch" (seen in CI, a mutant's source parsed
+# while vLLM's test helpers were).  Every parse kvspec does goes through here.
+_PARSE_LOCK = threading.Lock()
+
+
+def parse(text: str) -> ast.Module:
+    """``ast.parse``, one thread at a time."""
+    with _PARSE_LOCK:
+        return ast.parse(text)
+
+
 class Source:
     """A module's text with byte-accurate node spans (``col_offset`` counts
     UTF-8 bytes, so all slicing happens on the encoded source)."""
@@ -43,7 +57,7 @@ class Source:
             starts.append(starts[-1] + len(line))
         self._line_starts = starts
         try:
-            self.tree = ast.parse(text)
+            self.tree = parse(text)
         except SyntaxError as e:
             raise Missing(f"source does not parse ({e.msg}, line {e.lineno})") from None
 

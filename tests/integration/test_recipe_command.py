@@ -51,7 +51,10 @@ def test_the_recipe_command_on_a_checkout(which, tmp_path):
         assert run.returncode == Outcome.OK.exit_code, run.stdout[-3000:] + run.stderr[-3000:]
         assert report.startswith("# kvspec check: OK")
         assert prove["real_code"][0]["status"] == "VERIFIED"
-        assert [s["verdict"] for s in fuzz["subjects"]] == ["no discrepancy", "no discrepancy"]
+        assert runs["lookup"]["verdict"] == "no discrepancy"
+        # 0.33.0 carries known connector bugs: the stateful draw kept them out and says so.
+        assert runs["stateful"]["verdict"].startswith("no invariant broken")
+        assert {k["name"] for k in runs["stateful"]["known_excluded"]} >= {"connector_mamba_lookahead_free_blocks_crash"}
     else:
         assert run.returncode == Outcome.FINDING.exit_code, run.stdout[-3000:] + run.stderr[-3000:]
         assert report.startswith("# kvspec check: FINDING")

@@ -113,3 +113,29 @@ def test_the_budget_spent_is_the_same_on_every_run():
 
     first, again = (run_theorem(theorem("reachability.regression_tokens"), vacuity=False) for _ in range(2))
     assert first.resources == again.resources and first.resources["most_per_check"] > 0
+
+
+def test_ctrl_c_during_a_check_is_an_interrupt_not_an_unknown():
+    """Z3 takes SIGINT itself while it solves and answers "unknown": kvspec
+    raises it as KeyboardInterrupt (found when a Ctrl-C during a finding's
+    explanation was swallowed and the fuzz run said COMPLETE)."""
+    import os
+    import signal
+    import threading
+
+    import z3
+
+    from kvspec.proofs.runner import check, new_solver
+
+    ctx = z3.Context()
+    x, y, z = z3.Ints("x y z", ctx=ctx)
+    solver = new_solver(ctx, 10**12)  # a budget far beyond the interrupt
+    solver.set("timeout", 60_000)
+    solver.add(x * x * x + y * y * y == z * z * z, x > 1, y > 1, z > 1)  # no cubes sum to a cube: hard
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            check(solver)
+    finally:
+        timer.cancel()
