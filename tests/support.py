@@ -99,3 +99,13 @@ def check_command(recipe: str) -> str:
 
     (command,) = re.findall(r"kvspec check --[^|\n]*", recipe_text(recipe))
     return command.strip()
+
+
+def interruptible() -> None:
+    """``preexec_fn`` for a child a test sends Ctrl-C: SIGINT back to its
+    default action.  A suite started in the background by a non-interactive
+    shell (as CI scripts may be) inherits SIGINT ignored, and Python then
+    never raises KeyboardInterrupt: the child would run on as if never interrupted."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

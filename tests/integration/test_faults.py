@@ -27,7 +27,7 @@ from kvspec.subjects.protocol import case_message
 from kvspec.subjects.provision import ensure_release
 from kvspec.subjects.subject import release, source_tree
 
-from tests.support import mutant_tree, planted_tree
+from tests.support import interruptible, mutant_tree, planted_tree
 
 SEED = corpus_case("seed_52419")
 
@@ -80,7 +80,8 @@ def _fuzz_until(tmp_path, trigger: str, *args) -> tuple[subprocess.CompletedProc
     out, markdown = tmp_path / "fuzz.json", tmp_path / "fuzz.md"
     command = [sys.executable, "-u", "-m", "kvspec", "fuzz", "--seed", "0", "--database", "",
                "--json", str(out), "--markdown", str(markdown), "--findings-dir", str(tmp_path / "f"), *args]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=interruptible)
     lines = []
     for line in proc.stdout:
         lines.append(line)

@@ -20,7 +20,7 @@ from hypofuzz.database.models import Report
 
 import kvspec.diff_tests as diff_tests
 
-from tests.support import mutant_tree
+from tests.support import interruptible, mutant_tree
 from kvspec.subjects.provision import ensure_release
 
 
@@ -40,7 +40,7 @@ def _hypofuzz(tree: Path, database: Path, cwd: Path, seconds: float,
                "--rootdir", ROOTDIR, "--kvspec-vllm-src", str(tree), "--kvspec-database", str(database),
                "-p", "no:cacheprovider"]
     proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, preexec_fn=interruptible)
     deadline = time.monotonic() + seconds
     while proc.poll() is None and time.monotonic() < deadline and not enough():
         time.sleep(2)
