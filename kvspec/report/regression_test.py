@@ -192,8 +192,7 @@ class _Emitter:
     # -- the file -----------------------------------------------------------
     def source(self) -> str:
         lines = [
-            "# SPDX-License-Identifier: Apache-2.0",
-            "# SPDX-FileCopyrightText: Copyright contributors to the vLLM project",
+            *self.idiom.header,  # the release's own licence lines, when its test files were read
             f'"""{self._module_doc()}"""',
             "",
             *self._imports(),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -53,14 +54,39 @@ class Idiom:
     # tests/v1/core/test_prefix_caching.py has make_kv_cache_manager(kv_cache_config,
     # **kwargs) and make_request(request_id, prompt_token_ids, block_size, hash_fn, ...).
     helpers: bool = False
+    # The licence header the release's own test files open with (its SPDX
+    # comment lines), read from the helper module: an emitted test opens the
+    # same way, and kvspec itself carries no such text.
+    header: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        return {"helpers": HELPER_MODULE if self.helpers else None}
+        return {"helpers": HELPER_MODULE if self.helpers else None, "header": list(self.header)}
 
     @classmethod
     def from_recorded(cls, value: Any) -> "Idiom":
-        """From a finding's record (untrusted): only the one known module counts."""
-        return cls(helpers=isinstance(value, dict) and value.get("helpers") == HELPER_MODULE)
+        """From a finding's record (untrusted): only the one known module
+        counts, and only header lines of the SPDX comment form."""
+        if not isinstance(value, dict):
+            return cls()
+        header = value.get("header")
+        lines = header if isinstance(header, list) else []
+        return cls(helpers=value.get("helpers") == HELPER_MODULE,
+                   header=tuple(line for line in lines if isinstance(line, str) and _SPDX.fullmatch(line)))
+
+
+# A header line as vLLM's files have them: a comment, one SPDX tag, plain text.
+_SPDX = re.compile(r"# SPDX-[A-Za-z-]+: [\w .,()@/+-]{1,120}")
+
+
+def _header(source: str) -> tuple[str, ...]:
+    """The SPDX comment lines a module opens with."""
+    lines = []
+    for line in source.splitlines():
+        if not line.startswith("#"):
+            break
+        if _SPDX.fullmatch(line):
+            lines.append(line)
+    return tuple(lines)
 
 
 def _params(fn: ast.FunctionDef) -> tuple[list[str], bool]:
@@ -74,18 +100,20 @@ def idiom_of(root: Path | None) -> Idiom:
     if root is None or not (Path(root) / HELPER_FILE).is_file():
         return Idiom()
     try:
-        tree = parse((Path(root) / HELPER_FILE).read_text())
+        source = (Path(root) / HELPER_FILE).read_text()
+        tree = parse(source)
     except (SyntaxError, UnicodeDecodeError, OSError):
         return Idiom()
+    header = _header(source)
     functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
     manager, request = functions.get("make_kv_cache_manager"), functions.get("make_request")
     if manager is None or request is None:
-        return Idiom()
+        return Idiom(header=header)
     manager_params, manager_kwargs = _params(manager)
     request_params, _ = _params(request)
     helpers = (manager_params[:1] == ["kv_cache_config"] and manager_kwargs
                and request_params[:4] == ["request_id", "prompt_token_ids", "block_size", "hash_fn"])
-    return Idiom(helpers=bool(helpers))
+    return Idiom(helpers=bool(helpers), header=header)
 
 
 

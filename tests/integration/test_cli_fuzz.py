@@ -141,7 +141,9 @@ def test_mutant_option_finding_report_replay_and_regression_test(tmp_path, capsy
     # The emitted test uses vLLM 0.33.0's own helpers, fails on the mutant on
     # its assertion, passes on 0.33.0, and passes ruff with 0.33.0's configuration.
     test = finding["regression_test"]
-    assert test["idiom"] == {"helpers": "tests.v1.core.test_prefix_caching"}
+    assert test["idiom"]["helpers"] == "tests.v1.core.test_prefix_caching"
+    # The licence header is the release's own, read from its test files (kvspec carries none).
+    assert test["idiom"]["header"] and test["code"].startswith(test["idiom"]["header"][0] + "\n")
     assert "from tests.v1.core.test_prefix_caching import make_kv_cache_manager" in test["code"]
     assert not re.search(r"kvspec|refloor|mutant", test["code"], re.IGNORECASE)
     checks = {c["must"]: c for c in test["verified"]}

@@ -234,7 +234,8 @@ def test_emitted_regression_test_without_helpers_builds_its_own(finding, caps):
 
 def test_xfail_form_pins_the_defect(finding, caps):
     code = emit_test(finding, caps, Idiom(helpers=True), xfail=True)
-    assert code.splitlines()[4] == "import pytest"
+    imports = [line for line in code.splitlines() if line.startswith(("import ", "from "))]
+    assert imports[0] == "import pytest"
     assert ('@pytest.mark.xfail(strict=True, reason="known defect: bound differs")\n'
             "def test_cache_blocks_bound_hybrid_eagle_partial_hits_after_decode(monkeypatch):") in code
 
@@ -447,3 +448,21 @@ def test_the_sweep_always_covers_the_findings_own_length():
     assert sweep_range(case(1120, 560), None) == range(1, MAX_POINTS + 1)
     real = sweep_range(case(1120, 560), 561)
     assert len(real) == MAX_POINTS and real[0] < 561 < real[-1] and real[0] == 481
+
+
+def test_the_header_is_the_releases_own_and_a_recorded_one_is_checked(tmp_path):
+    """An emitted test opens with the licence lines of the release's own test
+    files (kvspec carries none); from a finding (untrusted) only lines of the
+    SPDX comment form are taken."""
+    from kvspec.report.vllm_tests import HELPER_FILE, idiom_of
+
+    helper = tmp_path / HELPER_FILE
+    helper.parent.mkdir(parents=True)
+    helper.write_text("# SPDX-License-Identifier: Example-1.0\n# an ordinary comment\n\n"
+                      "def make_kv_cache_manager(kv_cache_config, **kwargs): ...\n"
+                      "def make_request(request_id, prompt_token_ids, block_size, hash_fn): ...\n")
+    idiom = idiom_of(tmp_path)
+    assert idiom == Idiom(helpers=True, header=("# SPDX-License-Identifier: Example-1.0",))
+    assert Idiom.from_recorded(idiom.as_dict()) == idiom
+    hostile = {**idiom.as_dict(), "header": ["import os; os.system('x')", "# SPDX-X: ok\nimport os", 7]}
+    assert Idiom.from_recorded(hostile).header == ()
