@@ -14,7 +14,6 @@ data.
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 __all__ = ["plot_data", "render_svg", "render_png"]
@@ -89,15 +88,9 @@ def _figure(doc: dict[str, Any]):
 
 
 def _render(doc: dict[str, Any], fmt: str) -> bytes:
-    import matplotlib
+    from .plot import figure_bytes
 
-    buffer = io.BytesIO()
-    with matplotlib.rc_context({"svg.hashsalt": "kvspec", "svg.fonttype": "none",
-                                "font.family": "DejaVu Sans"}):
-        fig = _figure(doc)
-        metadata = {"Date": None, "Creator": None} if fmt == "svg" else {"Software": None}
-        fig.savefig(buffer, format=fmt, dpi=110, metadata=metadata, facecolor="white")
-    return buffer.getvalue()
+    return figure_bytes(lambda: _figure(doc), fmt)
 
 
 def render_svg(doc: dict[str, Any]) -> str:

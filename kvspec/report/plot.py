@@ -131,16 +131,22 @@ def _figure(f: Finding):
     return fig
 
 
-def _render(f: Finding, fmt: str) -> bytes:
+def figure_bytes(make_figure, fmt: str) -> bytes:
+    """``make_figure()`` saved as ``fmt`` (svg or png), byte for byte the same
+    on every run (no dates, a fixed hash salt, one font), so snapshots hold."""
     import matplotlib
 
     buffer = io.BytesIO()
     with matplotlib.rc_context({"svg.hashsalt": "kvspec", "svg.fonttype": "none",
                                 "font.family": "DejaVu Sans"}):
-        fig = _figure(f)
+        fig = make_figure()
         metadata = {"Date": None, "Creator": None} if fmt == "svg" else {"Software": None}
         fig.savefig(buffer, format=fmt, dpi=110, metadata=metadata, facecolor="white")
     return buffer.getvalue()
+
+
+def _render(f: Finding, fmt: str) -> bytes:
+    return figure_bytes(lambda: _figure(f), fmt)
 
 
 def render_svg(f: Finding) -> str:
