@@ -847,7 +847,12 @@ class Machine:
             self._set_computed(request, request.num_computed_tokens + n)
             self._emit_if_prefilled(request)
             return n, 0, False
-        drafts = max(0, min(drafts, budget - 1)) if hasattr(request, "spec_token_ids") else 0
+        # The scheduler keeps every position below max_model_len (drafts
+        # included): "min(num_new_tokens, max_model_len - 1 - num_computed_tokens)".
+        room = self.case["max_model_len"] - 1 - request.num_computed_tokens
+        if room < 1:
+            return 0, 0, False
+        drafts = max(0, min(drafts, budget - 1, room - 1)) if hasattr(request, "spec_token_ids") else 0
         if drafts:
             self._set_drafts(request, drafts)
         out = self._allocate(request, 1 + drafts, num_lookahead_tokens=0)
