@@ -78,6 +78,50 @@ def _trim_first_group_only(src: Source) -> tuple[str, list[Edit]]:
     return where, [src.replace(loop.iter, "self.attention_groups[:1]")]
 
 
+def _mamba_hit_unpadded(src: Source) -> tuple[str, list[Edit]]:
+    where, method = _method(src, "MambaManager", "find_longest_cache_hit")
+    # `computed.extend([block_pool.null_block] * i)`: the null blocks before
+    # the one cached state, so a hit of h tokens holds cdiv(h, block) slots.
+    pads = [n for n in walk(method.body)
+            if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call) and is_attr(n.value.func, "extend", "computed")
+            and len(n.value.args) == 1 and isinstance(n.value.args[0], ast.BinOp)
+            and "null_block" in ast.unparse(n.value.args[0])]
+    if not pads:
+        raise Missing(f"`computed.extend([block_pool.null_block] * i)` in {where}")
+    return where, [src.replace(n, "pass") for n in pads]
+
+
+def _allocate_floors_partial_block(src: Source) -> tuple[str, list[Edit]]:
+    where, method = _method(src, "SingleTypeKVCacheManager", "allocate_new_blocks")
+    assign = exactly_one(
+        [n for n in walk(method.body)
+         if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
+         and n.targets[0].id == "num_required_blocks" and isinstance(n.value, ast.Call)
+         and isinstance(n.value.func, ast.Name) and n.value.func.id == "cdiv" and len(n.value.args) == 2],
+        f"`num_required_blocks = cdiv(num_tokens, self.block_size)` in {where}")
+    tokens, block = (ast.unparse(a) for a in assign.value.args)
+    return where, [src.replace(assign.value, f"{tokens} // {block}")]
+
+
+def _local_hit_untouched(src: Source) -> tuple[str, list[Edit]]:
+    # The method that takes a lookup's hit blocks into the request's table:
+    # add_local_computed_blocks from 0.26, allocate_new_computed_blocks before.
+    cls = find_class(src.tree, "SingleTypeKVCacheManager")
+    for name in ("add_local_computed_blocks", "allocate_new_computed_blocks"):
+        method = find_method(cls, name)
+        if method is not None:
+            break
+    else:
+        raise Missing("SingleTypeKVCacheManager.add_local_computed_blocks")
+    where = f"SingleTypeKVCacheManager.{name}"
+    call = exactly_one(
+        [n for n in walk(method.body)
+         if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call) and is_attr(n.value.func, "touch")
+         and is_attr(n.value.func.value, "block_pool", "self")],
+        f"`self.block_pool.touch(new_computed_blocks)` in {where}")
+    return where, [src.replace(call, "pass")]
+
+
 def _free_keeps_cached_count(src: Source) -> tuple[str, list[Edit]]:
     where, method = _method(src, "SingleTypeKVCacheManager", "pop_blocks_for_free")
     call = exactly_one(
@@ -116,4 +160,19 @@ STATE_MUTANTS: tuple[MutationOperator, ...] = (
         "SingleTypeKVCacheManager.pop_blocks_for_free forgets to drop the request's count of cached blocks "
         "(a resumed request skips registering)",
         "", _free_keeps_cached_count, MANAGER_FILE, side="state"),
+    MutationOperator(
+        "mamba_hit_unpadded",
+        "MambaManager.find_longest_cache_hit returns the cached state without the null blocks before it "
+        "(a hit of h tokens no longer holds cdiv(h, block) slots)",
+        "", _mamba_hit_unpadded, MANAGER_FILE, side="state"),
+    MutationOperator(
+        "allocate_floors_partial_block",
+        "SingleTypeKVCacheManager.allocate_new_blocks floors the blocks a request needs instead of "
+        "rounding up (no slot for a partial last block)",
+        "", _allocate_floors_partial_block, MANAGER_FILE, side="state"),
+    MutationOperator(
+        "local_hit_untouched",
+        "SingleTypeKVCacheManager.add_local_computed_blocks puts the lookup's hit blocks in the table "
+        "without taking a reference on them (they stay free, to be evicted under the request)",
+        "", _local_hit_untouched, MANAGER_FILE, side="state"),
 )

@@ -415,6 +415,64 @@ def test_state_operators_rewrite_the_block_pool(name, removed, added):
     assert op.side == "state" and op.target_file.endswith(".py")
 
 
+_MANAGER_SOURCE = '''
+class SingleTypeKVCacheManager:
+    def add_local_computed_blocks(self, request_id, new_computed_blocks):
+        req_blocks = self.req_to_blocks[request_id]
+        if self.enable_caching:
+            self.block_pool.touch(new_computed_blocks)
+        req_blocks.extend(new_computed_blocks)
+
+    def allocate_new_blocks(self, request_id, num_tokens):
+        req_blocks = self.req_to_blocks[request_id]
+        num_required_blocks = cdiv(num_tokens, self.block_size)
+        num_new_blocks = num_required_blocks - len(req_blocks)
+        if num_new_blocks <= 0:
+            return []
+        new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
+        req_blocks.extend(new_blocks)
+        return new_blocks
+
+
+class MambaManager(SingleTypeKVCacheManager):
+    @classmethod
+    def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool):
+        computed_blocks = tuple([] for _ in kv_cache_group_ids)
+        for i in range(len(block_hashes) - 1, -1, -1):
+            if cached_block := block_pool.get_cached_block(block_hashes[i], kv_cache_group_ids):
+                for computed, cached in zip(computed_blocks, cached_block):
+                    computed.extend([block_pool.null_block] * i)
+                    computed.append(cached)
+                break
+        return computed_blocks
+'''
+
+
+@pytest.mark.parametrize("name, removed, added", [
+    ("local_hit_untouched", "self.block_pool.touch(new_computed_blocks)", None),
+    ("allocate_floors_partial_block", "cdiv(num_tokens, self.block_size)", "num_tokens // self.block_size"),
+    ("mamba_hit_unpadded", "computed.extend([block_pool.null_block] * i)", None),
+])
+def test_state_operators_rewrite_the_managers(name, removed, added):
+    from kvspec.subjects.mutation import STATE_MUTANTS
+
+    op = {o.name: o for o in STATE_MUTANTS}[name]
+    out = op.apply(_MANAGER_SOURCE)
+    assert removed in _MANAGER_SOURCE and removed not in out
+    assert added is None or added in out
+    assert op.side == "state" and op.target_file.endswith("single_type_kv_cache_manager.py")
+
+
+def test_the_hit_blocks_operator_finds_the_method_of_older_releases():
+    # Before 0.26 the method that takes a hit's blocks is allocate_new_computed_blocks.
+    from kvspec.subjects.mutation import STATE_MUTANTS
+
+    op = {o.name: o for o in STATE_MUTANTS}["local_hit_untouched"]
+    older = _MANAGER_SOURCE.replace("def add_local_computed_blocks", "def allocate_new_computed_blocks")
+    assert op.mutated_method(older) == "SingleTypeKVCacheManager.allocate_new_computed_blocks"
+    assert "self.block_pool.touch(" not in op.apply(older)
+
+
 def test_state_operators_refuse_a_source_without_their_target():
     from kvspec.subjects.mutation import STATE_MUTANTS
 
