@@ -46,6 +46,17 @@ STEPS_PER_PROGRAM = 40  # Hypothesis's stateful_step_count: rules after the mana
 MAX_PROMPT = 48
 MAX_MODEL_LEN = 128  # prompt plus decoded and draft tokens stay below it
 FAMILIES = 3  # shared-prefix families: requests of one family hit each other's blocks
+MAX_IN_FLIGHT = 6  # requests running or waiting at once
+MAX_GROUPS = 3  # KV-cache groups of a layout (at least two: the hybrid coordinator)
+
+
+def draw_scope() -> str:
+    """What the programs are drawn from, for every verdict: a pass says
+    nothing of what was never drawn."""
+    return (f"programs drawn on hybrid layouts of 2-{MAX_GROUPS} KV-cache groups (one-group models, which vLLM "
+            f"serves with its unitary coordinator, are not driven), prompts of at most {MAX_PROMPT} tokens from "
+            f"{FAMILIES} shared-prefix families, at most {MAX_IN_FLIGHT} requests in flight, a {MAX_MODEL_LEN}-token "
+            f"model, a pool of one to two longest requests' blocks, at most {STEPS_PER_PROGRAM} rules a program")
 
 
 @attrs.define
@@ -136,7 +147,7 @@ class StatefulResult:
 
     def scope(self) -> str:
         """What the verdict covers, in words."""
-        parts = [scope_text()]
+        parts = [draw_scope(), scope_text()]
         if self.not_exercised:
             parts.append("not exercised on this release: " + "; ".join(self.not_exercised))
         for bug in self.known_excluded:
@@ -182,7 +193,7 @@ def geometries(draw, capabilities: Capabilities) -> Program:
     enough for one longest request to twice that (so blocks are evicted and
     requests preempted), and sparse retention on layouts with a
     sliding-window group (the only ones every supported release takes it for)."""
-    config = draw(configs(capabilities))
+    config = draw(configs(capabilities, max_groups=MAX_GROUPS))
     one = _blocks_needed(config, MAX_MODEL_LEN) + 2
     num_blocks = draw(st.integers(one, 2 * one))
     retention = None
@@ -310,7 +321,7 @@ def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
                 op["external"] = external
             self._apply(op)
 
-        @precondition(lambda self: len(self.running) + len(self.waiting) < 6)
+        @precondition(lambda self: len(self.running) + len(self.waiting) < MAX_IN_FLIGHT)
         @rule(family=st.integers(0, FAMILIES - 1), shared=st.integers(0, MAX_PROMPT),
               suffix=st.integers(0, 16), seed=st.integers(0, 2**16),
               external=st.one_of(st.just(0), st.integers(1, MAX_PROMPT)))
@@ -318,7 +329,7 @@ def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
             tokens = _prompt(family, shared, suffix, seed)[:MAX_PROMPT]
             self._arrive(tokens or [family * 1000], external)
 
-        @precondition(lambda self: self.prompts and len(self.running) + len(self.waiting) < 6)
+        @precondition(lambda self: self.prompts and len(self.running) + len(self.waiting) < MAX_IN_FLIGHT)
         @rule(which=st.integers(0, 2**16))
         def resend(self, which: int) -> None:
             """The same prompt again: the whole prefix is cached if nothing evicted it."""

@@ -57,23 +57,55 @@ class ManagerState:
     blocks: tuple[Block, ...]  # indexed by block id, as vLLM's pool is
     hash_map: tuple[tuple[int, int], ...]  # every (key id, block id) entry of the map
     tables: tuple[Table, ...]
+    # The blocks referenced or keyed, when the maker knows them (the compact
+    # snapshot lists exactly these); every other block is idle.  Only a
+    # shortcut: the rules read the same facts either way.
+    listed: tuple[Block, ...] | None = attrs.field(default=None, eq=False, repr=False)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ManagerState":
+    def from_dict(cls, data: dict[str, Any], previous: "ManagerState | None" = None,
+                  same: Iterable[str] = ()) -> "ManagerState":
         """From the worker's compact snapshot (``Machine.snapshot``): blocks
         left out are unreferenced and keyless; the free queue comes as
-        sorted [first, last] runs."""
-        blocks = list(_idle_pool(data["num_blocks"]))
-        for block_id, ref_cnt, keys in data["blocks"]:
-            blocks[block_id] = Block(block_id, ref_cnt, tuple(keys))
-        queue = tuple(i for first, last in data["free_runs"] for i in range(first, last + 1))
-        return cls(null_block=data["null_block"], num_free=data["num_free"], free_queue=queue, blocks=tuple(blocks),
-                   hash_map=tuple((k, b) for k, b in data["hash_map"]),
-                   tables=tuple(Table(t[0], t[1], tuple(t[2]), t[3]) for t in data["tables"]))
+        sorted [first, last] runs.  The parts named in ``same`` are those of
+        ``previous`` (read from the same data before), not parsed again."""
+        same = set(same) if previous is not None and previous.listed is not None else set()
+        if "blocks" in same and len(previous.blocks) == data["num_blocks"]:
+            blocks_t, listed_t = previous.blocks, previous.listed
+        else:
+            blocks = list(_idle_pool(data["num_blocks"]))
+            listed = []
+            # Blocks are immutable values: one unchanged since ``previous`` is reused.
+            known = {b.id: b for b in previous.listed} if previous is not None and previous.listed else {}
+            for block_id, ref_cnt, keys in data["blocks"]:
+                block = known.get(block_id)
+                if block is None or block.ref_cnt != ref_cnt or list(block.keys) != keys:
+                    block = Block(block_id, ref_cnt, tuple(keys))
+                if 0 <= block_id < len(blocks):
+                    blocks[block_id] = block
+                listed.append(block)
+            blocks_t, listed_t = tuple(blocks), tuple(listed)
+        queue = previous.free_queue if "free_runs" in same else tuple(
+            i for first, last in data["free_runs"] for i in range(first, last + 1))
+        hash_map = previous.hash_map if "hash_map" in same else tuple((k, b) for k, b in data["hash_map"])
+        tables = previous.tables if "tables" in same else tuple(
+            Table(t[0], t[1], tuple(t[2]), t[3]) for t in data["tables"])
+        return cls(null_block=data["null_block"], num_free=data["num_free"], free_queue=queue, blocks=blocks_t,
+                   hash_map=hash_map, tables=tables, listed=listed_t)
+
+    def active(self) -> tuple[Block, ...] | list[Block]:
+        """The blocks referenced (either way) or keyed; the rest are idle:
+        reference count 0, no key."""
+        if self.listed is not None:
+            return self.listed
+        return [b for b in self.blocks if b.ref_cnt or b.keys]
+
+    def idle_ids(self) -> set[int]:
+        return set(range(len(self.blocks))) - {b.id for b in self.active()}
 
     def keyed(self) -> list[Block]:
         """The blocks that own a key."""
-        return [b for b in self.blocks if b.keys]
+        return [b for b in self.active() if b.keys]
 
     def held(self) -> Counter:
         """How many table slots hold each block."""
@@ -128,6 +160,10 @@ class Invariant:
     statement: str  # what is checked, in words
     check: Callable[[Transition], list[str]]
     exact: bool = True  # False: the weaker statement that kvspec checks, said in ``statement``
+    # For a rule over the state after the operation alone: the fields it
+    # reads.  When they are the very values of a state already held to it,
+    # the answer is known (``check_transition(..., before_checked=True)``).
+    reads: tuple[str, ...] = ()
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -141,7 +177,7 @@ def _free_list(t: Transition) -> list[str]:
     out = []
     if len(s.free_queue) != s.num_free:
         out.append(f"the free-block counter says {s.num_free}, the free queue holds {len(s.free_queue)}")
-    twice = [b for b, n in Counter(s.free_queue).items() if n > 1]
+    twice = [b for b, n in Counter(s.free_queue).items() if n > 1] if len(set(s.free_queue)) < len(s.free_queue) else []
     if twice:
         out.append(f"block {twice[0]} is in the free queue {Counter(s.free_queue)[twice[0]]} times")
     if s.null_block in s.free_queue:
@@ -152,24 +188,29 @@ def _free_list(t: Transition) -> list[str]:
 def _free_iff_unreferenced(t: Transition) -> list[str]:
     s = t.after
     queued = set(s.free_queue)
-    out = []
-    for b in s.blocks:
+    leaked = "has no reference and is not in the free queue (leaked)"
+    # Idle blocks (count 0, no key) by set arithmetic, the others one by one.
+    found = [(i, f"block {i} {leaked}") for i in s.idle_ids() - queued - {s.null_block}]
+    for b in s.active():
         if b.id == s.null_block:
             continue
         if b.ref_cnt == 0 and b.id not in queued:
-            out.append(f"block {b.id} has no reference and is not in the free queue (leaked)")
+            found.append((b.id, f"block {b.id} {leaked}"))
         elif b.ref_cnt > 0 and b.id in queued:
-            out.append(f"block {b.id} is referenced {b.ref_cnt} times and also in the free queue")
+            found.append((b.id, f"block {b.id} is referenced {b.ref_cnt} times and also in the free queue"))
         elif b.ref_cnt < 0:
-            out.append(f"block {b.id} has a negative reference count {b.ref_cnt}")
-    return out[:3]
+            found.append((b.id, f"block {b.id} has a negative reference count {b.ref_cnt}"))
+    return [message for _, message in sorted(found)[:3]]
 
 
 def _ref_counts(t: Transition) -> list[str]:
     s = t.after
     held = s.held()
     out = []
-    for b in s.blocks:
+    pool = len(s.blocks)
+    # An idle block (count 0) breaks the rule only if a slot holds it.
+    suspects = {i for i in ({b.id for b in s.active()} | set(held)) if 0 <= i < pool}
+    for b in (s.blocks[i] for i in sorted(suspects)):
         if b.id != s.null_block and b.ref_cnt != held.get(b.id, 0):
             out.append(f"block {b.id} has reference count {b.ref_cnt}, {held.get(b.id, 0)} table slots hold it")
     return out[:3]
@@ -282,7 +323,7 @@ def _hit_groups(t: Transition) -> list[str]:
     out = []
     # A hit may be a block registered earlier in the same step: either side counts.
     state = t.before or t.after
-    keyed = {b.id for s in (t.before, t.after) if s is not None for b in s.blocks if b.keys}
+    keyed = {b.id for s in (t.before, t.after) if s is not None for b in s.keyed()}
     for lk in t.lookups:
         for index, (group, blocks) in enumerate(zip(t.config.groups, lk.group_blocks)):
             need = _cdiv(lk.hit, group.block_size)
@@ -303,13 +344,13 @@ def _hit_groups(t: Transition) -> list[str]:
 def _reset(t: Transition) -> list[str]:
     if t.op != "reset" or t.before is None:
         return []
-    held = any(b.ref_cnt > 0 for b in t.before.blocks if b.id != t.before.null_block)
+    held = any(b.ref_cnt > 0 for b in t.before.active() if b.id != t.before.null_block)
     out = []
     if t.reset_succeeded and held:
         out.append("reset_prefix_cache succeeded while requests held blocks")
     if t.reset_succeeded is False and not held:
         out.append("reset_prefix_cache failed with no block held")
-    if t.reset_succeeded and (t.after.hash_map or any(b.keys for b in t.after.blocks)):
+    if t.reset_succeeded and (t.after.hash_map or t.after.keyed()):
         out.append(f"after a successful reset the hash map still holds {len(t.after.hash_map)} entries")
     return out
 
@@ -340,15 +381,17 @@ def _zeroing(t: Transition) -> list[str]:
 INVARIANTS: tuple[Invariant, ...] = (
     Invariant("free_list", Category.STATE_FREE_LIST,
               "the free queue holds no block twice and not the null block, and the pool's counter equals "
-              "its length", _free_list),
+              "its length", _free_list, reads=("free_queue", "num_free", "null_block")),
     Invariant("free_iff_unreferenced", Category.STATE_FREE_BLOCKS,
-              "a block other than the null block is in the free queue iff no one references it", _free_iff_unreferenced),
+              "a block other than the null block is in the free queue iff no one references it", _free_iff_unreferenced,
+              reads=("blocks", "listed", "free_queue", "null_block")),
     Invariant("ref_counts", Category.STATE_REF_COUNT,
               "a block's reference count equals the table slots (every group, every request) holding it, "
-              "once the step's copy-on-write sources are released as the scheduler does", _ref_counts),
+              "once the step's copy-on-write sources are released as the scheduler does", _ref_counts,
+              reads=("blocks", "listed", "tables", "null_block")),
     Invariant("hash_map", Category.STATE_HASH_MAP,
               "the hash map's entries and the keys each block owns agree both ways; the null block owns none",
-              _hash_map),
+              _hash_map, reads=("hash_map", "blocks", "listed", "null_block")),
     Invariant("append_only", Category.STATE_TABLE_APPEND_ONLY,
               "while a request runs, each table slot keeps its block or turns null (what sliding-window and "
               "Mamba groups do to slots they no longer need); a table never shrinks", _append_only),
@@ -387,15 +430,31 @@ OUT_OF_SCOPE = (
 )
 
 
-def check_transition(t: Transition, only: Iterable[str] | None = None) -> list[tuple[Invariant, str]]:
-    """Every violation of the invariants (or of the named ones) in ``t``."""
+def check_transition(t: Transition, only: Iterable[str] | None = None,
+                     before_checked: bool = False) -> list[tuple[Invariant, str]]:
+    """Every violation of the invariants (or of the named ones) in ``t``.
+
+    ``before_checked``: ``t.before`` broke no invariant (it was the state
+    after the previous operation, checked), so a rule over the state alone
+    whose fields are unchanged (the same objects, or equal numbers) holds
+    again without being run."""
     chosen = set(only) if only is not None else None
     found = []
     for invariant in INVARIANTS:
         if chosen is not None and invariant.name not in chosen:
             continue
+        if before_checked and invariant.reads and t.before is not None and _unchanged(t, invariant.reads):
+            continue
         found += [(invariant, message) for message in invariant.check(t)]
     return found
+
+
+def _unchanged(t: Transition, fields: tuple[str, ...]) -> bool:
+    for name in fields:
+        was, now = getattr(t.before, name), getattr(t.after, name)
+        if was is not now and not (isinstance(now, int) and was == now):
+            return False
+    return True
 
 
 def scope_text() -> str:

@@ -24,7 +24,9 @@ class StateOracle:
         self.capabilities = capabilities
         self.regime = expected_regime(program.config, capabilities)
         self.state = ManagerState.from_dict(opened["state"])
+        self.compact: dict[str, Any] = opened["state"]  # the last state as the worker sent it, whole
         self.running: dict[str, int] = {}
+        self.state_checked = False  # the opened state is never a transition's after: held to nothing yet
 
     def check(self, op: dict[str, Any], answer: dict[str, Any]) -> list[Discrepancy]:
         """The discrepancies of one operation's answer (the oracle moves on)."""
@@ -36,16 +38,23 @@ class StateOracle:
         gone = tuple(result.get("preempted", ()))
         if op["do"] in ("finish", "preempt"):
             gone += (op["id"],)
-        after = ManagerState.from_dict(answer["state"])
+        sent = answer["state"]
+        same = sent.get("same", ())
+        if same:  # parts equal to the previous answer's: the answer is made whole for whoever keeps it
+            sent = {**{part: self.compact[part] for part in same}, **{k: v for k, v in sent.items() if k != "same"}}
+            answer["state"] = sent
+        after = ManagerState.from_dict(sent, previous=self.state, same=same)
+        self.compact = sent
         self.running = dict(answer["running"])
         transition = Transition(
             op=op["do"], request=op.get("id"), before=self.state, after=after, config=self.program.config,
             regime=self.regime, capabilities=self.capabilities, running=self.running, lookups=lookups, gone=gone,
             reset_succeeded=result.get("reset"), handed_for_zeroing=tuple(answer.get("handed_for_zeroing", ())))
-        self.state = after
+        found = check_transition(transition, before_checked=self.state_checked)
+        self.state, self.state_checked = after, not found
         return [Discrepancy(invariant.category, None, None,
                             detail=f"{invariant.name}: {message} (after {describe_op(op)})")
-                for invariant, message in check_transition(transition)]
+                for invariant, message in found]
 
     @staticmethod
     def refused(reply: dict[str, Any]) -> Discrepancy:

@@ -20,9 +20,9 @@ Importing this module has no side effects: the symbolic harness reuses
 """
 
 import dataclasses
-import hashlib
 import inspect
 import json
+import operator
 import os
 import subprocess
 import sys
@@ -569,6 +569,9 @@ class Machine:
         # test replays exactly these (``kvspec.report.stateful_test``).
         self.trace = []
         self._key_ids = {}
+        self._sent = None  # the last snapshot answered, for deltas
+        self._keys_memo = {}  # block id -> ((hash, extra keys), key ids)
+        self._free_memo = (None, None)  # the free ids sorted, and their runs
 
     def _build(self, retention):
         """The manager, with the retention interval where this release takes
@@ -662,6 +665,12 @@ class Machine:
             entries += [(k, block_id) for block_id in dups.get(key, ()) if (k, block_id) not in entries]
         return sorted(entries)
 
+    def _free_runs(self):
+        ids = sorted(self._free_queue())
+        if ids != self._free_memo[0]:
+            self._free_memo = (ids, _runs(ids))
+        return self._free_memo[1]
+
     def _free_queue(self):
         queue = self.pool.free_block_queue
         if hasattr(queue, "get_all_free_blocks"):
@@ -672,11 +681,17 @@ class Machine:
             node = node.next_free_block
         return out
 
-    def snapshot(self):
+    # The parts of a snapshot an answer may leave out when they equal the
+    # previous answer's (the caller reads every answer in order).
+    _DELTA_PARTS = ("free_runs", "blocks", "hash_map", "tables")
+
+    def snapshot(self, delta=False):
         """The manager's observable state, compact: blocks neither referenced
         nor keyed are left out (``num_blocks`` says how many there are), the
         free queue is sent as sorted runs [first, last] (a block queued twice
-        starts a new run; its order is not checked)."""
+        starts a new run; its order is not checked).  With ``delta``, a part
+        equal to the one last sent is named in ``same`` instead: the whole
+        state is still read and compared every time, only not re-sent."""
         tables = []
         for index, group in enumerate(self.groups):
             cached = getattr(group, "num_cached_block", {})
@@ -684,21 +699,49 @@ class Machine:
                 tables.append([rid, index, [b.block_id for b in blocks], cached.get(rid, 0)])
         blocks = []
         extra = self._extra_keyed()
-        for b in self.pool.blocks:
-            keyed = (getattr(b, "block_hash", None) is not None or getattr(b, "_block_hash", None) is not None
-                     or b.block_id in extra)
-            keys = self._block_keys(b) if keyed else []
+        # Every release keeps a block's hash in ``_block_hash`` (``block_hash``
+        # is a property over it); read the field directly where it is one.
+        field = "_block_hash" if hasattr(self.pool.null_block, "_block_hash") else "block_hash"
+        memo, seen = self._keys_memo, {}
+        pool_blocks = self.pool.blocks
+        # Two passes at C speed pick the blocks worth a look: referenced or keyed.
+        hashes = list(map(operator.attrgetter(field), pool_blocks))
+        refs = list(map(operator.attrgetter("ref_cnt"), pool_blocks))
+        picked = [i for i, h, r in zip(range(len(refs)), hashes, refs) if r or h is not None]
+        if extra:
+            picked = sorted(set(picked) | {i for i, b in enumerate(pool_blocks) if b.block_id in extra})
+        for i in picked:
+            b = pool_blocks[i]
+            primary = hashes[i]
+            if primary is None and b.block_id not in extra:
+                blocks.append([b.block_id, b.ref_cnt, []])
+                continue
+            # A block's keys change only with its hash or its extra keys.
+            stamp = (primary, tuple(extra.get(b.block_id, ())))
+            cached = memo.get(b.block_id)
+            keys = cached[1] if cached is not None and cached[0] == stamp else self._block_keys(b)
+            seen[b.block_id] = (stamp, keys)
             if b.ref_cnt or keys:
                 blocks.append([b.block_id, b.ref_cnt, keys])
-        return {
+        self._keys_memo = seen
+        full = {
             "null_block": self.pool.null_block.block_id,
             "num_free": self.pool.get_num_free_blocks(),
             "num_blocks": len(self.pool.blocks),
-            "free_runs": _runs(sorted(self._free_queue())),
+            "free_runs": self._free_runs(),
             "blocks": blocks,
             "hash_map": self._hash_map(),
             "tables": sorted(tables),
         }
+        sent, self._sent = self._sent, full
+        if not delta or sent is None:
+            return full
+        same = [part for part in self._DELTA_PARTS if sent[part] == full[part]]
+        if not same:
+            return full
+        out = {k: v for k, v in full.items() if k not in same}
+        out["same"] = same
+        return out
 
     def _extra_keyed(self):
         return getattr(self.pool, "cached_block_hashes_by_block", {})
@@ -979,7 +1022,7 @@ class Machine:
             raise BadOperation(f"unknown machine operation {kind!r}")
         running = {rid: r.num_computed_tokens for rid, r in self.running.items()}
         return {"result": result, "handed_for_zeroing": handed, "running": running,
-                "waiting": list(self.waiting), "state": self.snapshot() if observe else None}
+                "waiting": list(self.waiting), "state": self.snapshot(delta=True) if observe else None}
 
 
 def _runs(ids):
