@@ -25,7 +25,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, get_state_machine_test, 
                                  rule)
 
 from kvspec.model.capabilities import Capabilities
-from kvspec.model.domain import CoordinatorConfig, GroupKind
+from kvspec.model.domain import CoordinatorConfig, GroupKind, KVCacheGroup
 from kvspec.model.errors import InfrastructureError, KvspecError, SetupError
 from kvspec.model.known import KnownBug, stateful_exclusions
 from kvspec.model.outcome import Outcome
@@ -47,14 +47,15 @@ MAX_PROMPT = 48
 MAX_MODEL_LEN = 128  # prompt plus decoded and draft tokens stay below it
 FAMILIES = 3  # shared-prefix families: requests of one family hit each other's blocks
 MAX_IN_FLIGHT = 6  # requests running or waiting at once
-MAX_GROUPS = 3  # KV-cache groups of a layout (at least two: the hybrid coordinator)
+MAX_GROUPS = 3  # KV-cache groups of a hybrid layout
 
 
 def draw_scope() -> str:
     """What the programs are drawn from, for every verdict: a pass says
     nothing of what was never drawn."""
-    return (f"programs drawn on hybrid layouts of 2-{MAX_GROUPS} KV-cache groups (one-group models, which vLLM "
-            f"serves with its unitary coordinator, are not driven), prompts of at most {MAX_PROMPT} tokens from "
+    return (f"programs drawn on hybrid layouts of 2-{MAX_GROUPS} KV-cache groups and, one in five, on one "
+            f"full-attention group (vLLM's unitary coordinator; one-group sliding-window and Mamba models are not "
+            f"driven), prompts of at most {MAX_PROMPT} tokens from "
             f"{FAMILIES} shared-prefix families, at most {MAX_IN_FLIGHT} requests in flight, a {MAX_MODEL_LEN}-token "
             f"model, a pool of one to two longest requests' blocks, at most {STEPS_PER_PROGRAM} rules a program")
 
@@ -183,6 +184,11 @@ class StateViolation(AssertionError):
         self.failure = failure
 
 
+# One program in five on a one-group layout; shrinking goes to the hybrid ones.
+_ONE_GROUP = st.sampled_from((False, False, False, False, True))
+_UNITARY_BLOCK = st.sampled_from((1, 2, 4, 8, 16))
+
+
 def _blocks_needed(config: CoordinatorConfig, tokens: int) -> int:
     return sum(-(-tokens // g.block_size) for g in config.groups)
 
@@ -193,7 +199,14 @@ def geometries(draw, capabilities: Capabilities) -> Program:
     enough for one longest request to twice that (so blocks are evicted and
     requests preempted), and sparse retention on layouts with a
     sliding-window group (the only ones every supported release takes it for)."""
-    config = draw(configs(capabilities, max_groups=MAX_GROUPS))
+    if draw(_ONE_GROUP):
+        # A one-group model (most deployments): vLLM's unitary coordinator,
+        # full attention, the hash block its block, with or without EAGLE.
+        block = draw(_UNITARY_BLOCK)
+        config = CoordinatorConfig((KVCacheGroup(GroupKind.FULL_ATTENTION, block, eagle=draw(st.booleans())),),
+                                   scheduler_block_size=block, hash_block_size=block)
+    else:
+        config = draw(configs(capabilities, max_groups=MAX_GROUPS))
     one = _blocks_needed(config, MAX_MODEL_LEN) + 2
     num_blocks = draw(st.integers(one, 2 * one))
     retention = None

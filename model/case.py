@@ -87,6 +87,9 @@ class Case:
     probe: LookupProbe | None = None
 
     def __attrs_post_init__(self) -> None:
+        if not self.config.hybrid:
+            raise InvalidCase("a case exercises the hybrid coordinator's registration boundary: it needs at "
+                              "least two KV-cache groups (vLLM serves one group with the unitary coordinator)")
         if len(self.steps) > MAX_STEPS or not all(isinstance(s, Step) for s in self.steps):
             raise InvalidCase(f"a request takes at most {MAX_STEPS} steps, each a Step")
         if self.probe is not None and not isinstance(self.probe, LookupProbe):

@@ -143,7 +143,10 @@ def _groups(value: Any) -> tuple[KVCacheGroup, ...]:
 
 @attrs.frozen
 class CoordinatorConfig:
-    """What ``HybridKVCacheCoordinator`` is built from, in vLLM's names."""
+    """What vLLM's KV-cache coordinator is built from, in vLLM's names:
+    ``HybridKVCacheCoordinator`` for two groups or more (the registration
+    boundary kvspec is about), the unitary one for a single group (driven by
+    the stateful differential only)."""
 
     groups: tuple[KVCacheGroup, ...] = attrs.field(converter=_groups)
     scheduler_block_size: int = attrs.field(validator=_positive)
@@ -156,13 +159,8 @@ class CoordinatorConfig:
 
     def __attrs_post_init__(self) -> None:
         S, H = self.scheduler_block_size, self.hash_block_size
-        if len(self.groups) < 2:
-            raise InvalidGeometry(
-                "groups",
-                "the hybrid coordinator needs at least two KV-cache groups "
-                "(vLLM uses the unitary coordinator for one)",
-                len(self.groups),
-            )
+        if not self.groups:
+            raise InvalidGeometry("groups", "a KV-cache configuration needs at least one group", 0)
         for group in self.groups:
             if not isinstance(group, KVCacheGroup):
                 raise InvalidGeometry("groups", "every group must be a KVCacheGroup", group)
@@ -190,6 +188,13 @@ class CoordinatorConfig:
                 "num_prefill_lookahead",
                 self.num_prefill_lookahead,
             )
+
+    @property
+    def hybrid(self) -> bool:
+        """Served by ``HybridKVCacheCoordinator``: two groups or more, as vLLM
+        decides (one group gets the unitary coordinator, whose registration
+        has no boundary between groups)."""
+        return len(self.groups) >= 2
 
     @property
     def any_eagle(self) -> bool:

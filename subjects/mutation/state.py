@@ -78,6 +78,19 @@ def _trim_first_group_only(src: Source) -> tuple[str, list[Edit]]:
     return where, [src.replace(loop.iter, "self.attention_groups[:1]")]
 
 
+def _hit_keeps_trimmed_blocks(src: Source) -> tuple[str, list[Edit]]:
+    where, method = _method(src, "FullAttentionManager", "find_longest_cache_hit")
+    # `for computed in computed_blocks: del computed[num_blocks:]` (0.26 on):
+    # the hit length is cut for the EAGLE drop and the alignment; the blocks
+    # past it no longer are.
+    loop = exactly_one(
+        [n for n in method.body
+         if isinstance(n, ast.For) and isinstance(n.iter, ast.Name) and n.iter.id == "computed_blocks"
+         and len(n.body) == 1 and isinstance(n.body[0], ast.Delete)],
+        f"the loop `del computed[num_blocks:]` trimming the hit's blocks in {where}")
+    return where, [src.replace(loop, "pass")]
+
+
 def _mamba_hit_unpadded(src: Source) -> tuple[str, list[Edit]]:
     where, method = _method(src, "MambaManager", "find_longest_cache_hit")
     # `computed.extend([block_pool.null_block] * i)`: the null blocks before
@@ -160,6 +173,12 @@ STATE_MUTANTS: tuple[MutationOperator, ...] = (
         "SingleTypeKVCacheManager.pop_blocks_for_free forgets to drop the request's count of cached blocks "
         "(a resumed request skips registering)",
         "", _free_keeps_cached_count, MANAGER_FILE, side="state"),
+    MutationOperator(
+        "hit_keeps_trimmed_blocks",
+        "FullAttentionManager.find_longest_cache_hit cuts the hit length for the EAGLE drop but keeps the "
+        "block past it (the request is handed a cached block it will write; one-group models, where no "
+        "coordinator trims after the manager)",
+        "", _hit_keeps_trimmed_blocks, MANAGER_FILE, side="state"),
     MutationOperator(
         "mamba_hit_unpadded",
         "MambaManager.find_longest_cache_hit returns the cached state without the null blocks before it "

@@ -24,7 +24,7 @@ def config(**changes):
         (dict(hash_block_size=4, groups=(KVCacheGroup(FA, 2), KVCacheGroup(MAMBA, 8))),
          "groups[0].block_size", "multiple of hash_block_size"),
         (dict(num_prefill_lookahead=9), "num_prefill_lookahead", "scheduler_block_size (=8) >="),
-        (dict(groups=(KVCacheGroup(FA, 8),)), "groups", "at least two"),
+        (dict(groups=()), "groups", "at least one group"),
         (dict(scheduler_block_size=0), "scheduler_block_size", "positive integer"),
         (dict(dcp_world_size=0), "dcp_world_size", "positive integer"),
         (dict(num_prefill_lookahead=-1), "num_prefill_lookahead", "non-negative"),
@@ -71,3 +71,14 @@ def test_partial_hash_hits_is_derived(groups, H, dcp, caching, expected):
     c = CoordinatorConfig(groups=groups, scheduler_block_size=8, hash_block_size=H,
                           dcp_world_size=dcp, enable_caching=caching)
     assert c.partial_hash_hits is expected
+
+
+def test_one_group_is_a_configuration_but_never_a_registration_case():
+    # vLLM serves one group with its unitary coordinator: the stateful
+    # differential drives it, the registration boundary does not exist there.
+    from kvspec.model.case import Case, InvalidCase, Step
+
+    single = CoordinatorConfig((KVCacheGroup(FA, 4),), 4, 4)
+    assert not single.hybrid and config().hybrid
+    with pytest.raises(InvalidCase, match="at least two KV-cache groups"):
+        Case(single, 4, (Step("prefill", tokens=4),))

@@ -434,6 +434,24 @@ class SingleTypeKVCacheManager:
         return new_blocks
 
 
+class FullAttentionManager(SingleTypeKVCacheManager):
+    @classmethod
+    def find_longest_cache_hit(cls, block_hashes, block_size, block_pool, kv_cache_group_ids, drop):
+        computed_blocks = tuple([] for _ in kv_cache_group_ids)
+        for block_hash in block_hashes:
+            if not (cached_block := block_pool.get_cached_block(block_hash, kv_cache_group_ids)):
+                break
+            for computed, cached in zip(computed_blocks, cached_block):
+                computed.append(cached)
+        hit_length = len(computed_blocks[0]) * block_size
+        if drop and hit_length > 0:
+            hit_length -= block_size
+        num_blocks = cdiv(hit_length, block_size)
+        for computed in computed_blocks:
+            del computed[num_blocks:]
+        return computed_blocks, hit_length
+
+
 class MambaManager(SingleTypeKVCacheManager):
     @classmethod
     def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool):
@@ -452,6 +470,7 @@ class MambaManager(SingleTypeKVCacheManager):
     ("local_hit_untouched", "self.block_pool.touch(new_computed_blocks)", None),
     ("allocate_floors_partial_block", "cdiv(num_tokens, self.block_size)", "num_tokens // self.block_size"),
     ("mamba_hit_unpadded", "computed.extend([block_pool.null_block] * i)", None),
+    ("hit_keeps_trimmed_blocks", "del computed[num_blocks:]", None),
 ])
 def test_state_operators_rewrite_the_managers(name, removed, added):
     from kvspec.subjects.mutation import STATE_MUTANTS
