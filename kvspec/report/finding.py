@@ -389,14 +389,19 @@ def _reproduce(f: Finding, path=lambda p: p) -> list[str]:
     seed = f.run.get("seed") if f.run else None
     if f.source == "fuzz" and isinstance(seed, int):
         version, mutant = subject.get("version"), subject.get("mutant")
+        # The differential that found it: a program is the stateful one's, a
+        # case with a later lookup the hit-length one's (registration included).
+        inputs = f.inputs if isinstance(f.inputs, dict) else {}
+        differential = (" --stateful" if "program" in inputs
+                        else " --lookup" if isinstance(inputs.get("probe"), dict) else "")
         if subject.get("kind") in ("release", "mutant") and isinstance(version, str) \
                 and re.fullmatch(r"\d+\.\d+\.\d+(\.post\d+)?", version):
             command = f"kvspec fuzz --vllm {version}"
             if isinstance(mutant, str) and re.fullmatch(r"[a-z0-9_]+", mutant):
                 command += f" --mutant {mutant}"
-            out.append(f"{command} --seed {seed}")
+            out.append(f"{command}{differential} --seed {seed}")
         elif subject.get("kind") == "source":
-            out.append(f"kvspec fuzz --vllm-src YOUR_VLLM_TREE --seed {seed}")
+            out.append(f"kvspec fuzz --vllm-src YOUR_VLLM_TREE{differential} --seed {seed}")
     if f.source == "fuzz" and f.regression_test:
         from .regression_test import pytest_command
 
