@@ -25,11 +25,11 @@ import sys
 import time
 
 from kvspec.diff_tests.fuzz import fuzz_subject
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from kvspec.subjects.mutation import ensure_mutant_tree, mutant
 from kvspec.subjects.process import SubjectProcess
 from kvspec.subjects.subject import mutant_subject, release
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def cold_time_to_counterexample(tree: str, seed: int) -> float:

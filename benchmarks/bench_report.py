@@ -81,7 +81,8 @@ def main() -> None:
         tests_root = tests_root_of(subject)  # provisioned once, untimed
         idiom = idiom_of(tests_root)
         for _ in range(args.repeat):
-            add = lambda stage, seconds: times.setdefault(stage, []).append(seconds)
+            def add(stage, seconds):
+                times.setdefault(stage, []).append(seconds)
             seconds, finding = _timed(completion.explain_stage, result, versions())
             add("explain", seconds)
             seconds, swept = _timed(completion.sweep_stage, proc, result, finding)

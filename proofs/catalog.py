@@ -187,20 +187,20 @@ def _same_hash_blocks(ar: Arith, v: Vars, f: Callable) -> Any:
     return ar.div(f(ar, p), v.H) == ar.div(registration_bound(ar, p), v.H)
 
 
-def _lemma_theorem(l: Lemma) -> Theorem:
+def _lemma_theorem(lemma: Lemma) -> Theorem:
     def claim(ar: Arith, v: Vars, body: Callable) -> Any:
-        return body(ar, *(v[name] for name in l.params))
+        return body(ar, *(v[name] for name in lemma.params))
 
     return Theorem(
-        name=f"lemma.{l.name}",
+        name=f"lemma.{lemma.name}",
         category="lemma",
-        statement=l.statement,
+        statement=lemma.statement,
         assumptions_text="all integers",
-        ints=l.params,
+        ints=lemma.params,
         bools=(),
         assume=lambda ar, v: ar.true(),
         claim=claim,
-        target=Target(l.name, l.body),
+        target=Target(lemma.name, lemma.body),
         no_refuter_reason="a lemma over all integers; its premises are checked satisfiable",
     )
 
@@ -257,7 +257,7 @@ def _hash_rounding_hints(ar: Arith, v: Vars) -> list:
 
 
 def _build() -> tuple[Theorem, ...]:
-    theorems: list[Theorem] = [_lemma_theorem(l) for l in LEMMAS]
+    theorems: list[Theorem] = [_lemma_theorem(lemma) for lemma in LEMMAS]
     for v in VARIANTS:
         if v.conformance is Conformance.HISTORICAL:
             theorems.append(_geometry(

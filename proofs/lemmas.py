@@ -78,7 +78,7 @@ LEMMAS: tuple[Lemma, ...] = (
     Lemma("div_non_negative", "d >= 1 and x >= 0 imply x/d >= 0", ("x", "d"), _non_negative),
 )
 
-_BY_NAME = {l.name: l for l in LEMMAS}
+_BY_NAME = {lemma.name: lemma for lemma in LEMMAS}
 
 
 def lemma(name: str) -> Lemma:

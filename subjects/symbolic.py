@@ -113,7 +113,7 @@ def symbolic_check(subject: Subject, timeout: float = 60.0) -> SymbolicVerdict:
     except subprocess.TimeoutExpired:
         return SymbolicVerdict(subject.label, SymbolicStatus.INCONCLUSIVE, "", time.perf_counter() - started,
                                detail="the symbolic run overran its budget")
-    lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not lines:
         tail = " | ".join((out.stderr or out.stdout).strip().splitlines()[-3:])
         return SymbolicVerdict(subject.label, SymbolicStatus.INCONCLUSIVE, "", time.perf_counter() - started,

@@ -452,7 +452,8 @@ def glossary(text: str) -> list[tuple[str, str]]:
 
 def _aligned(headers: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    line = lambda cells: indent + "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+    def line(cells: list[str]) -> str:
+        return indent + "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
     return [line(headers)] + [line(r) for r in rows]
 
 
@@ -483,7 +484,7 @@ def render_text(f: Finding) -> str:
         out.append(f"  detail: {f.detail}")
     if f.traceback:
         out.append("  vLLM traceback (last lines):")
-        out += ["    " + l for l in f.traceback.strip().splitlines()[-6:]]
+        out += ["    " + text for text in f.traceback.strip().splitlines()[-6:]]
     reproduce = _reproduce(f)
     if reproduce:
         out.append("  reproduce:")
@@ -569,7 +570,8 @@ def render_markdown(f: Finding, heading: str = "###", plot_path: str | None = No
     embed (shown by relative path or artifact name); by default the stored
     PNG.  ``lead=False`` leaves out the impact line (a fuzz report puts it
     first for the whole run)."""
-    label = lambda s: public_label(str(s))
+    def label(s: object) -> str:
+        return public_label(str(s))
     out = [f"**Impact:** {_md(public_label(impact_sentence(f)))}", ""] if lead else []
     out += [f"{heading} {_md(public_label(f.verdict))}", ""]
     affected = affected_lines(f)

@@ -294,7 +294,7 @@ def emit_stateful_test(finding: Finding, trace: list[dict[str, Any]] | None, cap
             body.append(f"manager.free({r})")
         elif call == "reset_prefix_cache":
             if last and category is Category.STATE_RESET:
-                body += [f"held_before_reset = any(b.ref_cnt > 0 for b in manager.block_pool.blocks "
+                body += ["held_before_reset = any(b.ref_cnt > 0 for b in manager.block_pool.blocks "
                          "if b.block_id != manager.block_pool.null_block.block_id)",
                          "reset_returned = bool(manager.reset_prefix_cache())"]
             elif entry["returned"] is None:

@@ -7,7 +7,6 @@ the one method the operator targets differs from the original (compared by
 
 from __future__ import annotations
 
-import ast
 from typing import Callable
 
 import attrs

@@ -104,3 +104,13 @@ def test_tests_import_only_public_names_and_no_other_test_module():
                     if alias.name.split(".")[0] in TOP_LEVEL_FOLDERS:
                         found.append(f"{path.relative_to(ROOT)}: import {alias.name}")
     assert not found, "\n".join(found)
+
+
+def test_the_tree_passes_ruff():
+    # The same linter that checks the regression tests kvspec emits, on kvspec
+    # itself (ruff's default rules: unused names, shadowed builtins, syntax).
+    ruff = Path(sys.executable).with_name("ruff")
+    folders = [str(ROOT / name) for name in (*TOP_LEVEL_FOLDERS, "kvspec", "benchmarks", "tests")]
+    out = subprocess.run([str(ruff), "check", "--no-cache", "--output-format", "concise", *folders],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-2000:]
