@@ -471,12 +471,11 @@ def test_the_header_is_the_releases_own_and_a_recorded_one_is_checked(tmp_path):
 def test_the_reproduce_line_names_the_differential_that_found_it(finding):
     # A stateful finding rerun without --stateful would fuzz the registration
     # boundary, which does not see it.
-    from kvspec.report.finding import _reproduce
-
     released = attrs.evolve(finding, compared={**finding.compared, "subject": {
         "kind": "mutant", "version": "0.34.0", "mutant": "hit_keeps_trimmed_blocks"}}, run={"seed": 4})
-    assert "kvspec fuzz --vllm 0.34.0 --mutant hit_keeps_trimmed_blocks --seed 4" in _reproduce(released)
-    stateful = attrs.evolve(released, inputs={"program": {"ops": []}})
-    assert "kvspec fuzz --vllm 0.34.0 --mutant hit_keeps_trimmed_blocks --stateful --seed 4" in _reproduce(stateful)
+    command = "kvspec fuzz --vllm 0.34.0 --mutant hit_keeps_trimmed_blocks"
+    assert f"{command} --seed 4" in render_text(released)
+    stateful = attrs.evolve(released, inputs={**finding.inputs, "program": {"ops": []}})
+    assert f"{command} --stateful --seed 4" in render_text(stateful)
     lookup = attrs.evolve(released, inputs={**finding.inputs, "probe": {"shared": 3, "extra": 2}})
-    assert "kvspec fuzz --vllm 0.34.0 --mutant hit_keeps_trimmed_blocks --lookup --seed 4" in _reproduce(lookup)
+    assert f"{command} --lookup --seed 4" in render_text(lookup)
