@@ -1,4 +1,4 @@
-"""Greedy minimisation of one failing case against the live subject.
+"""Greedy minimisation of one failing case (or program) against the live subject.
 
 Hypothesis has already shrunk the configuration and the batch to one
 request; this loop shrinks that request (shorter prompt, fewer chunks and
@@ -13,11 +13,12 @@ from typing import Any, Callable, Iterator
 
 import attrs
 
-from kvspec.model.case import Case, LookupProbe, Step
+from kvspec.model.case import Case, InvalidCase, LookupProbe, Step
+from kvspec.model.program import Program
 
 _SAME = object()  # keep the case's own lookup probe
 
-__all__ = ["reduce_case"]
+__all__ = ["reduce_case", "reduce_program"]
 
 MAX_RERUNS = 400
 
@@ -101,3 +102,47 @@ def reduce_case(case: Case, still_fails: Callable[[Case], bool]) -> tuple[Case, 
                 case, improved = candidate, True
                 break
     return case, reruns
+
+
+def _without(program: Program, drop: set[int]) -> Program | None:
+    """``program`` without the operations at ``drop``, and without what names
+    a request whose arrival is dropped (it would name no one)."""
+    gone = {program.ops[i]["id"] for i in drop if program.ops[i]["do"] == "arrive"}
+    ops = [op for i, op in enumerate(program.ops) if i not in drop and op.get("id") not in gone]
+    if len(ops) == len(program.ops):
+        return None
+    try:
+        return program.with_ops(ops)
+    except InvalidCase:
+        return None
+
+
+def _program_candidates(program: Program) -> Iterator[Program | None]:
+    # Chunks first (halves, quarters, ...), then single operations, last first:
+    # Hypothesis shrinks rule by rule and can leave operations that do nothing
+    # (a step with no request) or that the failure does not need.
+    n = len(program.ops)
+    size = n // 2
+    while size >= 1:
+        for start in range(n - size, -1, -size):
+            yield _without(program, set(range(start, start + size)))
+        size //= 2
+
+
+def reduce_program(program: Program, still_fails: Callable[[Program], bool]) -> tuple[Program, int]:
+    """The shortest program reachable by deleting operations, each candidate
+    a real rerun that must still fail the same way; returns it and the reruns."""
+    reruns = 0
+    improved = True
+    while improved and reruns < MAX_RERUNS:
+        improved = False
+        for candidate in _program_candidates(program):
+            if candidate is None:
+                continue
+            reruns += 1
+            if still_fails(candidate):
+                program, improved = candidate, True
+                break
+            if reruns >= MAX_RERUNS:
+                break
+    return program, reruns

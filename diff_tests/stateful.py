@@ -37,6 +37,7 @@ from kvspec.subjects.process import SubjectProcess
 
 from .fuzz import _Abort
 from .property import Failure
+from .reduce import reduce_program
 from .strategies import configs
 
 __all__ = ["StatefulResult", "StatefulTally", "StateViolation", "fuzz_stateful", "replay_program",
@@ -486,10 +487,42 @@ def fuzz_stateful(
     except KeyboardInterrupt:
         result.stopped, result.stopped_why = Outcome.INTERRUPTED, "interrupted"
         result.failure = failures[-1] if failures else None
+    if result.failure is not None and Phase.shrink in phases and result.stopped is None:
+        try:
+            result.failure = _reduced(proc, result.failure)
+        except KeyboardInterrupt:  # the failure found stays, unreduced
+            result.stopped, result.stopped_why = Outcome.INTERRUPTED, "interrupted while reducing the program"
     result.seconds = time.perf_counter() - start
     result.restarts = tuple(proc.restarts[restarts_before:])
     result.not_exercised = tuple(sorted(not_exercised))
     return result
+
+
+def _reduced(proc: SubjectProcess, failure: Failure) -> Failure:
+    """Hypothesis's minimal program with every operation the failure does not
+    need deleted (each candidate replayed: the same invariant broken, or a
+    crash of the same exception type)."""
+    category = failure.discrepancies[0].category
+    error = _exception(failure.reply)
+
+    def still_fails(candidate: Program) -> bool:
+        try:
+            found, reply = replay_program(proc, candidate)
+        except KvspecError:  # a candidate the machine cannot run (it names a request not running)
+            return False
+        return bool(found) and found[0].category is category and _exception(reply) == error
+
+    program, _ = reduce_program(failure.case, still_fails)
+    if program == failure.case:
+        return failure
+    found, reply = replay_program(proc, program)
+    return attrs.evolve(failure, case=program, discrepancies=tuple(found), reply=reply)
+
+
+def _exception(reply: dict[str, Any]) -> str | None:
+    """The exception type of a crash (None for a broken invariant)."""
+    error = reply.get("error")
+    return error.split(":", 1)[0] if isinstance(error, str) else None
 
 
 def replay_program(proc: SubjectProcess, program: Program) -> tuple[list[Discrepancy], dict[str, Any]]:

@@ -249,3 +249,26 @@ def test_a_rule_over_unchanged_parts_of_a_checked_state_is_not_run_again():
     moved = attrs.evolve(moved, free_queue=tuple(list(state.free_queue)))
     rerun = check_transition(_transition(moved, before=state), before_checked=True)
     assert Category.STATE_FREE_BLOCKS in {i.category for i, _ in rerun}
+
+
+def test_a_failing_program_is_reduced_to_the_operations_it_needs():
+    from kvspec.diff_tests.reduce import reduce_program
+
+    ops = [{"do": "schedule"}, {"do": "arrive", "id": "r0", "tokens": [1, 2]}, {"do": "schedule"},
+           {"do": "finish", "id": "r0"}, {"do": "arrive", "id": "r1", "tokens": [3]}, {"do": "reset"},
+           {"do": "schedule"}]
+    program = Program(CONFIG, 40, 128, tuple(ops))
+    seen = []
+
+    def fails(candidate):
+        # Stands in for a replay on vLLM: the failure needs r1 to arrive and a step after it.
+        seen.append(candidate.ops)
+        names = [op.get("id") if op["do"] == "arrive" else op["do"] for op in candidate.ops]
+        return "r1" in names and "schedule" in names[names.index("r1"):]
+
+    reduced, reruns = reduce_program(program, fails)
+    assert [op["do"] for op in reduced.ops] == ["arrive", "schedule"] and reduced.ops[0]["id"] == "r1"
+    assert reruns == len(seen)
+    # Dropping an arrival drops what names that request: no candidate finishes r0 without it.
+    assert not any({"do": "finish", "id": "r0"} in c and not any(op.get("id") == "r0" and op["do"] == "arrive"
+                                                                 for op in c) for c in seen)
