@@ -60,10 +60,13 @@ def checked_replay(proc: SubjectProcess, programs: list) -> tuple[int, float]:
     return operations, _cpu(proc.worker_pid) - before
 
 
-def raw(proc: SubjectProcess, programs: list, per_message: bool = False) -> tuple[int, float]:
+def raw(proc: SubjectProcess, programs: list, per_message: bool = False,
+        observe: bool = False) -> tuple[int, float]:
     """The same programs unobserved and unchecked: every program's operations
     in one message, or (``per_message``) one message per operation as the
-    state machine sends them."""
+    state machine sends them; ``observe``: batched, the state read and sent
+    after every operation but not checked (the floor of any checking that
+    reads the whole state)."""
     before = _cpu(proc.worker_pid)
     operations = 0
     for program in programs:
@@ -71,7 +74,7 @@ def raw(proc: SubjectProcess, programs: list, per_message: bool = False) -> tupl
         assert opened.get("ok"), opened
         batches = [[dict(op)] for op in program.ops] if per_message else [[dict(op) for op in program.ops]]
         for ops in batches:
-            reply = proc.session({"op": "machine_ops", "ops": ops, "observe": False})
+            reply = proc.session({"op": "machine_ops", "ops": ops, "observe": observe})
             assert reply.get("ok"), reply
         operations += len(program.ops)
     return operations, _cpu(proc.worker_pid) - before
@@ -92,8 +95,10 @@ def main() -> None:
             raw_ops, raw_cpu = raw(proc, programs)
             _, message_cpu = raw(proc, programs, per_message=True)
             _, replay_cpu = checked_replay(proc, programs)
+            _, observed_cpu = raw(proc, programs, observe=True)
             assert raw_ops == ops
-            rows.append((seed, ops, ops / cpu, raw_ops / raw_cpu, ops / message_cpu, ops / replay_cpu))
+            rows.append((seed, ops, ops / cpu, raw_ops / raw_cpu, ops / message_cpu, ops / replay_cpu,
+                         ops / observed_cpu))
             print(f"seed {seed}: {ops} operations in {len(programs)} programs; checked {ops / cpu:,.0f} ops per "
                   f"CPU-s, checked replay {ops / replay_cpu:,.0f}, raw {raw_ops / raw_cpu:,.0f} (batched) and "
                   f"{ops / message_cpu:,.0f} (a message per operation)", flush=True)
@@ -105,6 +110,10 @@ def main() -> None:
     print(f"  raw driver (same programs, unchecked, batched): median {raw_median:,.0f} operations per CPU-second")
     print(f"  raw driver, a message per operation: median {message_median:,.0f} operations per CPU-second")
     replay_median = statistics.median(r[5] for r in rows)
+    observed_median = statistics.median(r[6] for r in rows)
+    print(f"  raw driver reading the whole state after every operation, checking nothing: median "
+          f"{observed_median:,.0f} operations per CPU-second ({raw_median / observed_median:.2f}x the batched raw "
+          f"driver: the floor of checking by reading the state)")
     print(f"  checked replay (the same programs, batched, every state read and checked, no Hypothesis): median "
           f"{replay_median:,.0f} operations per CPU-second")
     print(f"  the stateful differential costs {raw_median / checked_median:.2f}x the batched raw driver and "
