@@ -9,7 +9,7 @@ of vLLM, so the minimal example is a genuine discrepancy by construction.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import attrs
 
@@ -17,6 +17,7 @@ from kvspec.model.case import Case, InvalidCase, LookupProbe, Step
 from kvspec.model.program import Program
 
 _SAME = object()  # keep the case's own lookup probe
+T = TypeVar("T")
 
 __all__ = ["reduce_case", "reduce_program"]
 
@@ -90,18 +91,25 @@ def _candidates(case: Case) -> Iterator[Case]:
 
 def reduce_case(case: Case, still_fails: Callable[[Case], bool]) -> tuple[Case, int]:
     """The smallest case reachable by greedy steps; returns it and the reruns used."""
-    reruns = 0
-    improved = True
+    return _greedy(case, _candidates, still_fails)
+
+
+def _greedy(start: T, candidates: Callable[[T], Iterator[T | None]], still_fails: Callable[[T], bool]) -> tuple[T, int]:
+    """Take the first candidate that still fails, again from there, until none
+    does or the reruns run out; returns the last and the reruns used."""
+    current, reruns, improved = start, 0, True
     while improved and reruns < MAX_RERUNS:
         improved = False
-        for candidate in _candidates(case):
+        for candidate in candidates(current):
             if candidate is None:
                 continue
             reruns += 1
             if still_fails(candidate):
-                case, improved = candidate, True
+                current, improved = candidate, True
                 break
-    return case, reruns
+            if reruns >= MAX_RERUNS:
+                break
+    return current, reruns
 
 
 def _without(program: Program, drop: set[int]) -> Program | None:
@@ -132,17 +140,4 @@ def _program_candidates(program: Program) -> Iterator[Program | None]:
 def reduce_program(program: Program, still_fails: Callable[[Program], bool]) -> tuple[Program, int]:
     """The shortest program reachable by deleting operations, each candidate
     a real rerun that must still fail the same way; returns it and the reruns."""
-    reruns = 0
-    improved = True
-    while improved and reruns < MAX_RERUNS:
-        improved = False
-        for candidate in _program_candidates(program):
-            if candidate is None:
-                continue
-            reruns += 1
-            if still_fails(candidate):
-                program, improved = candidate, True
-                break
-            if reruns >= MAX_RERUNS:
-                break
-    return program, reruns
+    return _greedy(program, _program_candidates, still_fails)
