@@ -38,6 +38,7 @@ from kvspec.subjects.process import SubjectProcess
 from .fuzz import _Abort
 from .property import Failure
 from .reduce import reduce_program
+from .seeding import fixed_constant_pool
 from .strategies import configs
 
 __all__ = ["StatefulResult", "StatefulTally", "StateViolation", "fuzz_stateful", "replay_program",
@@ -476,7 +477,8 @@ def fuzz_stateful(
     test._hypothesis_internal_use_seed = seed
     test.hypothesis.inner_test._hypothesis_internal_add_digest = programs_database_key(proc.subject.label)
     try:
-        test()
+        with fixed_constant_pool():  # a seed draws the same programs whatever was imported before
+            test()
     except StateViolation:
         result.failure = failures[-1]  # Hypothesis replays its minimal program last
     except Flaky:
