@@ -3,18 +3,19 @@
 Run:  python benchmarks/bench_stateful.py [--version 0.34.0] [--examples 300] [--seeds 0 1 2]
 
 For each seed: the stateful differential runs ``--examples`` programs
-(Hypothesis drawing the rules, one message per operation, the manager's
-state read after every operation and held to every invariant), keeping the
-programs it ran; then the raw driver replays the same programs on the same
-worker, every program's operations in one message, with no state read and
-nothing checked.  Reported: operations per CPU-second of the two processes
-together (kvspec and the worker), each side's median over the seeds, and
-their ratio (the issue's goal: checking costs at most 2x the raw driver).
-The raw driver also runs one message per operation, as the state machine
-must (a rule's preconditions read the previous answer), which separates
-the cost of interactivity from that of reading and checking the state; and
-the same programs are replayed checked, batched as ``kvspec replay`` does,
-which is the cost of reading and checking without Hypothesis drawing.
+(Hypothesis drawing the rules, one message per rule, the manager's state
+read after every operation and held to every invariant), keeping the
+programs it ran; then the same driver runs unchecked: the same seed draws
+the same programs (asserted) and sends the same messages, but the worker
+reads no state and nothing is checked.  Their ratio is what checking costs
+(the issue's goal: at most 2x).  Reported: operations per CPU-second of the
+two processes together (kvspec and the worker), each line's median over the
+seeds.  Beside them, the cheapest drivers of the same programs, which show
+where the rest goes: replayed without Hypothesis, every program's operations
+in one message with nothing read (batched raw) or one message per operation;
+batched with the whole state read and sent after every operation but not
+checked (the floor of any check that reads the state); batched and checked,
+as ``kvspec replay`` does (reading and checking without Hypothesis).
 One warm-up run is discarded first.
 """
 
@@ -24,7 +25,7 @@ import argparse
 import os
 import statistics
 
-from kvspec.diff_tests.stateful import fuzz_stateful, replay_program
+from kvspec.diff_tests.stateful import drive_unchecked, fuzz_stateful, replay_program
 from kvspec.subjects.process import SubjectProcess
 from kvspec.subjects.subject import release
 
@@ -45,6 +46,15 @@ def checked(proc: SubjectProcess, examples: int, seed: int) -> tuple[int, float,
     result = fuzz_stateful(proc, examples, seed, keep_programs=programs)
     assert result.failure is None, result.failure.discrepancies[0].summary()
     return result.tally.operations, _cpu(proc.worker_pid) - before, programs
+
+
+def unchecked(proc: SubjectProcess, examples: int, seed: int, programs: list) -> float:
+    """The state machine unchecked: its CPU seconds."""
+    before = _cpu(proc.worker_pid)
+    driven = drive_unchecked(proc, examples, seed)
+    cpu = _cpu(proc.worker_pid) - before
+    assert driven == programs, "the unchecked driver drew other programs than the checked one"
+    return cpu
 
 
 def checked_replay(proc: SubjectProcess, programs: list) -> tuple[int, float]:
@@ -92,20 +102,26 @@ def main() -> None:
         rows = []
         for seed in args.seeds:
             ops, cpu, programs = checked(proc, args.examples, seed)
+            unchecked_cpu = unchecked(proc, args.examples, seed, programs)
             raw_ops, raw_cpu = raw(proc, programs)
             _, message_cpu = raw(proc, programs, per_message=True)
             _, replay_cpu = checked_replay(proc, programs)
             _, observed_cpu = raw(proc, programs, observe=True)
             assert raw_ops == ops
             rows.append((seed, ops, ops / cpu, raw_ops / raw_cpu, ops / message_cpu, ops / replay_cpu,
-                         ops / observed_cpu))
+                         ops / observed_cpu, ops / unchecked_cpu))
             print(f"seed {seed}: {ops} operations in {len(programs)} programs; checked {ops / cpu:,.0f} ops per "
-                  f"CPU-s, checked replay {ops / replay_cpu:,.0f}, raw {raw_ops / raw_cpu:,.0f} (batched) and "
-                  f"{ops / message_cpu:,.0f} (a message per operation)", flush=True)
+                  f"CPU-s, unchecked {ops / unchecked_cpu:,.0f}, checked replay {ops / replay_cpu:,.0f}, raw "
+                  f"{raw_ops / raw_cpu:,.0f} (batched) and {ops / message_cpu:,.0f} (a message per operation)",
+                  flush=True)
     checked_median = statistics.median(r[2] for r in rows)
     raw_median = statistics.median(r[3] for r in rows)
+    unchecked_median = statistics.median(r[7] for r in rows)
     print(f"\nvLLM {args.version}, {args.examples} programs per seed, seeds {args.seeds}:")
     print(f"  checked (stateful differential): median {checked_median:,.0f} operations per CPU-second")
+    print(f"  the same driver unchecked (same draw, same messages, no state read, nothing checked): median "
+          f"{unchecked_median:,.0f} operations per CPU-second; checking costs "
+          f"{unchecked_median / checked_median:.2f}x (goal: at most 2x)")
     message_median = statistics.median(r[4] for r in rows)
     print(f"  raw driver (same programs, unchecked, batched): median {raw_median:,.0f} operations per CPU-second")
     print(f"  raw driver, a message per operation: median {message_median:,.0f} operations per CPU-second")

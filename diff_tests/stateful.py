@@ -42,7 +42,7 @@ from .seeding import fixed_constant_pool
 from .strategies import configs
 
 __all__ = ["StatefulResult", "StatefulTally", "StateViolation", "fuzz_stateful", "replay_program",
-           "programs_database_key", "state_machine", "geometries", "STEPS_PER_PROGRAM"]
+           "programs_database_key", "state_machine", "geometries", "drive_unchecked", "STEPS_PER_PROGRAM"]
 
 STEPS_PER_PROGRAM = 40  # Hypothesis's stateful_step_count: rules after the manager opens
 MAX_PROMPT = 48
@@ -229,12 +229,15 @@ def _prompt(family: int, shared: int, suffix: int, seed: int) -> list[int]:
 def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
                   on_program: Callable[..., None] = lambda machine, refused=None: None,
                   on_violation: Callable[[Failure], None] = lambda failure: None,
-                  known: Callable[[], tuple[KnownBug, ...]] = tuple) -> type[RuleBasedStateMachine]:
+                  known: Callable[[], tuple[KnownBug, ...]] = tuple,
+                  check: bool = True) -> type[RuleBasedStateMachine]:
     """The rule-based machine bound to one live subject, or to a function
     that gives it on first use (the shipped pytest test: no worker starts
     while tests are collected).  ``known`` gives the known vLLM bugs kept out
     of the draw (on the layouts each names, arrivals bring no KV-connector
-    tokens), asked once the subject is live."""
+    tokens), asked once the subject is live.  ``check`` off (the benchmark's
+    baseline only, ``drive_unchecked``): the worker reads no state after an
+    operation and nothing is checked, the rules and messages unchanged."""
     live = subject if callable(subject) else (lambda: subject)
     drafts_possible = st.integers(0, 3)
 
@@ -294,7 +297,7 @@ def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
             failing program ends with the operation that failed."""
             assert self.program is not None and self.oracle is not None
             try:
-                reply = self.proc.session({"op": "machine_ops", "ops": list(ops)})
+                reply = self.proc.session({"op": "machine_ops", "ops": list(ops), "observe": check})
             except KvspecError as error:  # the worker, not vLLM: no input is to blame
                 raise _Abort(error) from error
             if reply.get("kvspec_error"):
@@ -306,7 +309,7 @@ def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
                                                  f"{reply.get('error')}"))
             for index, (op, answer) in enumerate(zip(ops, reply.get("answers", ()))):
                 self.ops.append(op)
-                found = self.oracle.check(op, answer)
+                found = self.oracle.check(op, answer) if check else None
                 if found:
                     self._fail(self.taken(), found, answer)
                 self.running = list(answer["running"])
@@ -470,12 +473,7 @@ def fuzz_stateful(
     phases = [Phase.explicit, Phase.reuse, Phase.generate]
     if not stop_at_first:
         phases.append(Phase.shrink)
-    test = get_state_machine_test(Counted, settings=settings(
-        max_examples=max_examples, stateful_step_count=steps, deadline=None, database=database,
-        verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck), phases=phases,
-        report_multiple_bugs=False, derandomize=False))
-    test._hypothesis_internal_use_seed = seed
-    test.hypothesis.inner_test._hypothesis_internal_add_digest = programs_database_key(proc.subject.label)
+    test = _machine_test(Counted, proc, max_examples, seed, steps, database, phases)
     try:
         with fixed_constant_pool():  # a seed draws the same programs whatever was imported before
             test()
@@ -498,6 +496,39 @@ def fuzz_stateful(
     result.restarts = tuple(proc.restarts[restarts_before:])
     result.not_exercised = tuple(sorted(not_exercised))
     return result
+
+
+def _machine_test(machine_class: type[RuleBasedStateMachine], proc: SubjectProcess, max_examples: int, seed: int,
+                  steps: int, database: ExampleDatabase | None, phases: list[Phase]) -> Callable[[], None]:
+    """Hypothesis's test of ``machine_class``: ``seed`` draws the same
+    programs whichever machine class (checked or not) it drives."""
+    test = get_state_machine_test(machine_class, settings=settings(
+        max_examples=max_examples, stateful_step_count=steps, deadline=None, database=database,
+        verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck), phases=phases,
+        report_multiple_bugs=False, derandomize=False))
+    test._hypothesis_internal_use_seed = seed
+    test.hypothesis.inner_test._hypothesis_internal_add_digest = programs_database_key(proc.subject.label)
+    return test
+
+
+def drive_unchecked(proc: SubjectProcess, max_examples: int, seed: int,
+                    steps: int = STEPS_PER_PROGRAM) -> list[Program]:
+    """The benchmark's baseline, never a verdict: the draw ``fuzz_stateful``
+    makes with this seed, its rules sending the same messages, but the worker
+    reads no state and nothing is checked.  Returns the programs driven."""
+    programs: list[Program] = []
+    known = stateful_exclusions(proc.describe().get("vllm_version"))
+
+    class Kept(state_machine(proc, known=lambda: known, check=False)):  # type: ignore[misc]
+        def teardown(self) -> None:
+            super().teardown()
+            if self.program is not None:
+                programs.append(self.taken())
+
+    with fixed_constant_pool():
+        _machine_test(Kept, proc, max_examples, seed, steps, None,
+                      [Phase.explicit, Phase.reuse, Phase.generate])()
+    return programs
 
 
 def _reduced(proc: SubjectProcess, failure: Failure) -> Failure:

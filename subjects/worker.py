@@ -572,6 +572,7 @@ class Machine:
         self._sent = None  # the last snapshot answered, for deltas
         self._keys_memo = {}  # block id -> ((hash, extra keys), key ids)
         self._free_memo = (None, None)  # the free ids sorted, and their runs
+        self._columns = None  # the last read's hashes, ref counts and blocks part
 
     def _build(self, retention):
         """The manager, with the retention interval where this release takes
@@ -662,7 +663,8 @@ class Machine:
                 entries += [(k, block_id) for block_id in value]
             else:
                 entries.append((k, value.block_id))
-            entries += [(k, block_id) for block_id in dups.get(key, ()) if (k, block_id) not in entries]
+            if dups and key in dups:
+                entries += [(k, block_id) for block_id in dups[key] if (k, block_id) not in entries]
         return sorted(entries)
 
     def _free_runs(self):
@@ -697,33 +699,22 @@ class Machine:
             cached = getattr(group, "num_cached_block", {})
             for rid, blocks in getattr(group, "req_to_blocks", {}).items():
                 tables.append([rid, index, [b.block_id for b in blocks], cached.get(rid, 0)])
-        blocks = []
         extra = self._extra_keyed()
         # Every release keeps a block's hash in ``_block_hash`` (``block_hash``
         # is a property over it); read the field directly where it is one.
         field = "_block_hash" if hasattr(self.pool.null_block, "_block_hash") else "block_hash"
-        memo, seen = self._keys_memo, {}
         pool_blocks = self.pool.blocks
         # Two passes at C speed pick the blocks worth a look: referenced or keyed.
         hashes = list(map(operator.attrgetter(field), pool_blocks))
         refs = list(map(operator.attrgetter("ref_cnt"), pool_blocks))
-        picked = [i for i, h, r in zip(range(len(refs)), hashes, refs) if r or h is not None]
-        if extra:
-            picked = sorted(set(picked) | {i for i, b in enumerate(pool_blocks) if b.block_id in extra})
-        for i in picked:
-            b = pool_blocks[i]
-            primary = hashes[i]
-            if primary is None and b.block_id not in extra:
-                blocks.append([b.block_id, b.ref_cnt, []])
-                continue
-            # A block's keys change only with its hash or its extra keys.
-            stamp = (primary, tuple(extra.get(b.block_id, ())))
-            cached = memo.get(b.block_id)
-            keys = cached[1] if cached is not None and cached[0] == stamp else self._block_keys(b)
-            seen[b.block_id] = (stamp, keys)
-            if b.ref_cnt or keys:
-                blocks.append([b.block_id, b.ref_cnt, keys])
-        self._keys_memo = seen
+        columns = self._columns
+        if not extra and columns is not None and columns[1] == refs and columns[0] == hashes:
+            # Every block's count and hash read again and equal to the last
+            # read's: the part is the list built from them then.
+            blocks = columns[2]
+        else:
+            blocks = self._blocks_part(pool_blocks, hashes, refs, extra)
+        self._columns = None if extra else (hashes, refs, blocks)
         full = {
             "null_block": self.pool.null_block.block_id,
             "num_free": self.pool.get_num_free_blocks(),
@@ -742,6 +733,42 @@ class Machine:
         out = {k: v for k, v in full.items() if k not in same}
         out["same"] = same
         return out
+
+    def _blocks_part(self, pool_blocks, hashes, refs, extra):
+        """[id, ref count, key ids] of every block referenced or keyed."""
+        blocks = []
+        memo, seen = self._keys_memo, {}
+        picked = [i for i, h, r in zip(range(len(refs)), hashes, refs) if r or h is not None]
+        if not extra:  # the common case, kept lean: a block's one key is its hash's
+            key = self._key
+            for i in picked:
+                block_id, primary = pool_blocks[i].block_id, hashes[i]
+                if primary is None:
+                    blocks.append([block_id, refs[i], []])
+                    continue
+                cached = memo.get(block_id)
+                keys = cached[1] if cached is not None and cached[0] == primary else [key(primary)]
+                seen[block_id] = (primary, keys)
+                blocks.append([block_id, refs[i], keys])
+            self._keys_memo = seen
+            return blocks
+        if extra:
+            picked = sorted(set(picked) | {i for i, b in enumerate(pool_blocks) if b.block_id in extra})
+        for i in picked:
+            b = pool_blocks[i]
+            primary = hashes[i]
+            if primary is None and b.block_id not in extra:
+                blocks.append([b.block_id, b.ref_cnt, []])
+                continue
+            # A block's keys change only with its hash or its extra keys.
+            stamp = (primary, tuple(extra.get(b.block_id, ())))
+            cached = memo.get(b.block_id)
+            keys = cached[1] if cached is not None and cached[0] == stamp else self._block_keys(b)
+            seen[b.block_id] = (stamp, keys)
+            if b.ref_cnt or keys:
+                blocks.append([b.block_id, b.ref_cnt, keys])
+        self._keys_memo = seen
+        return blocks
 
     def _extra_keyed(self):
         return getattr(self.pool, "cached_block_hashes_by_block", {})

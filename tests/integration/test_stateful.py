@@ -14,7 +14,7 @@ import pytest
 
 from kvspec.cli import main
 from kvspec.diff_tests.fuzz import fuzz_subject
-from kvspec.diff_tests.stateful import fuzz_stateful, replay_program
+from kvspec.diff_tests.stateful import drive_unchecked, fuzz_stateful, replay_program
 from kvspec.model.finding import Category
 from kvspec.model.outcome import Outcome
 from kvspec.model.program import Program
@@ -99,3 +99,13 @@ def test_a_seed_draws_the_same_programs_whatever_was_imported_before(kvspec_rele
     finally:
         sys.path.remove(str(tmp_path))
     assert programs() == before
+
+
+def test_the_benchmarks_unchecked_driver_drives_the_programs_the_differential_checks(kvspec_release):
+    # bench_stateful's ratio compares the two on the same operations: it is
+    # void if skipping the state read changed what a seed draws.
+    proc = kvspec_release(NEWEST)
+    kept: list[Program] = []
+    result = fuzz_stateful(proc, max_examples=40, seed=5, keep_programs=kept)
+    assert result.failure is None and result.tally.operations > 500
+    assert drive_unchecked(proc, max_examples=40, seed=5) == kept
