@@ -59,7 +59,8 @@ def draw_scope() -> str:
             f"full-attention group (vLLM's unitary coordinator; one-group sliding-window and Mamba models are not "
             f"driven), prompts of at most {MAX_PROMPT} tokens from "
             f"{FAMILIES} shared-prefix families, at most {MAX_IN_FLIGHT} requests in flight, a {MAX_MODEL_LEN}-token "
-            f"model, a pool of one to two longest requests' blocks, at most {STEPS_PER_PROGRAM} rules a program")
+            f"model, a pool of one to two longest requests' blocks, prefix caching off in one attention-only program "
+            f"in eight, at most {STEPS_PER_PROGRAM} rules a program")
 
 
 @attrs.define
@@ -189,6 +190,8 @@ class StateViolation(AssertionError):
 # One program in five on a one-group layout; shrinking goes to the hybrid ones.
 _ONE_GROUP = st.sampled_from((False, False, False, False, True))
 _UNITARY_BLOCK = st.sampled_from((1, 2, 4, 8, 16))
+# One attention-only program in eight with prefix caching off; shrinking goes to on.
+_CACHING_OFF = st.sampled_from((False,) * 7 + (True,))
 
 
 def _blocks_needed(config: CoordinatorConfig, tokens: int) -> int:
@@ -209,10 +212,16 @@ def geometries(draw, capabilities: Capabilities) -> Program:
                                    scheduler_block_size=block, hash_block_size=block)
     else:
         config = draw(configs(capabilities, max_groups=MAX_GROUPS))
+    if not any(g.kind is GroupKind.MAMBA_ALIGN for g in config.groups) and draw(_CACHING_OFF):
+        # Prefix caching off, a common deployment choice: the same manager
+        # registers nothing and every lookup misses.  Attention-only layouts:
+        # a Mamba group's "align" mode exists for prefix caching.
+        config = attrs.evolve(config, enable_caching=False)
     one = _blocks_needed(config, MAX_MODEL_LEN) + 2
     num_blocks = draw(st.integers(one, 2 * one))
     retention = None
-    if any(g.kind is GroupKind.SLIDING_WINDOW for g in config.groups) and draw(st.booleans()):
+    if (config.enable_caching and any(g.kind is GroupKind.SLIDING_WINDOW for g in config.groups)
+            and draw(st.booleans())):
         # A multiple of the scheduler block, as vLLM requires.
         retention = config.scheduler_block_size * draw(st.integers(1, 4))
     # Most deployments keep vLLM's default full-prompt admission gate.

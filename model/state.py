@@ -238,6 +238,9 @@ def _hash_map(t: Transition) -> list[str]:
     unknown = sorted(b for b in by_block if not 0 <= b < pool)
     if unknown:
         out.append(f"the hash map points at block {unknown[0]}, which is not in the pool")
+    if not t.config.enable_caching and (s.hash_map or s.keyed()):
+        out.append(f"prefix caching is off, yet {len(s.hash_map)} hash map entries and {len(s.keyed())} keyed "
+                   f"blocks exist")
     return out[:3]
 
 
@@ -310,6 +313,8 @@ def _hit_bounds(t: Transition) -> list[str]:
     out = []
     unit = t.config.hash_block_size if t.regime.partial_hash_hits else t.config.scheduler_block_size
     for lk in t.lookups:
+        if lk.hit and not t.config.enable_caching:
+            out.append(f"request {lk.request}: a hit of {lk.hit} tokens with prefix caching off")
         if not 0 <= lk.hit <= max(0, lk.num_tokens - 1):
             out.append(f"request {lk.request}: a hit of {lk.hit} tokens for a {lk.num_tokens}-token request "
                        f"(at most {lk.num_tokens - 1}: one token must be computed)")
@@ -390,7 +395,8 @@ INVARIANTS: tuple[Invariant, ...] = (
               "once the step's copy-on-write sources are released as the scheduler does", _ref_counts,
               reads=("blocks", "listed", "tables", "null_block")),
     Invariant("hash_map", Category.STATE_HASH_MAP,
-              "the hash map's entries and the keys each block owns agree both ways; the null block owns none",
+              "the hash map's entries and the keys each block owns agree both ways; the null block owns none; "
+              "with prefix caching off there are none",
               _hash_map, reads=("hash_map", "blocks", "listed", "null_block")),
     Invariant("append_only", Category.STATE_TABLE_APPEND_ONLY,
               "while a request runs, each table slot keeps its block or turns null (what sliding-window and "
@@ -405,7 +411,8 @@ INVARIANTS: tuple[Invariant, ...] = (
               "a lookup changes no reference count, free block or key", _lookup_pure),
     Invariant("hit_bounds", Category.STATE_HIT_BOUNDS,
               "a hit leaves at least one token to compute and lands on a multiple of the hash block under "
-              "partial hash hits, of the scheduler block otherwise", _hit_bounds),
+              "partial hash hits, of the scheduler block otherwise; with prefix caching off every lookup misses",
+              _hit_bounds),
     Invariant("hit_groups", Category.STATE_HIT_GROUPS,
               "every group answers one hit: cdiv(hit, block) blocks each, the full-attention ones real and "
               "registered", _hit_groups),

@@ -272,3 +272,15 @@ def test_a_failing_program_is_reduced_to_the_operations_it_needs():
     # Dropping an arrival drops what names that request: no candidate finishes r0 without it.
     assert not any({"do": "finish", "id": "r0"} in c and not any(op.get("id") == "r0" and op["do"] == "arrive"
                                                                  for op in c) for c in seen)
+
+
+def test_with_prefix_caching_off_nothing_is_registered_and_every_lookup_misses():
+    off = attrs.evolve(CONFIG, enable_caching=False)
+    unkeyed = _state(blocks=tuple(Block(b.id, b.ref_cnt) for b in _state().blocks), hash_map=())
+    assert _broken(_transition(unkeyed, before=unkeyed, config=off)) == set()
+    # The consistent cached state of the other tests is a defect once caching is off.
+    assert Category.STATE_HASH_MAP in _broken(_transition(_state(), config=off))
+    miss = Lookup("r2", hit=0, group_blocks=((), ()), num_tokens=9, before=(1,), after=(1,))
+    assert _broken(_transition(unkeyed, before=unkeyed, config=off, lookups=(miss,))) == set()
+    hit = attrs.evolve(miss, hit=4, group_blocks=((1, 2), (3,)))
+    assert Category.STATE_HIT_BOUNDS in _broken(_transition(unkeyed, before=unkeyed, config=off, lookups=(hit,)))
