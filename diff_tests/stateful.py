@@ -190,6 +190,8 @@ class StateViolation(AssertionError):
 # One program in five on a one-group layout; shrinking goes to the hybrid ones.
 _ONE_GROUP = st.sampled_from((False, False, False, False, True))
 _UNITARY_BLOCK = st.sampled_from((1, 2, 4, 8, 16))
+_UNITARY_KIND = st.sampled_from((GroupKind.FULL_ATTENTION, GroupKind.FULL_ATTENTION, GroupKind.FULL_ATTENTION,
+                                 GroupKind.SLIDING_WINDOW, GroupKind.MAMBA_ALIGN))
 # One attention-only program in eight with prefix caching off; shrinking goes to on.
 _CACHING_OFF = st.sampled_from((False,) * 7 + (True,))
 
@@ -205,10 +207,13 @@ def geometries(draw, capabilities: Capabilities) -> Program:
     requests preempted), and sparse retention on layouts with a
     sliding-window group (the only ones every supported release takes it for)."""
     if draw(_ONE_GROUP):
-        # A one-group model (most deployments): vLLM's unitary coordinator,
-        # full attention, the hash block its block, with or without EAGLE.
-        block = draw(_UNITARY_BLOCK)
-        config = CoordinatorConfig((KVCacheGroup(GroupKind.FULL_ATTENTION, block, eagle=draw(st.booleans())),),
+        # A one-group model: vLLM's unitary coordinator, the hash block the
+        # group's block.  Full attention (most deployments, with or without
+        # EAGLE), a sliding-window-only or a Mamba-only model.
+        block, kind = draw(_UNITARY_BLOCK), draw(_UNITARY_KIND)
+        window = draw(st.integers(1, 2 * block)) if kind is GroupKind.SLIDING_WINDOW else 0
+        eagle = kind is not GroupKind.MAMBA_ALIGN and draw(st.booleans())
+        config = CoordinatorConfig((KVCacheGroup(kind, block, eagle=eagle, sliding_window=window),),
                                    scheduler_block_size=block, hash_block_size=block)
     else:
         config = draw(configs(capabilities, max_groups=MAX_GROUPS))

@@ -74,6 +74,7 @@ class Category(str, enum.Enum):
     STATE_RESET = "state_reset"
     STATE_LEAK = "state_leak"
     STATE_ZEROING = "state_zeroing"
+    STATE_ZEROING_MISSED = "state_zeroing_missed"
 
     @property
     def is_state(self) -> bool:
@@ -114,6 +115,7 @@ _MEANINGS = {
     Category.STATE_RESET: "reset_prefix_cache succeeded with blocks held, failed without, or left keys",
     Category.STATE_LEAK: "blocks are missing from the free queue when no request holds any",
     Category.STATE_ZEROING: "a block handed out for zeroing is not one the operation placed",
+    Category.STATE_ZEROING_MISSED: "a fresh attention block on a layout vLLM zeroes was not handed out for zeroing",
 }
 
 

@@ -133,6 +133,7 @@ class Lookup:
     # a lookup takes no reference and registers nothing.
     before: tuple[Any, ...] = ()
     after: tuple[Any, ...] = ()
+    external: int = 0  # tokens a KV connector gave the request past the hit
 
 
 @attrs.frozen
@@ -383,7 +384,48 @@ def _zeroing(t: Transition) -> list[str]:
     return []
 
 
+def _zeroing_missed(t: Transition) -> list[str]:
+    # vLLM zeroes new attention blocks on layouts with Mamba layers
+    # (KVCacheConfig.needs_kv_cache_zeroing); since #51749 (0.28) sliding-window
+    # ones too.  A block a lookup gave the request holds cached data and is
+    # not zeroed; a request given connector tokens is left out (vLLM may skip
+    # zeroing blocks a load will write).
+    if t.op != "schedule" or not any(g.kind is GroupKind.MAMBA_ALIGN for g in t.config.groups):
+        return []
+    hits: dict[tuple[str, int], set[int]] = {}
+    for lk in t.lookups:
+        for group, blocks in enumerate(lk.group_blocks):
+            hits.setdefault((lk.request, group), set()).update(blocks)
+    loaded = {lk.request for lk in t.lookups if lk.external}
+    before = {(x.request, x.group): x.blocks for x in (t.before.tables if t.before else ())}
+    handed, null = set(t.handed_for_zeroing), t.after.null_block
+    out = []
+    for table in t.after.tables:
+        if t.config.groups[table.group].kind is GroupKind.MAMBA_ALIGN or table.request in loaded:
+            continue
+        old, hit = before.get((table.request, table.group), ()), hits.get((table.request, table.group), set())
+        for slot, block in enumerate(table.blocks):
+            fresh = block != null and (old[slot:slot + 1] != (block,)) and block not in hit
+            if fresh and block not in handed:
+                group = t.config.groups[table.group]
+                out.append(f"request {table.request}, group {table.group} ({group.label()}): block {block}, new in "
+                           f"slot {slot} and not a cache hit, was not handed out for zeroing")
+                break
+    return out[:3]
+
+
+# A step looks requests up before it allocates, so a broken lookup is the
+# earlier event: its rules come first, and a finding names it.
 INVARIANTS: tuple[Invariant, ...] = (
+    Invariant("lookup_pure", Category.STATE_LOOKUP_PURITY,
+              "a lookup changes no reference count, free block or key", _lookup_pure),
+    Invariant("hit_bounds", Category.STATE_HIT_BOUNDS,
+              "a hit leaves at least one token to compute and lands on a multiple of the hash block under "
+              "partial hash hits, of the scheduler block otherwise; with prefix caching off every lookup misses",
+              _hit_bounds),
+    Invariant("hit_groups", Category.STATE_HIT_GROUPS,
+              "every group answers one hit: cdiv(hit, block) blocks each, the full-attention ones real and "
+              "registered", _hit_groups),
     Invariant("free_list", Category.STATE_FREE_LIST,
               "the free queue holds no block twice and not the null block, and the pool's counter equals "
               "its length", _free_list, reads=("free_queue", "num_free", "null_block")),
@@ -407,15 +449,6 @@ INVARIANTS: tuple[Invariant, ...] = (
               "as offered for registration than it holds", _covers_computed, exact=False),
     Invariant("forgets", Category.STATE_FORGET,
               "after free or preemption no group keeps a table for the request", _forgets),
-    Invariant("lookup_pure", Category.STATE_LOOKUP_PURITY,
-              "a lookup changes no reference count, free block or key", _lookup_pure),
-    Invariant("hit_bounds", Category.STATE_HIT_BOUNDS,
-              "a hit leaves at least one token to compute and lands on a multiple of the hash block under "
-              "partial hash hits, of the scheduler block otherwise; with prefix caching off every lookup misses",
-              _hit_bounds),
-    Invariant("hit_groups", Category.STATE_HIT_GROUPS,
-              "every group answers one hit: cdiv(hit, block) blocks each, the full-attention ones real and "
-              "registered", _hit_groups),
     Invariant("reset", Category.STATE_RESET,
               "reset_prefix_cache succeeds iff no block is held, and then leaves no key", _reset),
     Invariant("no_leak", Category.STATE_LEAK,
@@ -424,6 +457,11 @@ INVARIANTS: tuple[Invariant, ...] = (
               "what is handed out for zeroing are blocks this operation placed in a table slot (new, or "
               "holding another block than before)", _zeroing,
               exact=False),
+    Invariant("zeroing_missed", Category.STATE_ZEROING_MISSED,
+              "on a layout with a Mamba group (vLLM zeroes new attention blocks there), every block a scheduler "
+              "step newly places in a full-attention or sliding-window slot, other than a cache hit, is handed "
+              "out for zeroing (requests given KV-connector tokens in the step are not checked)",
+              _zeroing_missed, exact=False),
 )
 
 # What the state model does not decide, said with every verdict that uses it.

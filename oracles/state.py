@@ -33,7 +33,8 @@ class StateOracle:
         result = answer.get("result", {})
         lookups = tuple(Lookup(request=lk["request"], hit=lk["hit"], num_tokens=lk["num_tokens"],
                                group_blocks=tuple(tuple(g) for g in lk["group_blocks"]),
-                               before=_frozen(lk.get("before")), after=_frozen(lk.get("after")))
+                               before=_frozen(lk.get("before")), after=_frozen(lk.get("after")),
+                               external=lk.get("external", 0))
                         for lk in result.get("lookups", ()))
         gone = tuple(result.get("preempted", ()))
         if op["do"] in ("finish", "preempt"):

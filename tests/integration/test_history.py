@@ -12,12 +12,12 @@ from kvspec.cli import main
 
 def test_history_of_the_ci_releases(tmp_path, capsys):
     out = tmp_path / "history.json"
-    code = main(["history", "--vllm", "0.28.0", "--vllm", "0.33.0", "--max-examples", "100", "--seed", "3",
+    code = main(["history", "--vllm", "0.28.0", "--vllm", "0.33.0", "--max-examples", "100", "--seed", "2",
                  "--symbolic", "--json", str(out)])
     # 0.28.0 trims only the first full-attention group's hit blocks (fixed in 0.29.0).
-    # Measured with the draw pinned to Hypothesis's own constants: seed 3 reaches
-    # it after 19 programs, seed 0 after 302, seeds 1 and 2 not in 600 examples
-    # (100 examples run about 150 programs).
+    # Measured with the draw of one-group sliding-window and Mamba models and
+    # caching off: seed 2 reaches it after 23 programs, seeds 3-7 after 223-465,
+    # seed 0 not in 400 examples (100 examples run about 150 programs).
     assert code == Outcome.FINDING.exit_code
     doc = json.loads(out.read_text())
     assert doc["schema"] == "kvspec.history/1"

@@ -59,3 +59,22 @@ def test_the_connector_mamba_lookahead_crash_reproduces_where_it_is_known(kvspec
         assert bug in stateful_exclusions(version) and bug.withholds_connector(program.config)
     else:
         assert found == []
+
+
+ZEROING = Path(__file__).parent.parent / "fixtures" / "program_sliding_window_not_zeroed.json"
+
+
+@pytest.mark.parametrize("version, carried", [("0.27.1", True), ("0.28.0", False)])
+def test_sliding_window_blocks_are_zeroed_from_0_28(kvspec_release, version, carried):
+    """vLLM #51749 (fixed in 0.28.0), found by the stateful differential: a
+    full-attention + sliding-window + Mamba model's first prefill step hands
+    out the full-attention block for zeroing but not the sliding-window one."""
+    (bug,) = [b for b in KNOWN_BUGS if b.name == "sliding_window_blocks_not_zeroed"]
+    program = Program.from_dict(json.loads(ZEROING.read_text()))
+    found, _ = replay_program(kvspec_release(version), program)
+    assert bug.carried_by(version) is carried
+    if carried:
+        assert [d.category for d in found] == [Category.STATE_ZEROING_MISSED] and bug.matches(found[0].summary())
+        assert "sliding_window" in found[0].summary()
+    else:
+        assert found == []

@@ -284,3 +284,19 @@ def test_with_prefix_caching_off_nothing_is_registered_and_every_lookup_misses()
     assert _broken(_transition(unkeyed, before=unkeyed, config=off, lookups=(miss,))) == set()
     hit = attrs.evolve(miss, hit=4, group_blocks=((1, 2), (3,)))
     assert Category.STATE_HIT_BOUNDS in _broken(_transition(unkeyed, before=unkeyed, config=off, lookups=(hit,)))
+
+
+def test_a_fresh_attention_block_on_a_mamba_layout_must_be_handed_out_for_zeroing():
+    # CONFIG has a Mamba group, so vLLM zeroes new attention blocks (#51749).
+    grown = _state(tables=(Table("r0", 0, (1, 2, 5), 2), Table("r0", 1, (0, 3)), Table("r1", 0, (1, 4), 1)))
+    assert Category.STATE_ZEROING_MISSED in _broken(_transition(grown))
+    assert Category.STATE_ZEROING_MISSED not in _broken(_transition(grown, handed_for_zeroing=(5,)))
+    # A block a lookup gave the request holds cached data: not zeroed.
+    hit = Lookup("r0", hit=6, group_blocks=((1, 2, 5), (3,)), num_tokens=9)
+    assert Category.STATE_ZEROING_MISSED not in _broken(_transition(grown, lookups=(hit,)))
+    # A request given connector tokens may have its load-bound blocks left alone.
+    loaded = Lookup("r0", hit=0, group_blocks=((), ()), num_tokens=9, external=4)
+    assert Category.STATE_ZEROING_MISSED not in _broken(_transition(grown, lookups=(loaded,)))
+    # Without a Mamba group vLLM zeroes nothing.
+    attention_only = CoordinatorConfig((KVCacheGroup("full_attention", 2), KVCacheGroup("sliding_window", 4, sliding_window=4)), 4, 2)
+    assert Category.STATE_ZEROING_MISSED not in _broken(_transition(grown, config=attention_only))
