@@ -71,6 +71,7 @@ class Category(str, enum.Enum):
     STATE_LOOKUP_PURITY = "state_lookup_purity"
     STATE_HIT_BOUNDS = "state_hit_bounds"
     STATE_HIT_GROUPS = "state_hit_groups"
+    STATE_HIT_LENGTH = "state_hit_length"
     STATE_RESET = "state_reset"
     STATE_LEAK = "state_leak"
     STATE_ZEROING = "state_zeroing"
@@ -112,6 +113,7 @@ _MEANINGS = {
     Category.STATE_LOOKUP_PURITY: "a lookup changed the pool",
     Category.STATE_HIT_BOUNDS: "a hit past the request's last token or off its landing points",
     Category.STATE_HIT_GROUPS: "the groups of one lookup disagree on the hit, or a hit block is not cached",
+    Category.STATE_HIT_LENGTH: "a one-group model's hit is not the leading run of its blocks the cache holds",
     Category.STATE_RESET: "reset_prefix_cache succeeded with blocks held, failed without, or left keys",
     Category.STATE_LEAK: "blocks are missing from the free queue when no request holds any",
     Category.STATE_ZEROING: "a block handed out for zeroing is not one the operation placed",

@@ -134,6 +134,9 @@ class Lookup:
     before: tuple[Any, ...] = ()
     after: tuple[Any, ...] = ()
     external: int = 0  # tokens a KV connector gave the request past the hit
+    # One-group models: whether the map held each of the request's block
+    # hashes when the lookup started (None: not observed).
+    mapped: tuple[bool, ...] | None = None
 
 
 @attrs.frozen
@@ -345,6 +348,34 @@ def _hit_groups(t: Transition) -> list[str]:
     return out[:3]
 
 
+def _hit_length(t: Transition) -> list[str]:
+    # One full-attention group (vLLM's unitary coordinator), its block the
+    # hash block: the hit is the leading run of registered blocks, at most
+    # (tokens - 1) / block of them (one token is always computed), one block
+    # less under EAGLE (its last block is recomputed).
+    groups = t.config.groups
+    if (len(groups) != 1 or groups[0].kind is not GroupKind.FULL_ATTENTION or not t.config.enable_caching
+            or groups[0].block_size != t.config.hash_block_size):
+        return []
+    block = groups[0].block_size
+    out = []
+    for lk in t.lookups:
+        if lk.mapped is None:
+            continue
+        run = 0
+        for held in lk.mapped[:max(0, lk.num_tokens - 1) // block]:
+            if not held:
+                break
+            run += 1
+        if groups[0].eagle and run:
+            run -= 1
+        if lk.hit != run * block:
+            out.append(f"request {lk.request}: a hit of {lk.hit} tokens; the map held its first {run} blocks "
+                       f"{'(less the one EAGLE recomputes) ' if groups[0].eagle else ''}at the lookup, a hit of "
+                       f"{run * block}")
+    return out[:3]
+
+
 # -- maintenance ------------------------------------------------------------------------
 
 def _reset(t: Transition) -> list[str]:
@@ -426,6 +457,10 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("hit_groups", Category.STATE_HIT_GROUPS,
               "every group answers one hit: cdiv(hit, block) blocks each, the full-attention ones real and "
               "registered", _hit_groups),
+    Invariant("hit_length", Category.STATE_HIT_LENGTH,
+              "on a one-group full-attention model (vLLM's unitary coordinator) the hit is the leading run of the "
+              "request's blocks the hash map holds at the lookup, at most (tokens - 1) / block of them, one block "
+              "less under EAGLE", _hit_length),
     Invariant("free_list", Category.STATE_FREE_LIST,
               "the free queue holds no block twice and not the null block, and the pool's counter equals "
               "its length", _free_list, reads=("free_queue", "num_free", "null_block")),
@@ -469,8 +504,9 @@ OUT_OF_SCOPE = (
     "the order of the free queue (eviction order) is not checked",
     "which blocks sliding-window and Mamba groups keep is checked only as tables that never change a "
     "slot except to null; Mamba checkpoints under retention are not predicted",
-    "hit lengths are checked for their bounds and their agreement across groups, not predicted "
-    "(the hit-length differential predicts them on full-attention layouts)",
+    "hit lengths on layouts of two or more groups are checked for their bounds and their agreement across "
+    "groups, not predicted (they are predicted on one-group full-attention models; the hit-length "
+    "differential predicts them per request on full-attention layouts)",
     "the null block's reference count is not checked (it drifts by design before 0.33)",
 )
 

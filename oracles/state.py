@@ -34,7 +34,8 @@ class StateOracle:
         lookups = tuple(Lookup(request=lk["request"], hit=lk["hit"], num_tokens=lk["num_tokens"],
                                group_blocks=tuple(tuple(g) for g in lk["group_blocks"]),
                                before=_frozen(lk.get("before")), after=_frozen(lk.get("after")),
-                               external=lk.get("external", 0))
+                               external=lk.get("external", 0),
+                               mapped=None if lk.get("mapped") is None else tuple(lk["mapped"]))
                         for lk in result.get("lookups", ()))
         gone = tuple(result.get("preempted", ()))
         if op["do"] in ("finish", "preempt"):

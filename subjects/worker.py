@@ -821,6 +821,7 @@ class Machine:
         local sub-block tail the remote hit supersedes, as the scheduler
         does); then schedule a first chunk."""
         before = self._digest()
+        mapped = self._mapped(request)
         entry = {"call": "get_computed_blocks", "id": request.request_id, "hit": None}
         self.trace.append(entry)
         found = self.manager.get_computed_blocks(request)
@@ -833,6 +834,8 @@ class Machine:
         lookup = {"request": request.request_id, "hit": hit, "num_tokens": request.num_tokens,
                   "group_blocks": [[b.block_id for b in group] for group in getattr(blocks, "blocks", ())],
                   "before": before, "after": after}
+        if mapped is not None:
+            lookup["mapped"] = mapped
         external = self._external_tokens(request, hit)
         if external:
             tail = hit % self.case["scheduler_block_size"]
@@ -859,6 +862,21 @@ class Machine:
         self._set_computed(request, hit + external + n)
         self._emit_if_prefilled(request)
         return lookup, n
+
+    def _mapped(self, request):
+        """On a one-group model: for each of the request's block hashes, in
+        order, whether the hash map holds it (as the group's key) when the
+        lookup starts.  What a hit should be is kvspec's rule; this is only
+        what the map held."""
+        if len(self.groups) != 1 or not self.case["enable_caching"]:
+            return None
+        from vllm.v1.core import kv_cache_utils
+
+        make = getattr(kv_cache_utils, "make_block_hash_with_group_id", None)
+        cache = getattr(self.pool.cached_block_hash_to_block, "_cache", None)
+        if make is None or cache is None:
+            return None
+        return [make(h, 0) in cache for h in request.block_hashes]
 
     def _external_tokens(self, request, local_hit):
         """What the (simulated) KV connector offers: the request's

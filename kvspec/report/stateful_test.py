@@ -192,17 +192,27 @@ def _check_lines(category: Category, program: Program, final_op: dict[str, Any])
 
 
 _LOOKUP_CHECKS = {
-    Category.STATE_HIT_GROUPS: lambda sizes, unit, fa: [
+    Category.STATE_HIT_GROUPS: lambda sizes, unit, fa, eagle: [
         "for group, size in zip(found[0].blocks, " + _q(sizes) + "):",
         "    assert len(group) == -(-found[1] // size), (",
         f"        \"{STATE_ASSERT_MESSAGE}: every group holds cdiv(hit, block) blocks for one hit\")",
         "for index in " + _q(fa) + ":",
         "    assert all(not b.is_null and _has_hash(b) for b in found[0].blocks[index]), (",
         f"        \"{STATE_ASSERT_MESSAGE}: full-attention hit blocks are real and registered\")"],
-    Category.STATE_HIT_BOUNDS: lambda sizes, unit, fa: [
+    Category.STATE_HIT_BOUNDS: lambda sizes, unit, fa, eagle: [
         f"assert 0 <= found[1] <= max(0, request.num_tokens - 1) and found[1] % {unit} == 0, (",
         f"    \"{STATE_ASSERT_MESSAGE}: a hit leaves a token to compute and lands on a multiple of {unit}\")"],
-    Category.STATE_LOOKUP_PURITY: lambda sizes, unit, fa: [
+    # A one-group model: the leading run of the request's blocks the map holds
+    # (a lookup changes no key, so the map is read after it), less EAGLE's block.
+    Category.STATE_HIT_LENGTH: lambda sizes, unit, fa, eagle: [
+        "held = [kv_cache_utils.make_block_hash_with_group_id(h, 0) in "
+        "manager.block_pool.cached_block_hash_to_block._cache",
+        f"        for h in request.block_hashes[:max(0, request.num_tokens - 1) // {sizes[0]}]]",
+        "run = held.index(False) if False in held else len(held)",
+        f"run -= 1 if {eagle} and run else 0",
+        f"assert found[1] == run * {sizes[0]}, (",
+        f"    \"{STATE_ASSERT_MESSAGE}: the hit is the leading run of registered blocks\")"],
+    Category.STATE_LOOKUP_PURITY: lambda sizes, unit, fa, eagle: [
         "assert pool_before == [b.ref_cnt for b in manager.block_pool.blocks] + "
         "[manager.block_pool.get_num_free_blocks()], (",
         f"    \"{STATE_ASSERT_MESSAGE}: a lookup takes no reference and frees no block\")"],
@@ -262,7 +272,7 @@ def emit_stateful_test(finding: Finding, trace: list[dict[str, Any]] | None, cap
                 continue
             if last and category in _LOOKUP_CHECKS:
                 body.append(f"request = {r}")
-                body += _LOOKUP_CHECKS[category](sizes, unit, fa)
+                body += _LOOKUP_CHECKS[category](sizes, unit, fa, any(g.eagle for g in program.config.groups))
             else:
                 body.append(f"assert found[1] == {entry['hit']}, \"{DIVERGED_MESSAGE}\"")
         elif call == "truncate_computed_blocks":

@@ -68,6 +68,16 @@ def _new_block_double_ref(src: Source) -> tuple[str, list[Edit]]:
     return where, [src.replace(n.value, "2") for n in sets]
 
 
+def _free_cached_block_misses(src: Source) -> tuple[str, list[Edit]]:
+    where, method = _method(src, "BlockPool", "get_cached_block")
+    test = exactly_one(
+        [n.test for n in walk(method.body)
+         if isinstance(n, ast.If) and isinstance(n.test, ast.UnaryOp) and isinstance(n.test.op, ast.Not)
+         and isinstance(n.test.operand, ast.Name) and n.test.operand.id == "block"],
+        f"`if not block:` in {where}")
+    return where, [src.replace(test, "not block or block.ref_cnt == 0")]
+
+
 def _trim_first_group_only(src: Source) -> tuple[str, list[Edit]]:
     where, method = _method(src, "HybridKVCacheCoordinator", "find_longest_cache_hit")
     loop = exactly_one(
@@ -163,6 +173,11 @@ STATE_MUTANTS: tuple[MutationOperator, ...] = (
         "new_block_double_ref",
         "BlockPool.get_new_blocks hands blocks out with a reference count of 2 (freed blocks never free)",
         "", _new_block_double_ref, BLOCK_POOL_FILE, side="state"),
+    MutationOperator(
+        "free_cached_block_misses",
+        "BlockPool.get_cached_block misses a cached block no request holds (in the free queue): the cache "
+        "serves only prefixes shared by requests running together, and hit rate falls silently",
+        "", _free_cached_block_misses, BLOCK_POOL_FILE, side="state"),
     MutationOperator(
         "trim_first_group_only",
         "HybridKVCacheCoordinator.find_longest_cache_hit trims only the first full-attention group to the "

@@ -391,6 +391,15 @@ class BlockPool:
                 last.append(block)
         self.free_block_queue.append_n(last)
 
+    def get_cached_block(self, block_hash, kv_cache_group_ids):
+        cached_blocks = []
+        for group_id in kv_cache_group_ids:
+            block = self.cached_block_hash_to_block.get_one_block((block_hash, group_id))
+            if not block:
+                return None
+            cached_blocks.append(block)
+        return cached_blocks
+
     def reset_prefix_cache(self):
         num_used_blocks = self.num_gpu_blocks - self.get_num_free_blocks()
         if num_used_blocks != 1:
@@ -405,6 +414,7 @@ class BlockPool:
     ("free_leaks_cached_blocks", "self.free_block_queue.append_n(last)", None),
     ("reset_ignores_held_blocks", "if num_used_blocks != 1:", "if False:"),
     ("new_block_double_ref", "block.ref_cnt = 1", "block.ref_cnt = 2"),
+    ("free_cached_block_misses", "if not block:", "if not block or block.ref_cnt == 0:"),
 ])
 def test_state_operators_rewrite_the_block_pool(name, removed, added):
     from kvspec.subjects.mutation import STATE_MUTANTS
