@@ -105,8 +105,10 @@ def subject_line(f: Finding) -> str:
     mutant = f.compared.get("mutant")
     if mutant:
         models = mutant.get("models_variant")
-        parts.append(f"kvspec mutant {mutant['operator']}"
-                     + (f" (models {models})" if models else " (lookup side)"))
+        # Findings stored before the side was recorded: a mutant without a
+        # modelled variant was then always on the lookup side.
+        side = {"state": "state side", "lookup": "lookup side"}.get(mutant.get("side", "lookup"), "lookup side")
+        parts.append(f"kvspec mutant {mutant['operator']}" + (f" (models {models})" if models else f" ({side})"))
     return ", ".join(parts)
 
 

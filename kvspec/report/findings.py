@@ -58,7 +58,7 @@ def mutant_description(subject: dict[str, Any]) -> dict[str, Any] | None:
     from kvspec.subjects.mutation import mutant
 
     operator = mutant(subject["mutant"])
-    return {"operator": operator.name, "models_variant": operator.models_variant,
+    return {"operator": operator.name, "models_variant": operator.models_variant, "side": operator.side,
             "summary": operator.summary, "target_file": operator.target_file,
             "release": subject.get("version")}
 

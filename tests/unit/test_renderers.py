@@ -479,3 +479,17 @@ def test_the_reproduce_line_names_the_differential_that_found_it(finding):
     assert f"{command} --stateful --seed 4" in render_text(stateful)
     lookup = attrs.evolve(released, inputs={**finding.inputs, "probe": {"shared": 3, "extra": 2}})
     assert f"{command} --lookup --seed 4" in render_text(lookup)
+
+
+def test_the_subject_line_names_a_mutants_side(finding):
+    from kvspec.report.finding import subject_line
+
+    def line(mutant):
+        return subject_line(attrs.evolve(finding, compared={**finding.compared, "mutant": mutant}))
+
+    state = {"operator": "free_cached_block_misses", "models_variant": "", "side": "state"}
+    assert line(state).endswith("kvspec mutant free_cached_block_misses (state side)")
+    assert line({**state, "side": "lookup"}).endswith("(lookup side)")
+    # Stored before the side was recorded: a mutant without a variant was on the lookup side.
+    assert line({"operator": "hit_off_by_one", "models_variant": ""}).endswith("(lookup side)")
+    assert line({"operator": "refloor_50062", "models_variant": "floored"}).endswith("(models floored)")
