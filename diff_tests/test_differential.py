@@ -31,10 +31,27 @@ from kvspec.model.corpus import case as corpus_case
 from kvspec.subjects.protocol import case_message
 
 
+def _release(proc) -> str | None:
+    """The release a live subject runs (None for a tree or a mutant: known
+    bugs are known of releases only)."""
+    return proc.subject.version if proc.subject.kind == "release" else None
+
+
+def _xfail_if_known(proc, category, summary: str, found: str) -> None:
+    """A known vLLM bug of this release is said as such, never passed."""
+    known = known_bugs(_release(proc), category, summary)
+    if known:
+        pytest.xfail(f"known vLLM bug in {proc.subject.label} (first without it: {known[0].fixed_in or 'none yet'}): "
+                     f"{known[0].summary}; found: {found}; the rest of the budget did not run")
+
+
 def _check(subject, tally, batch) -> None:
     failed = run_batch(subject, batch, tally)
     # The first failing case fails the example; the kvspec_stats fixture
     # checks afterwards that the whole budget ran.
+    if failed is not None:
+        first = failed.discrepancies[0]
+        _xfail_if_known(subject, first.category, first.summary(), f"{failed.case.describe()}: {first.summary()}")
     assert failed is None, f"{failed.case.describe()}: {[d.summary() for d in failed.discrepancies]}"
 
 
@@ -85,7 +102,7 @@ def _state_invariant_tests(subject_id: str):
             proc = session.live(subject_id)  # starts the worker and loads the kvspec profile first
             # A program is about 25 operations, each checked: a quarter of the
             # profile's examples as programs keeps this test's time near the others'.
-            version = proc.subject.version if proc.subject.kind == "release" else None
+            version = _release(proc)
             # On a release with known state bugs, a failure is reported as found
             # (shrinking a stateful program costs minutes, and the bug is known).
             phases = [p for p in Phase if p is not Phase.shrink or not known_bugs(version)]
@@ -96,10 +113,8 @@ def _state_invariant_tests(subject_id: str):
             try:
                 run_state_machine_as_test(machine, settings=chosen)
             except StateViolation as violation:
-                known = known_bugs(version, violation.failure.category, violation.failure.discrepancies[0].summary())
-                if known:  # said as such, never passed
-                    pytest.xfail(f"known vLLM bug in {proc.subject.label} (first without it: "
-                                 f"{known[0].fixed_in or 'none yet'}): {known[0].summary}; found: {violation}")
+                first = violation.failure.discrepancies[0]
+                _xfail_if_known(proc, violation.failure.category, first.summary(), str(violation))
                 raise
             # A pass says what it did not draw (never a silent narrowing of scope).
             for bug in kept_out():

@@ -66,7 +66,12 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
     KnownBug(Category.STATE_HIT_GROUPS, "0.23.0", "0.29.0",
              "the hybrid lookup trims only the first full-attention group to the reconciled hit; a second one "
              "(another block size, or a draft model's) returns blocks past the hit",
-             "hit_groups:"),
+             "hit_groups:", name="second_full_attention_group_untrimmed"),
+    # The same vLLM bug (#52828's shape), seen by the hit-length differential on one request.
+    KnownBug(Category.LOOKUP_CONTRACT, "0.23.0", "0.29.0",
+             "the hybrid lookup trims only the first full-attention group to the reconciled hit; a second one "
+             "(another block size, or a draft model's) returns blocks past the hit",
+             "blocks for a hit of", name="second_full_attention_group_untrimmed_per_request"),
     KnownBug(Category.STATE_ZEROING_MISSED, "0.23.0", "0.28.0",
              "on a layout with Mamba layers (where vLLM zeroes new attention blocks), blocks newly allocated to a "
              "sliding-window group are never handed out by take_new_block_ids: the managers recorded only an "

@@ -43,7 +43,16 @@ __all__ = [
     "dense_group_hit",
     "dense_lookup_hit",
     "group_reach",
+    "hit_blocks",
 ]
+
+
+def hit_blocks(ar: Arith, landing: Any, block_size: Any) -> Any:
+    """The blocks every group's answer to a hit of ``landing`` tokens holds:
+    ``cdiv(landing, block)``, whatever the group's kind (sliding-window and
+    Mamba groups pad with null blocks, so one hit is one block count per
+    group)."""
+    return ar.div(landing + block_size - 1, block_size)
 
 
 def hit_alignment(ar: Arith, p: BoundaryInputs) -> Any:

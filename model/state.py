@@ -22,9 +22,11 @@ from typing import Any, Callable, Iterable
 
 import attrs
 
+from .arith import INT
 from .capabilities import Capabilities, ExpectedRegime
 from .domain import CoordinatorConfig, GroupKind
 from .finding import Category
+from .lookup import hit_blocks
 
 __all__ = ["Block", "Table", "ManagerState", "Lookup", "Transition", "Invariant", "INVARIANTS",
            "OUT_OF_SCOPE", "check_transition", "scope_text"]
@@ -335,7 +337,7 @@ def _hit_groups(t: Transition) -> list[str]:
     keyed = {b.id for s in (t.before, t.after) if s is not None for b in s.keyed()}
     for lk in t.lookups:
         for index, (group, blocks) in enumerate(zip(t.config.groups, lk.group_blocks)):
-            need = _cdiv(lk.hit, group.block_size)
+            need = hit_blocks(INT, lk.hit, group.block_size)
             if len(blocks) != need:
                 out.append(f"request {lk.request}: group {index} ({group.label()}) returned {len(blocks)} blocks "
                            f"for a hit of {lk.hit} tokens; every group must hold cdiv(hit, {group.block_size}) "

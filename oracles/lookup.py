@@ -8,7 +8,8 @@ both from ``model.lookup`` on the integer backend:
   of the hash block under partial hits, of the scheduler block otherwise),
   never longer than the shared prefix or the later request minus one token,
   and never needs more of a full-attention or sliding-window group than the
-  writer handed to its ``cache_blocks`` (an EAGLE group also its drop tail).
+  writer handed to its ``cache_blocks`` (an EAGLE group also its drop tail),
+  and every group answers the one hit with ``cdiv(hit, block)`` blocks.
   Mamba groups are left out of the last check: their state checkpoints are
   keyed by their own rules, not by the registration bound alone.
 * the **exact hit**, where the model is complete: layouts of full-attention
@@ -30,12 +31,12 @@ from kvspec.model.capabilities import Capabilities, expected_regime
 from kvspec.model.case import Case
 from kvspec.model.domain import GroupKind
 from kvspec.model.finding import Category
-from kvspec.model.lookup import dense_lookup_hit, group_reach, hit_alignment, lookup_need
+from kvspec.model.lookup import dense_lookup_hit, group_reach, hit_alignment, hit_blocks, lookup_need
 from kvspec.model.spec import inputs_for_group
 
 from .registration import Discrepancy, compare, expected_calls
 
-__all__ = ["exact_lookup_applies", "expected_hit", "handed_tokens", "contract_violations",
+__all__ = ["exact_lookup_applies", "expected_hit", "handed_tokens", "contract_violations", "group_block_violations",
            "admissible_hits", "compare_lookup", "check_case"]
 
 _CONTRACT_KINDS = (GroupKind.FULL_ATTENTION, GroupKind.SLIDING_WINDOW)
@@ -103,6 +104,19 @@ def contract_violations(case: Case, capabilities: Capabilities, hit: int,
     return found
 
 
+def group_block_violations(case: Case, hit: int, counts: list[int] | None) -> list[str]:
+    """Groups whose answer to the hit does not hold ``hit_blocks`` blocks
+    (one hit, one block count per group).  Not checked under DCP, where a
+    manager's block is the spec's times the DCP size, nor on a reply that
+    does not say (a worker of an older kvspec)."""
+    groups = case.config.groups
+    if counts is None or case.config.dcp_world_size != 1 or len(counts) != len(groups):
+        return []
+    return [f"group {i} ({g.label()}) holds {n} blocks for a hit of {hit}; every group holds "
+            f"cdiv({hit}, {g.block_size}) = {hit_blocks(INT, hit, g.block_size)}"
+            for i, (g, n) in enumerate(zip(groups, counts)) if n != hit_blocks(INT, hit, g.block_size)]
+
+
 def admissible_hits(case: Case, capabilities: Capabilities, handed: list[int]) -> list[int]:
     """Every hit length the contract admits for ``case.probe``."""
     assert case.probe is not None
@@ -118,6 +132,7 @@ def compare_lookup(case: Case, capabilities: Capabilities, reply: dict[str, Any]
     probe = case.probe
     hit = reply["probe"]["hit"]
     found = contract_violations(case, capabilities, hit, handed_tokens(case, reply))
+    found += group_block_violations(case, hit, reply["probe"].get("group_blocks"))
     if found:
         return [Discrepancy(Category.LOOKUP_CONTRACT, None, None, (), (hit,), detail="; ".join(found))]
     if exact_lookup_applies(case):

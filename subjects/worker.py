@@ -380,7 +380,8 @@ class Driver:
                                   request_id=f"kvspec-{self.serial}-later")
             found = manager.get_computed_blocks(later)
             reply["probe"] = {"hit": found[1], "writer_tokens": len(writer_tokens),
-                              "later_tokens": later.num_tokens}
+                              "later_tokens": later.num_tokens,
+                              "group_blocks": [len(group) for group in getattr(found[0], "blocks", ())]}
         self._keep_for_reuse(recorded, request)
         return reply
 

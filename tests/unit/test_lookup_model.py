@@ -3,6 +3,7 @@ say what vLLM's lookup is documented to do on hand-worked geometries."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import z3
 from hypothesis import given, settings, strategies as st
@@ -135,3 +136,20 @@ def test_the_reducer_keeps_the_probe_within_a_shorter_writer():
     assert smallest.probe == LookupProbe(8, 1)
     assert smallest.probe.shared <= smallest.writer_tokens
     assert smallest.prompt_len <= case.prompt_len
+
+
+def test_every_group_answers_one_hit_with_cdiv_blocks():
+    from kvspec.model.lookup import hit_blocks
+    from kvspec.oracles.lookup import group_block_violations
+
+    assert [hit_blocks(INT, h, 4) for h in (0, 1, 4, 5)] == [0, 1, 1, 2]
+    config = CoordinatorConfig((KVCacheGroup(GroupKind.FULL_ATTENTION, 1), KVCacheGroup(GroupKind.FULL_ATTENTION, 2),
+                                KVCacheGroup(GroupKind.SLIDING_WINDOW, 1, sliding_window=1)), 2, 1)
+    case = Case(config, 3, (prefill(3),), LookupProbe(3, 1))
+    assert group_block_violations(case, 2, [2, 1, 2]) == []
+    # 0.23-0.28: the second full-attention group keeps a block past a hit of 0.
+    (found,) = group_block_violations(case, 0, [0, 1, 0])
+    assert found.startswith("group 1 (full_attention(block 2)) holds 1 blocks for a hit of 0")
+    assert group_block_violations(case, 0, None) == []  # a reply that does not say
+    dcp = attrs.evolve(case, config=attrs.evolve(config, dcp_world_size=2))
+    assert group_block_violations(dcp, 0, [0, 1, 0]) == []  # a manager's block is not the spec's under DCP
