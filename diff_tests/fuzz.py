@@ -161,6 +161,24 @@ class FuzzResult:
         return text
 
 
+class _CaseFailed(AssertionError):
+    """A case disagreed with the spec: Hypothesis shrinks it (any other
+    AssertionError is not a finding)."""
+
+
+def _interrupt_behind(error: BaseException | None) -> bool:
+    """Whether a keyboard interrupt is behind ``error``: one that lands early
+    in Hypothesis's engine comes out as an AssertionError of Hypothesis's own,
+    the interrupt as its context."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
+
+
 class _Abort(BaseException):
     """Ends a Hypothesis run at once: Hypothesis treats an ``Exception`` from
     the test as a failing input and would shrink it, rerunning the cause."""
@@ -238,7 +256,7 @@ def fuzz_subject(
                 result.seconds_to_first_failure = time.perf_counter() - start
                 if on_first_failure is not None:
                     on_first_failure(result)
-            raise AssertionError(failed.discrepancies[0].summary())
+            raise _CaseFailed(failed.discrepancies[0].summary())
 
     # The database is keyed by subject and differential. Hypothesis deletes a
     # saved failure that passes when replayed, so with one key for all, fuzzing
@@ -247,7 +265,7 @@ def fuzz_subject(
     try:
         with fixed_constant_pool():
             differential()
-    except AssertionError:
+    except _CaseFailed:
         # Hypothesis replays its minimal failing batch last.
         result.failure = failures[-1]
     except Flaky:
@@ -256,6 +274,11 @@ def fuzz_subject(
         result.stopped, result.stopped_why = abort.error.outcome, str(abort.error)
         result.failure = failures[-1] if failures else None
     except KeyboardInterrupt:
+        result.stopped, result.stopped_why = Outcome.INTERRUPTED, "interrupted"
+        result.failure = failures[-1] if failures else None
+    except Exception as error:
+        if not _interrupt_behind(error):
+            raise
         result.stopped, result.stopped_why = Outcome.INTERRUPTED, "interrupted"
         result.failure = failures[-1] if failures else None
     if result.failure is not None and not stop_at_first and result.stopped is None:

@@ -14,6 +14,8 @@ Hypothesis and recorded as a ``model.program.Program``, replayable alone.
 from __future__ import annotations
 
 import random
+import re
+import sys
 import time
 from typing import Any, Callable
 
@@ -27,6 +29,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, get_state_machine_test, 
 from kvspec.model.capabilities import Capabilities
 from kvspec.model.domain import CoordinatorConfig, GroupKind, KVCacheGroup
 from kvspec.model.errors import InfrastructureError, KvspecError, SetupError
+from kvspec.model.finding import Category
 from kvspec.model.known import KnownBug, stateful_exclusions
 from kvspec.model.outcome import Outcome
 from kvspec.model.program import Program, describe_op
@@ -35,11 +38,16 @@ from kvspec.oracles.registration import Discrepancy
 from kvspec.oracles.state import StateOracle
 from kvspec.subjects.process import SubjectProcess
 
-from .fuzz import _Abort
+from .fuzz import _Abort, _interrupt_behind
 from .property import Failure
 from .reduce import reduce_program
 from .seeding import fixed_constant_pool
 from .strategies import configs
+
+if sys.version_info >= (3, 11):
+    _ExceptionGroup = BaseExceptionGroup  # noqa: F821 (a builtin from 3.11)
+else:  # the backport Hypothesis itself depends on before 3.11
+    from exceptiongroup import BaseExceptionGroup as _ExceptionGroup
 
 __all__ = ["StatefulResult", "StatefulTally", "StateViolation", "fuzz_stateful", "replay_program",
            "programs_database_key", "state_machine", "geometries", "drive_unchecked", "STEPS_PER_PROGRAM"]
@@ -172,6 +180,7 @@ class StatefulResult:
             else round(self.seconds_to_first_failure, 3),
             "verdict": self.verdict, "stopped": None if self.stopped is None else self.stopped.name,
             "failure": None if self.failure is None else self.failure.as_dict(),
+            "other_failures": [f.as_dict() for f in self.other_failures],
             "scope": self.scope(), "scope_reduction": self.scope_reduction or None,
             "not_exercised": list(self.not_exercised),
             "known_excluded": [{"name": k.name, "summary": k.summary, "first": k.first, "fixed_in": k.fixed_in}
@@ -185,6 +194,29 @@ class StateViolation(AssertionError):
     def __init__(self, failure: Failure):
         super().__init__(failure.discrepancies[0].summary())
         self.failure = failure
+
+
+_VIOLATION_KINDS: dict[str, type[StateViolation]] = {}
+
+
+def _violation_key(failure: Failure) -> str:
+    """What tells two failures apart: the invariant, and for a crash the
+    exception vLLM raised."""
+    first = failure.discrepancies[0]
+    if first.category is Category.SUBJECT_CRASH:
+        return f"{first.category.value}_{_exception(failure.reply) or 'unknown'}"
+    return first.category.value
+
+
+def _violation(failure: Failure) -> StateViolation:
+    """The failure as an exception of its own type: Hypothesis tells bugs
+    apart by type, so a run shrinks and reports each broken invariant."""
+    key = _violation_key(failure)
+    kind = _VIOLATION_KINDS.get(key)
+    if kind is None:
+        kind = _VIOLATION_KINDS[key] = type(f"StateViolation_{re.sub(r'[^0-9A-Za-z_]', '_', key)}",
+                                            (StateViolation,), {"__module__": __name__})
+    return kind(failure)
 
 
 # One program in five on a one-group layout; shrinking goes to the hybrid ones.
@@ -304,7 +336,7 @@ def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
             self.failed = True
             failure = Failure(program, tuple(found), reply)
             on_violation(failure)
-            raise StateViolation(failure)
+            raise _violation(failure)
 
         def _apply(self, *ops: dict[str, Any]) -> None:
             """Send ``ops`` in one message and check every answer in order; a
@@ -487,7 +519,10 @@ def fuzz_stateful(
     phases = [Phase.explicit, Phase.reuse, Phase.generate]
     if not stop_at_first:
         phases.append(Phase.shrink)
-    test = _machine_test(Counted, proc, max_examples, seed, steps, database, phases)
+    # Shrinking, Hypothesis also reports each other invariant broken while it
+    # searched (found within its own budget after the first: not a complete list).
+    test = _machine_test(Counted, proc, max_examples, seed, steps, database, phases,
+                         multiple=Phase.shrink in phases)
     try:
         with fixed_constant_pool():  # a seed draws the same programs whatever was imported before
             test()
@@ -501,10 +536,34 @@ def fuzz_stateful(
     except KeyboardInterrupt:
         result.stopped, result.stopped_why = Outcome.INTERRUPTED, "interrupted"
         result.failure = failures[-1] if failures else None
+    except _ExceptionGroup as group:  # several distinct failures, each shrunk
+        found, aborts, other = _split(group)
+        if any(_interrupt_behind(e) for e in other):
+            result.stopped, result.stopped_why = Outcome.INTERRUPTED, "interrupted"
+            other = [e for e in other if not _interrupt_behind(e)]
+        if other or not (found or aborts or result.stopped):
+            raise
+        if aborts:
+            result.stopped, result.stopped_why = aborts[0].error.outcome, str(aborts[0].error)
+        # The first found comes first, as without the others.
+        order = {}
+        for failure in failures:
+            order.setdefault(_violation_key(failure), len(order))
+        found.sort(key=lambda f: order.get(_violation_key(f), len(order)))
+        if found:
+            result.failure, result.other_failures = found[0], tuple(found[1:])
+        elif failures:
+            result.failure = failures[-1]
+    except Exception as error:
+        if not _interrupt_behind(error):
+            raise
+        result.stopped, result.stopped_why = Outcome.INTERRUPTED, "interrupted"
+        result.failure = failures[-1] if failures else None
     if result.failure is not None and Phase.shrink in phases and result.stopped is None:
         try:
             result.failure = _reduced(proc, result.failure)
-        except KeyboardInterrupt:  # the failure found stays, unreduced
+            result.other_failures = tuple(_reduced(proc, f) for f in result.other_failures)
+        except KeyboardInterrupt:  # the failures found stay, unreduced
             result.stopped, result.stopped_why = Outcome.INTERRUPTED, "interrupted while reducing the program"
     result.seconds = time.perf_counter() - start
     result.restarts = tuple(proc.restarts[restarts_before:])
@@ -512,14 +571,38 @@ def fuzz_stateful(
     return result
 
 
+def _split(group: _ExceptionGroup) -> tuple[list[Failure], list[_Abort], list[BaseException]]:
+    """The failures in Hypothesis's group of distinct bugs (flaky ones
+    marked), the aborts, and anything else."""
+    found: list[Failure] = []
+    aborts: list[_Abort] = []
+    other: list[BaseException] = []
+    for exc in group.exceptions:
+        if isinstance(exc, StateViolation):
+            found.append(exc.failure)
+        elif isinstance(exc, _Abort):
+            aborts.append(exc)
+        elif isinstance(exc, _ExceptionGroup):
+            inner, inner_aborts, inner_other = _split(exc)
+            flaky = isinstance(exc, Flaky)
+            found += [attrs.evolve(f, flaky=True) if flaky else f for f in inner]
+            aborts += inner_aborts
+            other += inner_other
+        else:
+            other.append(exc)
+    return found, aborts, other
+
+
 def _machine_test(machine_class: type[RuleBasedStateMachine], proc: SubjectProcess, max_examples: int, seed: int,
-                  steps: int, database: ExampleDatabase | None, phases: list[Phase]) -> Callable[[], None]:
+                  steps: int, database: ExampleDatabase | None, phases: list[Phase],
+                  multiple: bool = False) -> Callable[[], None]:
     """Hypothesis's test of ``machine_class``: ``seed`` draws the same
-    programs whichever machine class (checked or not) it drives."""
+    programs whichever machine class (checked or not) it drives, up to the
+    first failure; ``multiple``: distinct failures are all reported."""
     test = get_state_machine_test(machine_class, settings=settings(
         max_examples=max_examples, stateful_step_count=steps, deadline=None, database=database,
         verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck), phases=phases,
-        report_multiple_bugs=False, derandomize=False))
+        report_multiple_bugs=multiple, derandomize=False))
     test._hypothesis_internal_use_seed = seed
     test.hypothesis.inner_test._hypothesis_internal_add_digest = programs_database_key(proc.subject.label)
     return test

@@ -139,6 +139,8 @@ class SubjectRun:
     finding: Any = None  # model.finding.Finding
     finding_path: Path | None = None
     differential: str = "registration"
+    # The stateful differential's other distinct failures, each a finding of its own.
+    others: list[tuple[Any, Path]] = attrs.Factory(list)
 
 
 @attrs.define
@@ -261,14 +263,22 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
                             if on_finding is not None:  # who is affected (kvspec.reach.attach), stored with it
                                 entry.finding = on_finding(entry.finding, proc, say)
                                 store_finding(entry.finding, entry.finding_path)
-                        except KeyboardInterrupt:  # interrupted while completing: keep the finding as found
-                            entry.finding, entry.finding_path = _store_raw(result, differential, findings_dir,
-                                                                           versions())
+                            for other in _other_results(result, differential):
+                                entry.others.append(_complete(proc, other, differential, findings_dir, versions(),
+                                                              settings.verify_test))
+                        except KeyboardInterrupt:  # interrupted while completing: keep the findings as found
+                            if entry.finding is None:
+                                entry.finding, entry.finding_path = _store_raw(result, differential, findings_dir,
+                                                                               versions())
+                            for other in _other_results(result, differential)[len(entry.others):]:
+                                entry.others.append(_store_raw(other, differential, findings_dir, versions()))
                             run.subjects.append(entry)
                             raise
                     elif result.failure is not None:  # stopped mid-run: keep what was found, as found
                         entry.finding, entry.finding_path = _store_raw(result, differential, findings_dir,
                                                                        versions())
+                        entry.others += [_store_raw(other, differential, findings_dir, versions())
+                                         for other in _other_results(result, differential)]
                     run.subjects.append(entry)
                     on_update(run)
                     _say_result(entry, say, in_parallel if differential != "stateful" else "")
@@ -301,6 +311,15 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
             if not isinstance(proc, Exception):
                 proc.close()
     return run
+
+
+def _other_results(result, differential: str) -> list[Any]:
+    """The stateful run's other distinct failures, each as the run that found
+    it (one finding each; a registration run's others are its jobs', said
+    with the first)."""
+    if differential != "stateful":
+        return []
+    return [attrs.evolve(result, failure=other, other_failures=()) for other in result.other_failures]
 
 
 def _complete(proc, result, differential: str, findings_dir: Path, versions: dict[str, str], verify: bool):
@@ -345,9 +364,12 @@ def _say_result(entry: SubjectRun, say: Say, in_parallel: str) -> None:
         if finding.reach is not None:
             say(f"  who is affected: {finding.reach.summary}")
         say(f"  stored: {entry.finding_path}")
-        if getattr(result, "other_failures", ()):
+        if getattr(result, "other_failures", ()) and entry.differential != "stateful":
             say(f"  {len(result.other_failures)} other distinct failure(s) found by other jobs: "
                 + "; ".join(f.case.describe() for f in result.other_failures))
+        for other, path in entry.others:
+            say(f"  also broken in this run (found within Hypothesis's search after the first; not a complete "
+                f"list): {other.detail}; program: {other.inputs.get('describe')}; stored: {path}")
     # Under which hash schemes and scopes the result holds, and what was not driven.
     if entry.differential == "stateful":
         if finding is not None:
@@ -568,6 +590,7 @@ def history_row(version: str, max_examples: int, seed: int, symbolic: bool) -> d
         capabilities=caps.as_dict(), rule=caps.rule_text(), **_fuzz_fields(result),
         lookup={"status": _row_status([lookup]), **_fuzz_fields(lookup)},
         stateful={"status": _row_status([stateful]), **_fuzz_fields(stateful),
+                  "other_failures": [f.as_dict() for f in stateful.other_failures],
                   "operations": stateful.tally.operations, "scope": stateful.scope()},
     )
     if symbolic:

@@ -65,6 +65,7 @@ class Category(str, enum.Enum):
     STATE_FREE_BLOCKS = "state_free_blocks"
     STATE_REF_COUNT = "state_ref_count"
     STATE_HASH_MAP = "state_hash_map"
+    STATE_ONE_GROUP = "state_one_group"
     STATE_TABLE_APPEND_ONLY = "state_table_append_only"
     STATE_TABLE_COVERAGE = "state_table_coverage"
     STATE_FORGET = "state_forget"
@@ -107,6 +108,7 @@ _MEANINGS = {
     Category.STATE_FREE_BLOCKS: "a block is free while referenced, or unreferenced and not free (leaked)",
     Category.STATE_REF_COUNT: "a block's reference count differs from the table slots holding it",
     Category.STATE_HASH_MAP: "the prefix-cache hash map and the blocks' own keys disagree",
+    Category.STATE_ONE_GROUP: "one block is held by two KV-cache groups at once",
     Category.STATE_TABLE_APPEND_ONLY: "a running request's block table changed a slot or shrank",
     Category.STATE_TABLE_COVERAGE: "a running request's table does not cover its computed tokens",
     Category.STATE_FORGET: "a freed or preempted request is still tracked by a group",

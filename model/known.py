@@ -72,6 +72,12 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
              "the hybrid lookup trims only the first full-attention group to the reconciled hit; a second one "
              "(another block size, or a draft model's) returns blocks past the hit",
              "blocks for a hit of", name="second_full_attention_group_untrimmed_per_request"),
+    KnownBug(Category.STATE_ONE_GROUP, "0.23.0", "0.24.0",
+             "with KV-connector tokens, the coordinator gives each group its cache hit and its blocks for the "
+             "external tokens in one pass, so an earlier group's new blocks can evict a later group's hit block "
+             "before that group takes it: the block ends in two groups' tables (0.24.0's two-phase allocation, "
+             "vLLM issue #33775, takes every group's hit first)",
+             "one_group:", name="external_blocks_evict_a_later_groups_hit"),
     KnownBug(Category.STATE_ZEROING_MISSED, "0.23.0", "0.28.0",
              "on a layout with Mamba layers (where vLLM zeroes new attention blocks), blocks newly allocated to a "
              "sliding-window group are never handed out by take_new_block_ids: the managers recorded only an "

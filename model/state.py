@@ -222,6 +222,21 @@ def _ref_counts(t: Transition) -> list[str]:
     return out[:3]
 
 
+def _one_group(t: Transition) -> list[str]:
+    # Groups share the pool's block ids, not blocks: a block id names memory
+    # in every group's layers, so one held by two groups at once aliases them.
+    owner: dict[int, int] = {}
+    null = t.after.null_block
+    for table in t.after.tables:
+        for block in table.blocks:
+            if block == null:
+                continue
+            first = owner.setdefault(block, table.group)
+            if first != table.group:
+                return [f"block {block} is held by group {first} and group {table.group} at once"]
+    return []
+
+
 def _hash_map(t: Transition) -> list[str]:
     s = t.after
     by_block: dict[int, set[str]] = {}
@@ -473,6 +488,9 @@ INVARIANTS: tuple[Invariant, ...] = (
               "a block's reference count equals the table slots (every group, every request) holding it, "
               "once the step's copy-on-write sources are released as the scheduler does", _ref_counts,
               reads=("blocks", "listed", "tables", "null_block")),
+    Invariant("one_group", Category.STATE_ONE_GROUP,
+              "a block other than the null block is held by one KV-cache group at a time (groups share the "
+              "pool's block ids, not blocks)", _one_group, reads=("tables", "null_block")),
     Invariant("hash_map", Category.STATE_HASH_MAP,
               "the hash map's entries and the keys each block owns agree both ways; the null block owns none; "
               "with prefix caching off there are none",

@@ -32,7 +32,8 @@ def fuzz_document(run) -> dict[str, Any]:
         "stopped": run.why or None,
         "planned_subjects": list(run.planned),
         "settings": run.settings.as_dict(),
-        "subjects": [{**s.result.as_dict(), "finding": None if s.finding is None else s.finding.to_dict()}
+        "subjects": [{**s.result.as_dict(), "finding": None if s.finding is None else s.finding.to_dict(),
+                      "other_findings": [{"finding": f.to_dict(), "path": str(p)} for f, p in s.others]}
                      for s in run.subjects],
         "errors": run.errors,
     }

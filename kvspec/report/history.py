@@ -48,4 +48,8 @@ def _stateful(cell: dict[str, Any] | None) -> str:
     if cell["failure"] is None:
         return f"no invariant broken ({cell['examples']} programs, {cell['operations']} operations)"
     failure = cell["failure"]
-    return f"BROKEN: {failure['summary'][0]} -- program: {failure['case_text']}"
+    text = f"BROKEN: {failure['summary'][0]} -- program: {failure['case_text']}"
+    others = cell.get("other_failures") or []
+    if others:  # found within Hypothesis's search after the first: not a complete list
+        text += "; also broken: " + "; ".join(f"{o['summary'][0]} -- program: {o['case_text']}" for o in others)
+    return text

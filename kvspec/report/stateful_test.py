@@ -182,6 +182,23 @@ def _check_lines(category: Category, program: Program, final_op: dict[str, Any])
                 "keyed = {b.block_id for b in manager.block_pool.blocks if _has_hash(b)}",
                 f"assert mapped == keyed and {null} not in mapped, (",
                 f"    \"{msg}: the hash map and the blocks' own hashes agree\")"]
+    if category is Category.STATE_ONE_GROUP:
+        return ["owners = {}",
+                "for (rid, index), blocks in _tables(manager).items():",
+                "    for b in blocks:",
+                f"        if b != {null}:",
+                "            owners.setdefault(b, set()).add(index)",
+                "assert all(len(groups) == 1 for groups in owners.values()), (",
+                f"    \"{msg}: a block is held by one KV-cache group at a time\")"]
+    if category is Category.STATE_ZEROING_MISSED:
+        attention = [i for i, g in enumerate(program.config.groups) if g.kind.value != "mamba_align"]
+        return ["after = _tables(manager)",
+                f"fresh = {{b for (rid, index), blocks in after.items() if index in {_q(attention)} and rid not in loaded",
+                "         for i, b in enumerate(blocks)",
+                f"         if b != {null} and (tables_before.get((rid, index)) or [])[i:i + 1] != [b]",
+                "         and b not in hit_blocks}",
+                "assert fresh <= set(zeroed), (",
+                f"    \"{msg}: every fresh attention block a step places is handed out for zeroing\")"]
     if category is Category.STATE_ZEROING:
         return ["after = _tables(manager)",
                 "placed = {b for key, blocks in after.items() for i, b in enumerate(blocks)",
@@ -255,6 +272,8 @@ def emit_stateful_test(finding: Finding, trace: list[dict[str, Any]] | None, cap
             body.append(f"# {describe_op(entry['op'])}")
             if index == final_start:
                 body += ["tables_before = _tables(manager)", "zeroed = []"]
+                if category is Category.STATE_ZEROING_MISSED:
+                    body += ["hit_blocks, loaded = set(), set()  # cache hits, requests given connector tokens"]
             continue
         r = f"requests[{_q(rid)}]" if rid else ""
         if call == "request":
@@ -270,6 +289,8 @@ def emit_stateful_test(finding: Finding, trace: list[dict[str, Any]] | None, cap
             body.append(f"found = manager.get_computed_blocks({r})")
             if entry["hit"] is None:  # vLLM raised here: the call is the test
                 continue
+            if last and category is Category.STATE_ZEROING_MISSED:
+                body.append("hit_blocks |= {b.block_id for group in found[0].blocks for b in group}")
             if last and category in _LOOKUP_CHECKS:
                 body.append(f"request = {r}")
                 body += _LOOKUP_CHECKS[category](sizes, unit, fa, any(g.eagle for g in program.config.groups))
@@ -281,6 +302,9 @@ def emit_stateful_test(finding: Finding, trace: list[dict[str, Any]] | None, cap
             kwargs = ", ".join(f"{k}=found[0]" if v == "computed" else f"{k}={_q(v)}"
                                for k, v in entry["kwargs"].items())
             call_text = f"manager.allocate_slots({r}, {entry['num_new_tokens']}{', ' + kwargs if kwargs else ''})"
+            if last and category is Category.STATE_ZEROING_MISSED and \
+                    entry["kwargs"].get("num_external_computed_tokens"):
+                body.append(f"loaded.add({_q(rid)})")
             if entry["allocated"] is None:  # vLLM raised here: the call is the test
                 body.append(call_text)
             else:

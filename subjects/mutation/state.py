@@ -1,8 +1,11 @@
 """State-side operators: defects in the block pool, the managers' bookkeeping
-and the coordinator's reconciliation that leave every single request's
-registration bounds and a fresh manager's lookups as they were, so only the
-stateful differential (``diff_tests.stateful``) can kill them.  Each is the
-shape of a real upstream defect class (see the README's kill matrix).
+and the coordinator's reconciliation, each killed by the stateful
+differential (``diff_tests.stateful``).  Most leave every single request's
+registration bounds and a fresh manager's lookups as they were, so only that
+differential kills them; the two that change a group's block count for a hit
+(``trim_first_group_only``, ``mamba_hit_unpadded``) the lookup contract sees
+on one request too.  Each is the shape of a real upstream defect class (see
+the README's kill matrix).
 """
 
 from __future__ import annotations

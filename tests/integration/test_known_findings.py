@@ -78,3 +78,23 @@ def test_sliding_window_blocks_are_zeroed_from_0_28(kvspec_release, version, car
         assert "sliding_window" in found[0].summary()
     else:
         assert found == []
+
+
+ALIASED = Path(__file__).parent.parent / "fixtures" / "program_external_blocks_evict_a_later_groups_hit.json"
+
+
+@pytest.mark.parametrize("version, carried", [("0.23.0", True), ("0.28.0", False)])
+def test_a_later_groups_hit_is_taken_before_external_blocks_from_0_24(kvspec_release, version, carried):
+    """vLLM issue #33775's shape (two-phase allocation from 0.24.0), found by
+    the stateful differential on 0.23.0: with connector tokens, the first
+    full-attention group's new blocks evict the second group's hit block,
+    which then sits in both groups' tables."""
+    (bug,) = [b for b in KNOWN_BUGS if b.name == "external_blocks_evict_a_later_groups_hit"]
+    program = Program.from_dict(json.loads(ALIASED.read_text()))
+    assert any(op.get("external") for op in program.ops)
+    found, _ = replay_program(kvspec_release(version), program)
+    assert bug.carried_by(version) is carried
+    if carried:
+        assert [d.category for d in found] == [Category.STATE_ONE_GROUP] and bug.matches(found[0].summary())
+    else:
+        assert found == []

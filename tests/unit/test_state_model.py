@@ -300,3 +300,9 @@ def test_a_fresh_attention_block_on_a_mamba_layout_must_be_handed_out_for_zeroin
     # Without a Mamba group vLLM zeroes nothing.
     attention_only = CoordinatorConfig((KVCacheGroup("full_attention", 2), KVCacheGroup("sliding_window", 4, sliding_window=4)), 4, 2)
     assert Category.STATE_ZEROING_MISSED not in _broken(_transition(grown, config=attention_only))
+
+
+def test_a_block_held_by_two_groups_at_once_is_caught():
+    assert Category.STATE_ONE_GROUP not in _broken(_transition(_state()))  # r0 and r1 share block 1 in group 0
+    aliased = _state(tables=(Table("r0", 0, (1, 2), 2), Table("r0", 1, (0, 3)), Table("r1", 0, (1, 3), 1)))
+    assert Category.STATE_ONE_GROUP in _broken(_transition(aliased))
