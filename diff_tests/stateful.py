@@ -63,9 +63,9 @@ MAX_GROUPS = 3  # KV-cache groups of a hybrid layout
 def draw_scope() -> str:
     """What the programs are drawn from, for every verdict: a pass says
     nothing of what was never drawn."""
-    return (f"programs drawn on hybrid layouts of 2-{MAX_GROUPS} KV-cache groups and, one in five, on one "
-            f"full-attention group (vLLM's unitary coordinator; one-group sliding-window and Mamba models are not "
-            f"driven), prompts of at most {MAX_PROMPT} tokens from "
+    return (f"programs drawn on hybrid layouts of 2-{MAX_GROUPS} KV-cache groups and, one in five, on one group "
+            f"(vLLM's unitary coordinator: full attention three times in five, else sliding window or Mamba), "
+            f"prompts of at most {MAX_PROMPT} tokens from "
             f"{FAMILIES} shared-prefix families, at most {MAX_IN_FLIGHT} requests in flight, a {MAX_MODEL_LEN}-token "
             f"model, a pool of one to two longest requests' blocks, prefix caching off in one attention-only program "
             f"in eight, at most {STEPS_PER_PROGRAM} rules a program")

@@ -306,3 +306,30 @@ def test_a_block_held_by_two_groups_at_once_is_caught():
     assert Category.STATE_ONE_GROUP not in _broken(_transition(_state()))  # r0 and r1 share block 1 in group 0
     aliased = _state(tables=(Table("r0", 0, (1, 2), 2), Table("r0", 1, (0, 3)), Table("r1", 0, (1, 3), 1)))
     assert Category.STATE_ONE_GROUP in _broken(_transition(aliased))
+
+
+def test_the_stateful_scope_names_what_the_draw_reaches():
+    # The verdict's scope says what programs are drawn from: one-group models
+    # of every kind and prefix caching off must really be drawn, and said.
+    from hypothesis import HealthCheck, given, settings
+
+    from kvspec.diff_tests.stateful import draw_scope, geometries
+    from kvspec.model.domain import GroupKind
+
+    seen: set[str] = set()
+
+    @settings(max_examples=600, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(geometries(CAPS))
+    def draw(program):
+        groups = program.config.groups
+        if len(groups) == 1:
+            seen.add(f"one {groups[0].kind.value}")
+        if not program.config.enable_caching:
+            seen.add("caching off")
+            assert not any(g.kind is GroupKind.MAMBA_ALIGN for g in groups)
+
+    draw()
+    assert seen == {"one full_attention", "one sliding_window", "one mamba_align", "caching off"}
+    scope = draw_scope()
+    assert "full attention three times in five, else sliding window or Mamba" in scope
+    assert "prefix caching off in one attention-only program in eight" in scope
