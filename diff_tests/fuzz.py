@@ -24,7 +24,7 @@ from .reduce import reduce_case
 from .seeding import fixed_constant_pool
 from .strategies import batches, deployment_configs, hash_schemes_of, lookup_batches
 
-__all__ = ["Failure", "FuzzResult", "fuzz_subject", "database_key"]
+__all__ = ["Failure", "FuzzResult", "fuzz_subject", "database_key", "interrupt_behind"]
 
 
 @attrs.define
@@ -166,7 +166,7 @@ class _CaseFailed(AssertionError):
     AssertionError is not a finding)."""
 
 
-def _interrupt_behind(error: BaseException | None) -> bool:
+def interrupt_behind(error: BaseException | None) -> bool:
     """Whether a keyboard interrupt is behind ``error``: one that lands early
     in Hypothesis's engine comes out as an AssertionError of Hypothesis's own,
     the interrupt as its context."""
@@ -277,7 +277,7 @@ def fuzz_subject(
         result.stopped, result.stopped_why = Outcome.INTERRUPTED, "interrupted"
         result.failure = failures[-1] if failures else None
     except Exception as error:
-        if not _interrupt_behind(error):
+        if not interrupt_behind(error):
             raise
         result.stopped, result.stopped_why = Outcome.INTERRUPTED, "interrupted"
         result.failure = failures[-1] if failures else None

@@ -38,7 +38,7 @@ from kvspec.oracles.registration import Discrepancy
 from kvspec.oracles.state import StateOracle
 from kvspec.subjects.process import SubjectProcess
 
-from .fuzz import _Abort, _interrupt_behind
+from .fuzz import _Abort, interrupt_behind
 from .property import Failure
 from .reduce import reduce_program
 from .seeding import fixed_constant_pool
@@ -538,9 +538,9 @@ def fuzz_stateful(
         result.failure = failures[-1] if failures else None
     except _ExceptionGroup as group:  # several distinct failures, each shrunk
         found, aborts, other = _split(group)
-        if any(_interrupt_behind(e) for e in other):
+        if any(interrupt_behind(e) for e in other):
             result.stopped, result.stopped_why = Outcome.INTERRUPTED, "interrupted"
-            other = [e for e in other if not _interrupt_behind(e)]
+            other = [e for e in other if not interrupt_behind(e)]
         if other or not (found or aborts or result.stopped):
             raise
         if aborts:
@@ -555,7 +555,7 @@ def fuzz_stateful(
         elif failures:
             result.failure = failures[-1]
     except Exception as error:
-        if not _interrupt_behind(error):
+        if not interrupt_behind(error):
             raise
         result.stopped, result.stopped_why = Outcome.INTERRUPTED, "interrupted"
         result.failure = failures[-1] if failures else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from kvspec.diff_tests.fuzz import fuzz_subject
+from kvspec.model.known import known_bugs
 from kvspec.oracles.lookup import check_case
 from kvspec.pytest_plugin import DEFAULT_RELEASES
 from kvspec.subjects.mutation import LOOKUP_MUTANTS
@@ -33,7 +34,14 @@ def test_lookup_mutants_are_found_and_genuine(operator, version, kvspec_release)
 
     fixed = kvspec_release(version)
     fixed_reply = fixed.run(case_message(finding.case))
-    assert check_case(finding.case, fixed.capabilities, fixed_reply) == []
+    on_release = check_case(finding.case, fixed.capabilities, fixed_reply)
+    if on_release:
+        # The release's own known bug (0.28.0: a second full-attention group
+        # untrimmed) fails the same case: it masks the mutant, said, never passed.
+        known = known_bugs(version, on_release[0].category, on_release[0].summary())
+        assert known, f"the minimal case fails on unmutated {version} too: {on_release[0].summary()}"
+        pytest.xfail(f"{operator.name} on {version}: its minimal case is the release's own known bug "
+                     f"({known[0].name}), which masks the mutant")
     assert fixed_reply["probe"]["hit"] != finding.reply["probe"]["hit"]
 
 

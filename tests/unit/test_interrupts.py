@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvspec.diff_tests.fuzz import _interrupt_behind
+from kvspec.diff_tests.fuzz import interrupt_behind
 
 
 def _hypothesis_like() -> None:
@@ -19,16 +19,16 @@ def test_an_interrupt_hypothesis_turned_into_an_assertion_is_still_an_interrupt(
     try:
         _hypothesis_like()
     except AssertionError as error:
-        assert _interrupt_behind(error)
+        assert interrupt_behind(error)
     else:
         raise AssertionError("the stand-in did not raise")
 
 
-def test_an_assertion_without_an_interrupt_behind_it_is_not_one():
+def test_an_assertion_without_aninterrupt_behind_it_is_not_one():
     try:
         raise AssertionError("a real failure")
     except AssertionError as error:
-        assert not _interrupt_behind(error)
+        assert not interrupt_behind(error)
     chained = ValueError("outer")
     chained.__cause__ = RuntimeError("inner")
-    assert not _interrupt_behind(chained)
+    assert not interrupt_behind(chained)
