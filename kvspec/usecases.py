@@ -264,8 +264,11 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
                                 entry.finding = on_finding(entry.finding, proc, say)
                                 store_finding(entry.finding, entry.finding_path)
                             for other in _other_results(result, differential):
-                                entry.others.append(_complete(proc, other, differential, findings_dir, versions(),
-                                                              settings.verify_test))
+                                try:
+                                    entry.others.append(_complete(proc, other, differential, findings_dir,
+                                                                  versions(), settings.verify_test))
+                                except KvspecError:  # the worker failed completing it: keep it as found
+                                    entry.others.append(_store_raw(other, differential, findings_dir, versions()))
                         except KeyboardInterrupt:  # interrupted while completing: keep the findings as found
                             if entry.finding is None:
                                 entry.finding, entry.finding_path = _store_raw(result, differential, findings_dir,

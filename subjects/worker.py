@@ -574,6 +574,7 @@ class Machine:
         self._keys_memo = {}  # block id -> ((hash, extra keys), key ids)
         self._free_memo = (None, None)  # the free ids sorted, and their runs
         self._columns = None  # the last read's hashes, ref counts and blocks part
+        self._make_key = None  # vLLM's make_block_hash_with_group_id (False: this vLLM has none)
 
     def _build(self, retention):
         """The manager, with the retention interval where this release takes
@@ -871,11 +872,13 @@ class Machine:
         what the map held."""
         if len(self.groups) != 1 or not self.case["enable_caching"]:
             return None
-        from vllm.v1.core import kv_cache_utils
+        if self._make_key is None:  # looked up once per machine, not per lookup
+            from vllm.v1.core import kv_cache_utils
 
-        make = getattr(kv_cache_utils, "make_block_hash_with_group_id", None)
+            self._make_key = getattr(kv_cache_utils, "make_block_hash_with_group_id", False)
+        make = self._make_key
         cache = getattr(self.pool.cached_block_hash_to_block, "_cache", None)
-        if make is None or cache is None:
+        if not make or cache is None:
             return None
         return [make(h, 0) in cache for h in request.block_hashes]
 
