@@ -70,6 +70,9 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 from kvspec.subjects.worker import use_subject_tree  # noqa: E402
+from kvspec.subjects.vllm_side.platform import PLATFORM_NOTE, install_sm90_platform, preimport  # noqa: E402
+from kvspec.subjects.vllm_side import planning  # noqa: E402
+from kvspec.subjects.vllm_side.planning import Unsupported, attention_spec, mamba_spec, mixer_class  # noqa: E402
 
 use_subject_tree()
 
@@ -94,73 +97,6 @@ def _called(steps, name, where, value, note=""):
 
 def _modelled(steps, name, where, value, note=""):
     steps.append({"step": name, "how": "modelled", "source": where, "value": value, "note": note})
-
-
-# -- the platform stand-in (modelled) ------------------------------------------------
-
-def _preimport(mixer_modules):
-    """Model and layer modules are imported before the platform is swapped:
-    under the CUDA stand-in some probe compiled kernels at import time."""
-    import importlib
-
-    for name in mixer_modules:
-        try:
-            importlib.import_module(name)
-        except Exception as exc:  # a module this release does not have
-            print(f"probe: cannot import {name}: {exc!r}"[:200], file=sys.stderr)
-
-
-def _install_platform():
-    import vllm.platforms as platforms
-    from vllm.platforms import cuda
-    from vllm.platforms.interface import DeviceCapability
-    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
-
-    class SM90StandIn(cuda.CudaPlatformBase):
-        @classmethod
-        def get_device_capability(cls, device_id=0):
-            return DeviceCapability(9, 0)
-
-        @classmethod
-        def get_device_name(cls, device_id=0):
-            return "kvspec SM90 stand-in"
-
-        @classmethod
-        def get_device_total_memory(cls, device_id=0):
-            return 80 << 30
-
-        @classmethod
-        def is_fully_connected(cls, device_ids):
-            return True
-
-        @classmethod
-        def device_count(cls):
-            return 8
-
-        @classmethod
-        def _find_non_ssm_backends(cls, vllm_config):  # 0.33+
-            return [FlashAttentionBackend]
-
-        @classmethod
-        def _find_non_ssm_backend(cls, vllm_config):  # 0.28-0.32
-            return FlashAttentionBackend
-
-    # The model registry inspects a model class in a child interpreter "to
-    # avoid initializing CUDA"; that child could not import the subject tree
-    # (it is on this process's sys.path only), and there is no CUDA here.
-    from vllm.model_executor.models import registry
-
-    if hasattr(registry, "_run_in_subprocess"):
-        registry._run_in_subprocess = lambda fn: fn()
-    previous = platforms._current_platform
-    platforms._current_platform = SM90StandIn()
-    for module in list(sys.modules.values()):
-        try:
-            if previous is not None and getattr(module, "current_platform", None) is previous:
-                module.current_platform = platforms._current_platform
-        except Exception:
-            pass
-    return platforms._current_platform, FlashAttentionBackend
 
 
 # -- one profile ------------------------------------------------------------------------
@@ -207,66 +143,6 @@ def _engine_args(profile, target_dir, draft_dir, legacy_hashes):
         if "disable_lookahead_block_hashes" not in fields:
             kwargs["speculative_config"].pop("disable_lookahead_block_hashes")
     return EngineArgs(**kwargs)
-
-
-class Unsupported(Exception):
-    """A configuration this release cannot express (said, never guessed)."""
-
-
-def _attention_spec(vc, backend, num_kv_heads, head_size, sliding_window=None, draft=False,
-                    replicated=False):
-    from vllm.model_executor.layers.attention.attention import Attention
-
-    try:
-        from vllm.v1.attention.backend import AttentionType
-    except ImportError:
-        from vllm.attention.backends.abstract import AttentionType
-    cc, mc = vc.cache_config, vc.model_config
-    layer = types.SimpleNamespace(
-        attn_type=AttentionType.DECODER, kv_cache_dtype=cc.cache_dtype, sliding_window=sliding_window,
-        attn_backend=backend, num_kv_heads=num_kv_heads, head_size=head_size, head_size_v=head_size,
-        kv_cache_torch_dtype=mc.dtype if cc.cache_dtype == "auto" else None)
-    spec = Attention.get_kv_cache_spec(layer, vc)
-    if hasattr(backend, "customize_spec"):
-        spec = backend.customize_spec(spec)
-    fields = {f.name for f in dataclasses.fields(spec)}
-    if draft and "is_draft" in fields:
-        spec = dataclasses.replace(spec, is_draft=True)
-    if replicated and "dcp_sharded" in fields:
-        spec = dataclasses.replace(spec, dcp_sharded=False)
-    return spec
-
-
-def _mixer_class(kind):
-    if kind == "gdn":
-        from vllm.model_executor.layers.mamba.abstract import MambaBase
-        try:
-            from vllm.model_executor.layers.mamba.gdn import qwen_gdn_linear_attn as module
-        except ImportError:
-            from vllm.model_executor.models import qwen3_next as module
-        found = [c for c in vars(module).values() if isinstance(c, type) and issubclass(c, MambaBase)
-                 and c.__module__ == module.__name__]
-        found.sort(key=lambda c: ("get_kv_cache_spec" not in vars(c), "GatedDeltaNet" not in c.__name__))
-        if not found:
-            raise Unsupported("no GatedDeltaNet layer class found in this release")
-        return found[0]
-    if kind == "mamba1":
-        from vllm.model_executor.layers.mamba.mamba_mixer import MambaMixer
-        return MambaMixer
-    from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
-    return MambaMixer2
-
-
-def _mamba_spec(vc, model_cls, mixer_cls):
-    import torch.nn as nn
-
-    layer = object.__new__(mixer_cls)
-    nn.Module.__init__(layer)
-    layer.vllm_config = vc
-    layer.get_state_shape = lambda: model_cls.get_mamba_state_shape_from_config(vc)
-    layer.get_state_dtype = lambda: model_cls.get_mamba_state_dtype_from_config(vc)
-    layer._checkpoint_alignment = None  # FlashInfer GDN prefill is not active on the stand-in
-    return mixer_cls.get_kv_cache_spec(layer, vc)
 
 
 def _spec_summary(spec):
@@ -327,9 +203,7 @@ def derive(profile, legacy_hashes):
         "num_speculative_tokens": getattr(sc, "num_speculative_tokens", None)},
         "a directory with only config.json: no weights, no tokenizer")
     platform, backend = PLATFORM
-    _modelled(steps, "platform", "kvspec: vllm.platforms.cuda.CudaPlatformBase reporting SM90, "
-              "FlashAttentionBackend as every attention layer's backend, the model registry's class "
-              "inspection run in-process",
+    _modelled(steps, "platform", "kvspec: " + PLATFORM_NOTE.split(" (")[0],
               {"device_capability": "9.0", "attention_backend": backend.__name__},
               "a CPU cannot report a GPU; Blackwell (FA4) or FlashInfer GDN prefill could align blocks "
               "differently")
@@ -351,14 +225,14 @@ def derive(profile, legacy_hashes):
     mixer_cls = None
     if any(k == "mamba" for k in layers):
         model_cls, _ = mc.registry.resolve_model_cls(mc.architectures, mc)
-        mixer_cls = _mixer_class(model["mixer"])
+        mixer_cls = mixer_class(model["mixer"])
     for index, kind in enumerate(layers):
         if kind == "mamba":
-            specs[f"model.layers.{index}.mixer"] = _mamba_spec(vc, model_cls, mixer_cls)
+            specs[f"model.layers.{index}.mixer"] = mamba_spec(vc, model_cls, mixer_cls)
         elif kind == "full":
-            specs[f"model.layers.{index}.self_attn.attn"] = _attention_spec(vc, backend, num_kv_heads, head_size)
+            specs[f"model.layers.{index}.self_attn.attn"] = attention_spec(vc, backend, num_kv_heads, head_size)
         else:  # ["sliding", window]
-            specs[f"model.layers.{index}.self_attn.attn"] = _attention_spec(
+            specs[f"model.layers.{index}.self_attn.attn"] = attention_spec(
                 vc, backend, num_kv_heads, head_size, sliding_window=kind[1])
     _called(steps, "layer_specs", "vllm.model_executor.layers.attention.attention.Attention.get_kv_cache_spec"
             + (f", {mixer_cls.__module__}.{mixer_cls.__name__}.get_kv_cache_spec" if mixer_cls else ""),
@@ -370,13 +244,13 @@ def derive(profile, legacy_hashes):
         d_heads = max(1, d_heads // pc.tensor_parallel_size) if drafter.get("num_kv_heads") else d_heads
         d_head = drafter.get("head_dim") or head_size
         for j in range(draft_layers):
-            specs[f"drafter.layers.{j}.self_attn.attn"] = _attention_spec(
+            specs[f"drafter.layers.{j}.self_attn.attn"] = attention_spec(
                 vc, backend, d_heads, d_head, draft=True, replicated=drafter.get("replicated", False))
         _modelled(steps, "drafter_layers", "kvspec: model/deployments.py (the GPU model runner builds them)",
                   {"layers": draft_layers, "num_kv_heads_per_rank": d_heads, "head_dim": d_head,
                    "is_draft": True})
-    groups, sched_config = _groups(vc, specs, backend)
-    _called(steps, "groups", GROUPS_SOURCE, [
+    groups, sched_config = planning.scheduler_groups(vc, specs, backend)
+    _called(steps, "groups", planning.GROUPS_SOURCE, [
         {"kind": _kind(g.kv_cache_spec), "block_size": g.kv_cache_spec.block_size,
          "layers": len(g.layer_names), "is_eagle_group": bool(getattr(g, "is_eagle_group", False)),
          "sliding_window": getattr(g.kv_cache_spec, "sliding_window", None) or 0,
@@ -440,39 +314,6 @@ def _prefill_lookahead(vc, sc):
             "1, or num_speculative_tokens for multi-module MTP (the 0.28-0.30 scheduler's own rule)")
 
 
-GROUPS_SOURCE = ""
-
-
-def _groups(vc, specs, backend):
-    global GROUPS_SOURCE
-    from vllm.v1.core import kv_cache_utils as utils
-
-    try:
-        from vllm.v1.core import kv_cache_planning as planning
-    except ImportError:
-        planning = utils
-    try:
-        from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
-
-        layouts = [[layout.name for layout in get_supported_kv_cache_layouts([backend])]]
-        resolve_kv_cache_layout(vc, layouts, list(specs.values()))
-    except ImportError:
-        pass
-    memory = 40 << 30
-    if hasattr(planning, "get_global_kv_cache_groups"):
-        groups = planning.get_global_kv_cache_groups(vc, [specs])
-        configs = planning.get_kv_cache_configs(vc, [specs], [memory], groups)
-        GROUPS_SOURCE = (f"{planning.__name__}.get_global_kv_cache_groups, get_kv_cache_configs, "
-                         "generate_scheduler_kv_cache_config")
-    else:
-        configs = planning.get_kv_cache_configs(vc, [specs], [memory])
-        GROUPS_SOURCE = f"{planning.__name__}.get_kv_cache_configs, generate_scheduler_kv_cache_config"
-    generate = getattr(planning, "generate_scheduler_kv_cache_config", None) or \
-        utils.generate_scheduler_kv_cache_config
-    sched_config = generate(configs)
-    return list(sched_config.kv_cache_groups), sched_config
-
-
 def _manager(vc, sched_config, S, H, use_eagle, nhl, npl):
     from vllm.v1.core.kv_cache_manager import KVCacheManager
 
@@ -524,9 +365,9 @@ PLATFORM = None
 
 def main():
     global PLATFORM
-    _preimport(OPTIONS.get("preimport", ()))
+    preimport(OPTIONS.get("preimport", ()))
     try:
-        PLATFORM = _install_platform()
+        PLATFORM = install_sm90_platform()
     except Exception as exc:
         _answer({"fatal": f"cannot install the platform stand-in: {type(exc).__name__}: {exc}",
                  "traceback": traceback.format_exc()})
