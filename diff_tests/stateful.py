@@ -595,7 +595,7 @@ def _split(group: _ExceptionGroup) -> tuple[list[Failure], list[_Abort], list[Ba
 
 def _machine_test(machine_class: type[RuleBasedStateMachine], proc: SubjectProcess, max_examples: int, seed: int,
                   steps: int, database: ExampleDatabase | None, phases: list[Phase],
-                  multiple: bool = False) -> Callable[[], None]:
+                  multiple: bool = False, key: bytes | None = None) -> Callable[[], None]:
     """Hypothesis's test of ``machine_class``: ``seed`` draws the same
     programs whichever machine class (checked or not) it drives, up to the
     first failure; ``multiple``: distinct failures are all reported."""
@@ -604,7 +604,7 @@ def _machine_test(machine_class: type[RuleBasedStateMachine], proc: SubjectProce
         verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck), phases=phases,
         report_multiple_bugs=multiple, derandomize=False))
     test._hypothesis_internal_use_seed = seed
-    test.hypothesis.inner_test._hypothesis_internal_add_digest = programs_database_key(proc.subject.label)
+    test.hypothesis.inner_test._hypothesis_internal_add_digest = key or programs_database_key(proc.subject.label)
     return test
 
 

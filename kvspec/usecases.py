@@ -98,8 +98,10 @@ def real_code(subjects: list, *, timeout_s: float = 60.0, say: Say = _print) -> 
 # and follows each request with a later one that looks up (the hit-length
 # differential); "stateful" drives one manager through many requests and
 # checks its state after every operation (diff_tests.stateful).
-DIFFERENTIALS = ("registration", "lookup", "stateful")
-ALL_DIFFERENTIALS = ("lookup", "stateful")  # lookup includes registration
+DIFFERENTIALS = ("registration", "lookup", "stateful", "engine")
+ALL_DIFFERENTIALS = ("lookup", "stateful", "engine")  # lookup includes registration
+# Differentials that drive programs (many requests on one live worker), never split into jobs.
+PROGRAM_DIFFERENTIALS = ("stateful", "engine")
 
 
 @attrs.frozen
@@ -219,7 +221,7 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
     # Built once, before any worker starts: a server that cannot be reached
     # is a setup error now.  Parallel jobs open it again from its location.
     database = example_database(settings.database)
-    in_process = jobs == 1 or "stateful" in settings.differentials
+    in_process = jobs == 1 or any(d in PROGRAM_DIFFERENTIALS for d in settings.differentials)
     launched = {0: _launch(subjects[0])} if subjects and in_process else {}
     current = None
     try:
@@ -238,7 +240,7 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
                 if in_process and index + 1 < len(subjects):
                     launched[index + 1] = _launch(subjects[index + 1])
                 for differential in settings.differentials:
-                    if differential != "stateful" and jobs > 1:
+                    if differential not in PROGRAM_DIFFERENTIALS and jobs > 1:
                         result = fuzz_parallel(subject, jobs, settings.max_examples, settings.seed,
                                                settings.database, lookup=differential == "lookup",
                                                hash_schemes=settings.hash_schemes)
@@ -249,6 +251,8 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
                             proc.ready()
                     elif differential == "stateful":
                         result = _fuzz_stateful_one(proc, subject.label, settings, database, started, say)
+                    elif differential == "engine":
+                        result = _fuzz_engine_one(proc, subject.label, settings, database, started, say)
                     else:
                         result = _fuzz_one(proc, subject.label, settings, database, started, say,
                                            lookup=differential == "lookup")
@@ -284,7 +288,7 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
                                          for other in _other_results(result, differential)]
                     run.subjects.append(entry)
                     on_update(run)
-                    _say_result(entry, say, in_parallel if differential != "stateful" else "")
+                    _say_result(entry, say, in_parallel if differential not in PROGRAM_DIFFERENTIALS else "")
                     if result.stopped is not None:
                         run.stopped, run.stopped_why = result.stopped, result.stopped_why
                         on_update(run)
@@ -320,12 +324,16 @@ def _other_results(result, differential: str) -> list[Any]:
     """The stateful run's other distinct failures, each as the run that found
     it (one finding each; a registration run's others are its jobs', said
     with the first)."""
-    if differential != "stateful":
+    if differential not in PROGRAM_DIFFERENTIALS:
         return []
     return [attrs.evolve(result, failure=other, other_failures=()) for other in result.other_failures]
 
 
 def _complete(proc, result, differential: str, findings_dir: Path, versions: dict[str, str], verify: bool):
+    if differential == "engine":
+        from kvspec.report.engine import complete_engine_finding
+
+        return complete_engine_finding(proc, result, findings_dir, versions)
     if differential == "stateful":
         from kvspec.report.stateful import complete_stateful_finding
 
@@ -336,6 +344,10 @@ def _complete(proc, result, differential: str, findings_dir: Path, versions: dic
 
 
 def _store_raw(result, differential: str, findings_dir: Path, versions: dict[str, str]):
+    if differential == "engine":
+        from kvspec.report.engine import store_raw_engine_finding
+
+        return store_raw_engine_finding(result, findings_dir, versions)
     if differential == "stateful":
         from kvspec.report.stateful import store_raw_stateful_finding
 
@@ -358,7 +370,7 @@ def _say_result(entry: SubjectRun, say: Say, in_parallel: str) -> None:
     if finding is None and result.stopped is None:
         say(f"{label}: {result.verdict} in {result.coverage()} ({result.seconds:.1f} s, "
             f"{rate:.0f} {result.units}/s{in_parallel}){restarts}")
-        if entry.differential == "stateful":
+        if entry.differential in PROGRAM_DIFFERENTIALS:
             say(f"  scope: {result.scope()}")
     elif finding is None:
         say(f"{label}: STOPPED after {result.cases} {result.units}: {result.stopped_why}")
@@ -367,13 +379,17 @@ def _say_result(entry: SubjectRun, say: Say, in_parallel: str) -> None:
         if finding.reach is not None:
             say(f"  who is affected: {finding.reach.summary}")
         say(f"  stored: {entry.finding_path}")
-        if getattr(result, "other_failures", ()) and entry.differential != "stateful":
+        if getattr(result, "other_failures", ()) and entry.differential not in PROGRAM_DIFFERENTIALS:
             say(f"  {len(result.other_failures)} other distinct failure(s) found by other jobs: "
                 + "; ".join(f.case.describe() for f in result.other_failures))
         for other, path in entry.others:
             say(f"  also broken in this run (found within Hypothesis's search after the first; not a complete "
                 f"list): {other.detail}; program: {other.inputs.get('describe')}; stored: {path}")
     # Under which hash schemes and scopes the result holds, and what was not driven.
+    if entry.differential == "engine":
+        if finding is not None:
+            say(f"  {finding.inputs.get('how_a_user_reaches_it')}")
+        return
     if entry.differential == "stateful":
         if finding is not None:
             for known in result.known_excluded:
@@ -408,6 +424,16 @@ def _fuzz_one(proc, label: str, settings: FuzzSettings, database, started: float
     return fuzz_subject(proc, settings.max_examples, settings.seed, database=database, progress=tick,
                         on_first_failure=first, lookup=lookup,
                         hash_schemes=settings.hash_schemes)
+
+
+def _fuzz_engine_one(proc, label: str, settings: FuzzSettings, database, started: float, say: Say):
+    from kvspec.diff_tests.engine import fuzz_engine
+
+    def first(result) -> None:
+        say(f"{label}: first broken invariant through vLLM's Scheduler after {result.programs_to_first_failure} "
+            f"engine programs, {time.perf_counter() - started:.1f} s after kvspec started; shrinking")
+
+    return fuzz_engine(proc, settings.max_examples, settings.seed, database=database, on_first_failure=first)
 
 
 def _fuzz_stateful_one(proc, label: str, settings: FuzzSettings, database, started: float, say: Say):

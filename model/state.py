@@ -28,7 +28,7 @@ from .domain import CoordinatorConfig, GroupKind
 from .finding import Category
 from .lookup import hit_blocks
 
-__all__ = ["Block", "Table", "ManagerState", "Lookup", "Transition", "Invariant", "INVARIANTS",
+__all__ = ["Allocation", "Block", "Table", "ManagerState", "Lookup", "Transition", "Invariant", "INVARIANTS",
            "OUT_OF_SCOPE", "check_transition", "scope_text"]
 
 
@@ -157,6 +157,17 @@ class Transition:
     gone: tuple[str, ...] = ()  # requests freed or preempted by the operation
     reset_succeeded: bool | None = None
     handed_for_zeroing: tuple[int, ...] = ()
+    # Each allocate_slots the operation made (the engine driver observes them):
+    # the groups' last block estimates, and the free blocks before and after.
+    allocations: tuple["Allocation", ...] = ()
+
+
+@attrs.frozen
+class Allocation:
+    request: str
+    estimates: tuple[int | None, ...]  # per group, the last get_num_blocks_to_allocate (None: not asked)
+    free_before: int
+    free_after: int | None  # None: allocate_slots raised
 
 
 @attrs.frozen
@@ -462,6 +473,22 @@ def _zeroing_missed(t: Transition) -> list[str]:
     return out[:3]
 
 
+def _block_estimate(t: Transition) -> list[str]:
+    # allocate_slots refuses when the groups' estimates exceed the free blocks,
+    # then allocates: a group taking more than it estimated turns a refusal
+    # into the pool's "Cannot get N free blocks" (vLLM #46892's mechanism).
+    out = []
+    for a in t.allocations:
+        if a.free_after is None:
+            continue
+        estimated = sum(e for e in a.estimates if e is not None)
+        taken = a.free_before - a.free_after
+        if taken > estimated:
+            out.append(f"allocate_slots for request {a.request} took {taken} free blocks; the groups estimated "
+                       f"{estimated} ({', '.join('-' if e is None else str(e) for e in a.estimates)})")
+    return out[:3]
+
+
 # A step looks requests up before it allocates, so a broken lookup is the
 # earlier event: its rules come first, and a finding names it.
 INVARIANTS: tuple[Invariant, ...] = (
@@ -517,6 +544,9 @@ INVARIANTS: tuple[Invariant, ...] = (
               "step newly places in a full-attention or sliding-window slot, other than a cache hit, is handed "
               "out for zeroing (requests given KV-connector tokens in the step are not checked)",
               _zeroing_missed, exact=False),
+    Invariant("block_estimate", Category.STATE_BLOCK_ESTIMATE,
+              "an allocation takes no more free blocks than the groups' block estimates the scheduler checked "
+              "against the free pool (observed where the engine driver makes the allocations)", _block_estimate),
 )
 
 # What the state model does not decide, said with every verdict that uses it.

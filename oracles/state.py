@@ -9,7 +9,7 @@ from typing import Any
 from kvspec.model.capabilities import Capabilities, expected_regime
 from kvspec.model.finding import Category
 from kvspec.model.program import describe_op
-from kvspec.model.state import Lookup, ManagerState, Transition, check_transition
+from kvspec.model.state import Allocation, Lookup, ManagerState, Transition, check_transition
 
 from .registration import Discrepancy
 
@@ -19,10 +19,12 @@ __all__ = ["StateOracle"]
 class StateOracle:
     """Follows one program: the last state seen, and each answer checked."""
 
-    def __init__(self, program, capabilities: Capabilities, opened: dict[str, Any]):
+    def __init__(self, program, capabilities: Capabilities, opened: dict[str, Any], config=None):
         self.program = program
+        # The geometry: the program's own, or (engine programs) what vLLM's configuration code built.
+        self.config = program.config if config is None else config
         self.capabilities = capabilities
-        self.regime = expected_regime(program.config, capabilities)
+        self.regime = expected_regime(self.config, capabilities)
         self.state = ManagerState.from_dict(opened["state"])
         self.compact: dict[str, Any] = opened["state"]  # the last state as the worker sent it, whole
         self.running: dict[str, int] = {}
@@ -37,9 +39,11 @@ class StateOracle:
                                external=lk.get("external", 0),
                                mapped=None if lk.get("mapped") is None else tuple(lk["mapped"]))
                         for lk in result.get("lookups", ()))
-        gone = tuple(result.get("preempted", ()))
+        gone = tuple(result.get("preempted", ())) + tuple(result.get("freed", ()))
         if op["do"] in ("finish", "preempt"):
             gone += (op["id"],)
+        allocations = tuple(Allocation(a["request"], tuple(a["estimates"]), a["free_before"], a["free_after"])
+                            for a in result.get("allocations", ()))
         sent = answer["state"]
         same = sent.get("same", ())
         if same:  # parts equal to the previous answer's: the answer is made whole for whoever keeps it
@@ -49,9 +53,10 @@ class StateOracle:
         self.compact = sent
         self.running = dict(answer["running"])
         transition = Transition(
-            op=op["do"], request=op.get("id"), before=self.state, after=after, config=self.program.config,
+            op=_OPS.get(op["do"], op["do"]), request=op.get("id"), before=self.state, after=after, config=self.config,
             regime=self.regime, capabilities=self.capabilities, running=self.running, lookups=lookups, gone=gone,
-            reset_succeeded=result.get("reset"), handed_for_zeroing=tuple(answer.get("handed_for_zeroing", ())))
+            reset_succeeded=result.get("reset"), handed_for_zeroing=tuple(answer.get("handed_for_zeroing", ())),
+            allocations=allocations)
         found = check_transition(transition, before_checked=self.state_checked)
         self.state, self.state_checked = after, not found
         return [Discrepancy(invariant.category, None, None,
@@ -69,6 +74,10 @@ class StateOracle:
         where = f" during {describe_op(op)}" if op else ""
         return Discrepancy(Category.SUBJECT_CRASH, None, None,
                            detail=f"vLLM raised{where}: {reply.get('error', 'unknown error')}")
+
+
+# An engine operation in the state model's words (model.program.OPERATIONS).
+_OPS = {"step": "schedule", "abort": "finish"}
 
 
 def _frozen(value: Any) -> tuple[Any, ...]:

@@ -148,6 +148,7 @@ class Driver:
         self.capabilities = introspect()
         self.allocate_params = set(inspect.signature(KVCacheManager.allocate_slots).parameters)
         self.machine = None  # the stateful differential's manager (open_machine)
+        self.engine = None  # the engine differential's real Scheduler (open_engine)
         self.manager_params = set(self.capabilities["manager_keywords"])
         self.request_params = set(self.capabilities["request_keywords"])
 
@@ -993,6 +994,8 @@ def main():
             _send({"ok": True, "fields": mamba_layer_checkpoint_fields()})
         elif request.get("op") in ("open_machine", "machine_ops", "machine_trace"):
             _send(_machine_op(driver, request))
+        elif request.get("op") in ("open_engine", "engine_ops"):
+            _send(_engine_op(driver, request))
         elif request.get("op") == "stats":
             _send({"ok": True, "cases": driver.serial, "managers_built": driver.managers_built,
                    "reuse_managers": driver.reuse_managers})
@@ -1061,6 +1064,67 @@ def _machine_op(driver, request):
         except BaseException as exc:  # a vLLM exception mid-sequence is a finding, reported whole
             return {"ok": False, "phase": "drive", "index": index, "error": f"{type(exc).__name__}: {exc}",
                     "traceback": traceback.format_exc(), "answers": answers}
+    return {"ok": True, "answers": answers}
+
+
+def raised_in(exc):
+    """Whose code raised ``exc``: "vllm" when, walking out from the innermost
+    frame, the first frame in either vLLM's package or kvspec's own files is
+    vLLM's; "kvspec" otherwise (frames of other libraries are passed over: a
+    torch error raised under vLLM's call is vLLM's)."""
+    import vllm
+
+    roots = {"vllm": os.path.dirname(os.path.abspath(vllm.__file__)) + os.sep,
+             "kvspec": os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep}
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append(os.path.abspath(tb.tb_frame.f_code.co_filename))
+        tb = tb.tb_next
+    for filename in reversed(frames):
+        for owner, root in roots.items():
+            if filename.startswith(root):
+                return owner
+    return "kvspec"
+
+
+def _engine_op(driver, request):
+    """The engine differential: a real Scheduler built (``open_engine``), then
+    operations applied in order, each answered with what the step observed and
+    the manager's state after it.  An exception raised in vLLM's frames stops
+    the batch and is reported whole (a finding); one raised in kvspec's own
+    frames is kvspec's error, never vLLM's."""
+    from kvspec.subjects.vllm_side.engine import EngineMachine, Unsupported as EngineUnsupported
+
+    if request["op"] == "open_engine":
+        driver.engine = None
+        try:
+            driver.engine = EngineMachine(request["setup"])
+        except (Unsupported, EngineUnsupported) as exc:
+            return {"ok": False, "unsupported": True, "error": str(exc)}
+        except ImportError as exc:
+            return {"ok": False, "environment": True, "error": f"{type(exc).__name__}: {exc}"}
+        except BaseException as exc:  # vLLM's configuration code refused the setup
+            return {"ok": False, "phase": "construct", "error": f"{type(exc).__name__}: {exc}",
+                    "raised_in": raised_in(exc), "traceback": traceback.format_exc()}
+        engine = driver.engine
+        return {"ok": True, "derived": engine.derived, "state": engine.reader.snapshot()}
+    if getattr(driver, "engine", None) is None:
+        return {"ok": False, "kvspec_error": "no engine is open (the worker was restarted, or none was built)"}
+    answers = []
+    for index, op in enumerate(request["ops"]):
+        try:
+            answers.append(driver.engine.apply(op))
+        except BaseException as exc:
+            origin = raised_in(exc)
+            reply = {"ok": False, "index": index, "error": f"{type(exc).__name__}: {exc}",
+                     "traceback": traceback.format_exc(), "answers": answers, "raised_in": origin}
+            if origin == "vllm":
+                reply["phase"] = "drive"
+                reply["allocations"] = driver.engine.allocations
+            else:
+                reply["kvspec_error"] = f"{type(exc).__name__}: {exc}"
+            return reply
     return {"ok": True, "answers": answers}
 
 

@@ -1,6 +1,7 @@
 """``kvspec check``: the main job -- proofs, the subject's own code
 symbolically, then every differential against one vLLM (registration with
-later-request lookups, then the stateful differential).
+later-request lookups, the stateful differential, then the engine differential:
+vLLM's real Scheduler built from engine flags with the release's defaults).
 
 On a fresh machine it checks the newest supported release; in a vLLM
 checkout's CI, ``kvspec check --vllm-src . --out kvspec-results`` checks the
@@ -77,7 +78,8 @@ def run(args: argparse.Namespace) -> Outcome:
     proof_outcome = worst([proved.outcome, *(v.outcome for v in verdicts)])
 
     print(f"\n== 2/2  kvspec fuzz: every differential against {label} (provisioned on first use): "
-          "registration with later-request lookups, then stateful", flush=True)
+          "registration with later-request lookups, then stateful, then the engine (vLLM's real Scheduler with the "
+          "release's defaults)", flush=True)
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     print(f"kvspec fuzz: seed {seed} (rerun with --seed {seed})", flush=True)
     settings = usecases.FuzzSettings(max_examples=args.max_examples, seed=seed, database=args.database,
@@ -101,7 +103,7 @@ def run(args: argparse.Namespace) -> Outcome:
         print(f"results: {out / 'prove.json'}, {out / 'fuzz.json'}, {out / 'report.md'}")
     if overall is Outcome.OK:
         print("VERDICT: OK -- every theorem as expected, the real code verified symbolically, no discrepancy "
-              "in any differential against real vLLM (registration, lookup, stateful; scopes above)")
+              "in any differential against real vLLM (registration, lookup, stateful, engine; scopes above)")
     else:
         print(f"VERDICT: {WORDS[overall]}")
     return overall
@@ -120,7 +122,7 @@ def _report(proved, verdicts, fuzz_run, overall: Outcome, label: str) -> str:
     for verdict in verdicts:
         lines.append(f"- the registration code of {label}, symbolically: {verdict.status.value} "
                      f"({verdict.detail})")
-    lines += [f"- differential fuzzing against {label} (registration with lookups, then stateful): "
+    lines += [f"- differential fuzzing against {label} (registration with lookups, stateful, engine): "
               f"{WORDS[fuzz_run.outcome]}", "",
               render_markdown(fuzz_run)]
     return "\n".join(lines).rstrip("\n") + "\n"

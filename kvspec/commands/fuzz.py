@@ -53,8 +53,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="the stateful differential alone: one manager driven through many requests "
                             "(shared prefixes, chunks, drafts, preemption, resets, evictions, a small pool), "
                             "its state checked after every operation; --max-examples counts programs")
+    which.add_argument("--engine", action="store_true",
+                       help="the engine differential alone: vLLM's real Scheduler, built by the release's own "
+                            "configuration code from drawn engine flags (defaults included), driven by engine "
+                            "inputs, the manager's state checked after every schedule() and output; "
+                            "--max-examples counts programs")
     which.add_argument("--all", action="store_true", dest="all_differentials",
-                       help="every differential: registration with lookups, then stateful")
+                       help="every differential: registration with lookups, then stateful, then engine")
 
 
 def run(args: argparse.Namespace) -> Outcome:
@@ -67,6 +72,8 @@ def run(args: argparse.Namespace) -> Outcome:
         differentials = ALL_DIFFERENTIALS
     elif args.stateful:
         differentials = ("stateful",)
+    elif args.engine:
+        differentials = ("engine",)
     else:
         differentials = ("lookup",) if args.lookup else ("registration",)
     return fuzz_and_write(named, args, markdown=args.markdown, verify_test=not args.no_verify_test,

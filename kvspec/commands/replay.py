@@ -42,8 +42,10 @@ def _recorded_subject(finding):
 
 
 def run(args: argparse.Namespace) -> Outcome:
+    from kvspec.diff_tests.engine import replay_engine_program
     from kvspec.diff_tests.stateful import replay_program
     from kvspec.model.case import Case
+    from kvspec.model.engine import EngineProgram
     from kvspec.model.program import Program
     from kvspec.oracles.lookup import check_case
     from kvspec.report.stored import load_findings
@@ -57,7 +59,9 @@ def run(args: argparse.Namespace) -> Outcome:
     inputs = []
     for finding in findings:
         try:
-            if "program" in finding.inputs:  # a stateful finding
+            if "engine_program" in finding.inputs:  # an engine finding
+                inputs.append(EngineProgram.from_dict(finding.inputs["engine_program"]))
+            elif "program" in finding.inputs:  # a stateful finding
                 inputs.append(Program.from_dict(finding.inputs["program"]))
             else:
                 inputs.append(Case.from_dict(finding.inputs))
@@ -68,7 +72,9 @@ def run(args: argparse.Namespace) -> Outcome:
     for finding, subject_input in zip(findings, inputs):
         for subject in named or [_recorded_subject(finding)]:
             with SubjectProcess(subject) as proc:
-                if isinstance(subject_input, Program):
+                if isinstance(subject_input, EngineProgram):
+                    found, _ = replay_engine_program(proc, subject_input)
+                elif isinstance(subject_input, Program):
                     found, _ = replay_program(proc, subject_input)
                 else:
                     found = check_case(subject_input, proc.capabilities, proc.run(case_message(subject_input)))
@@ -90,4 +96,6 @@ def run(args: argparse.Namespace) -> Outcome:
 
 
 def _rule(finding) -> str:
+    if "engine_program" in finding.inputs:
+        return "the state invariants through vLLM's Scheduler"
     return "the state invariants" if finding.category.is_state or "program" in finding.inputs else "the spec"

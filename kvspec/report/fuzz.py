@@ -85,6 +85,12 @@ def render_markdown(run) -> str:
         if label not in covered:
             lines.append(f"| {_md(public_label(label))} | | | not run | | | | |")
     lines.append("")
+    # What a program differential's verdict covers and leaves out, said in every format.
+    for s in run.subjects:
+        if s.differential in ("stateful", "engine"):
+            lines += [f"<details><summary>what the {s.differential} differential on "
+                      f"{_md(public_label(s.result.subject['label']))} covered and did not</summary>", "",
+                      _md(public_label(s.result.scope())), "", "</details>", ""]
     for f in findings:
         lines.append(render_finding_markdown(f, heading="###", lead=False))
     return "\n".join(lines).rstrip("\n") + "\n"

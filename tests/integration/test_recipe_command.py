@@ -41,10 +41,10 @@ def test_the_recipe_command_on_a_checkout(which, tmp_path):
     fuzz = json.loads((results / "fuzz.json").read_text())
     prove = json.loads((results / "prove.json").read_text())
     assert prove["summary"]["unexpected"] == 0
-    # kvspec check runs both differentials: the lookup one (registration
-    # and lookup, in two jobs) and the stateful one.
+    # kvspec check runs every differential: the lookup one (registration
+    # and lookup, in two jobs), the stateful one and the engine one.
     runs = {s["differential"]: s for s in fuzz["subjects"]}
-    assert sorted(runs) == ["lookup", "stateful"] and len(fuzz["subjects"]) == 2
+    assert sorted(runs) == ["engine", "lookup", "stateful"] and len(fuzz["subjects"]) == 3
     subject = runs["lookup"]
     assert subject["jobs"] == 2
     if which == "release":
@@ -55,6 +55,10 @@ def test_the_recipe_command_on_a_checkout(which, tmp_path):
         # 0.33.0 carries known connector bugs: the stateful draw kept them out and says so.
         assert runs["stateful"]["verdict"].startswith("no invariant broken")
         assert {k["name"] for k in runs["stateful"]["known_excluded"]} >= {"connector_mamba_lookahead_free_blocks_crash"}
+        # The engine ran vLLM's real Scheduler with the release's defaults among its draws.
+        assert runs["engine"]["verdict"] == "no invariant broken through vLLM's scheduler"
+        assert "0" in runs["engine"]["engine_settings"]["retention_interval"]
+        assert "AsyncScheduler" in runs["engine"]["engine_settings"]["scheduler_class"]
     else:
         assert run.returncode == Outcome.FINDING.exit_code, run.stdout[-3000:] + run.stderr[-3000:]
         assert report.startswith("# kvspec check: FINDING")

@@ -1,0 +1,401 @@
+"""The engine differential: vLLM's real ``Scheduler``, built by the release's
+own configuration code from drawn engine flags, driven by engine inputs
+(requests added with shared prefixes and resends, engine steps, aborts,
+cache resets), the manager's state after every operation held to
+``model.state``'s invariants (``oracles.state``) and the scheduler--manager
+seam held to its own contracts: ``schedule()`` never raises on a
+configuration the engine accepted, and an allocation takes no more free
+blocks than the groups estimated.
+
+Where the stateful differential (``diff_tests/stateful.py``) drives the
+manager as kvspec's replica of the scheduler would, this one drives it as the
+engine does, defaults included (the retention interval, async scheduling,
+the admission gate, chunked prefill): a finding here is reachable through
+vLLM's scheduler with the engine settings it names.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any, Callable
+
+import attrs
+from hypothesis import Phase, reject, strategies as st
+from hypothesis.database import ExampleDatabase
+from hypothesis.errors import Flaky
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
+from kvspec.model.engine import (MODELLED_STEPS, TOY_MODELS, EngineProgram, EngineSetup, derived_config,
+                                 describe_engine_op)
+from kvspec.model.errors import InfrastructureError, KvspecError, SetupError
+from kvspec.model.finding import Category
+from kvspec.model.outcome import Outcome
+from kvspec.model.state import scope_text
+from kvspec.oracles.registration import Discrepancy
+from kvspec.oracles.state import StateOracle
+from kvspec.subjects.process import SubjectProcess
+
+from .fuzz import _Abort, interrupt_behind
+from .property import Failure
+from .seeding import fixed_constant_pool
+from .stateful import StatefulResult, StateViolation, _ExceptionGroup, _machine_test, _split, _violation
+
+__all__ = ["EngineResult", "fuzz_engine", "replay_engine_program", "engine_setups", "engine_draw_scope",
+           "engine_database_key"]
+
+STEPS_PER_PROGRAM = 40
+MAX_IN_FLIGHT = 6
+FAMILIES = 3
+DRAIN_STEPS = 64  # the teardown's steps to finish every request
+
+
+def engine_draw_scope() -> str:
+    models = ", ".join(f"{m.name} ({m.family})" for m in TOY_MODELS)
+    return (f"engine programs on {models}; vLLM's own configuration code builds each (the release's defaults for "
+            f"every flag not drawn: the retention interval, async scheduling, chunked prefill, the admission gate "
+            f"are drawn half the time and otherwise left to the release); prompts of up to 3 blocks of shared "
+            f"prefix from {FAMILIES} families plus a suffix, resends, at most {MAX_IN_FLIGHT} requests in flight, "
+            f"1-8 output tokens each, engine steps, aborts, cache resets; a pool from about one to two longest "
+            f"requests (--num-gpu-blocks-override); no speculative decoding, no KV connector, no structured output "
+            f"(not drawn yet); at most {STEPS_PER_PROGRAM} rules a program. Modelled: " + "; ".join(MODELLED_STEPS))
+
+
+@attrs.define
+class EngineResult(StatefulResult):
+    """A stateful result whose programs ran through the engine; ``settings``
+    counts the engine settings vLLM reported it ran (a scope in words)."""
+
+    settings: dict[str, dict[str, int]] = attrs.Factory(dict)
+    differential = "engine"
+
+    def note_settings(self, derived: dict[str, Any]) -> None:
+        for key in ("scheduler_class", "retention_interval", "async_scheduling", "reserve_full_isl",
+                    "chunked_prefill", "partial_hash_hits"):
+            value = str(derived.get(key))
+            self.settings.setdefault(key, {})
+            self.settings[key][value] = self.settings[key].get(value, 0) + 1
+        layout = "+".join(f"{g['kind']}[{g['block_size']}]" for g in derived["groups"])
+        self.settings.setdefault("groups", {})
+        self.settings["groups"][layout] = self.settings["groups"].get(layout, 0) + 1
+
+    def settings_text(self) -> str:
+        parts = []
+        for key, counts in sorted(self.settings.items()):
+            parts.append(f"{key}: " + ", ".join(f"{v} x{n}" for v, n in sorted(counts.items())))
+        return "; ".join(parts) or "no engine was built"
+
+    def scope(self) -> str:
+        parts = [engine_draw_scope(), "engine settings vLLM built and ran (programs each): " + self.settings_text(),
+                 scope_text()]
+        if self.tally.refused:
+            reasons = "; ".join(f"{n} x {why}" for why, n in sorted(self.tally.refusals.items()))
+            parts.append(f"{self.tally.refused} engine setups not driven (vLLM's configuration code refused them, "
+                         f"or this release cannot express them): {reasons}")
+        return ". ".join(parts)
+
+    @property
+    def verdict(self) -> str:
+        if self.failure is None and self.stopped is None and self.tally.operations and not self.scope_reduction:
+            return "no invariant broken through vLLM's scheduler"
+        return super().verdict
+
+    def as_dict(self) -> dict[str, Any]:
+        out = super().as_dict()
+        out["differential"] = "engine"
+        out["engine_settings"] = self.settings
+        return out
+
+
+_MODEL = st.sampled_from([m.name for m in TOY_MODELS])
+_MAYBE_BOOL = st.sampled_from((None, None, True, False))
+
+
+@st.composite
+def engine_setups(draw) -> EngineSetup:
+    """Engine flags over a toy model: each setting left to the release's
+    default half the time (so defaults are what is drawn most)."""
+    model = draw(_MODEL)
+    toy = next(m for m in TOY_MODELS if m.name == model)
+    block = draw(st.sampled_from((None, 16, 32))) if toy.attention_block else None
+    max_model_len = 256 if toy.attention_block else 512
+    unit = block or (16 if toy.attention_block else 64)
+    # Blocks one longest request needs, every layer's group counted (a safe upper estimate).
+    need = len(toy.layers) * -(-max_model_len // unit) + 2
+    if toy.hybrid:  # the release chooses the block (16 to 64 across releases): a middle estimate
+        need = len(toy.layers) * -(-max_model_len // 32) + 2
+    return EngineSetup(
+        model=model, num_gpu_blocks=draw(st.integers(need, 2 * need)), max_model_len=max_model_len,
+        max_num_batched_tokens=draw(st.sampled_from((None, 64, 128, 256))),
+        max_num_seqs=draw(st.sampled_from((None, 4))), block_size=block,
+        prefix_caching=draw(st.sampled_from((None, None, None, False))) if not toy.hybrid else None,
+        retention_interval=draw(st.sampled_from((None, None, None, 0, 64))) if toy.hybrid or "sliding" in
+        "".join(toy.layers) else None,
+        async_scheduling=draw(_MAYBE_BOOL), reserve_full_isl=draw(_MAYBE_BOOL))
+
+
+def _prompt(family: int, shared: int, suffix: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [family * 1000 + i for i in range(shared)] + [500 + rng.randrange(400) for _ in range(suffix)]
+
+
+def engine_database_key(subject_label: str) -> bytes:
+    return f"{subject_label}|engine".encode()
+
+
+def engine_machine(proc: SubjectProcess, on_program: Callable[..., None],
+                   on_violation: Callable[[Failure], None]) -> type[RuleBasedStateMachine]:
+
+    class EngineStateMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.program: EngineProgram | None = None
+            self.ops: list[dict[str, Any]] = []
+            self.oracle: StateOracle | None = None
+            self.live: list[str] = []  # requests added and not yet finished or aborted
+            self.prompts: list[list[int]] = []
+            self.serial = 0
+            self.block = 16
+            self.failed = False
+            self.last_reset = 0
+            self.lookups = self.hits = self.preemptions = self.resets = 0
+            self.derived: dict[str, Any] = {}
+
+        @initialize(setup=engine_setups())
+        def open(self, setup: EngineSetup) -> None:
+            try:
+                opened = proc.session({"op": "open_engine", "setup": setup.message()})
+            except KvspecError as error:
+                raise _Abort(error) from error
+            self.program = EngineProgram(setup)
+            if opened.get("environment"):
+                raise _Abort(SetupError(f"{proc.subject.label}: the vLLM runtime cannot import what the engine "
+                                        f"needs ({opened.get('error')})"))
+            if opened.get("unsupported"):
+                # A flag this release does not take: a setup it cannot express, counted and said.
+                on_program(self, refused=f"not expressible on this release: {opened.get('error')}")
+                reject()
+            if not opened.get("ok"):
+                if opened.get("raised_in") == "kvspec":
+                    raise _Abort(InfrastructureError(f"kvspec's engine driver failed building {setup.describe()}: "
+                                                     f"{opened.get('error')} (a kvspec bug)"))
+                # vLLM's configuration code refused the flags: not an engine it runs.
+                on_program(self, refused=opened.get("error", "refused"))
+                reject()
+            self.derived = opened["derived"]
+            try:
+                config = derived_config(self.derived)
+            except KvspecError as error:
+                raise _Abort(InfrastructureError(f"kvspec cannot model what the engine built: {error}")) from error
+            self.block = config.scheduler_block_size
+            self.oracle = StateOracle(self.program, proc.capabilities, opened, config=config)
+            on_program(self)
+
+        def _fail(self, found: list[Discrepancy], reply: dict[str, Any]) -> None:
+            self.failed = True
+            failure = Failure(self.taken(), tuple(found), reply)
+            on_violation(failure)
+            raise _violation(failure)
+
+        def taken(self) -> EngineProgram:
+            assert self.program is not None
+            return self.program.with_ops(self.ops)
+
+        def _apply(self, *ops: dict[str, Any]) -> None:
+            assert self.program is not None and self.oracle is not None
+            try:
+                reply = proc.session({"op": "engine_ops", "ops": list(ops)})
+            except KvspecError as error:
+                raise _Abort(error) from error
+            if reply.get("kvspec_error"):
+                raise _Abort(InfrastructureError(f"kvspec's engine driver failed on "
+                                                 f"{describe_engine_op(ops[reply.get('index', 0)])}: "
+                                                 f"{reply['kvspec_error']} (a kvspec bug, not vLLM's)"))
+            for op, answer in zip(ops, reply.get("answers", ())):
+                self.ops.append(op)
+                found = check_answer(self.oracle, op, answer)
+                if found:
+                    self._fail(found, answer)
+                self.live = [r for r in self.live if r in answer["running"] or r in answer["waiting"]]
+                for part in (answer.get("scheduled"), answer):
+                    result = (part or {}).get("result", {})
+                    self.lookups += len(result.get("lookups", ()))
+                    self.hits += sum(lk["hit"] > 0 for lk in result.get("lookups", ()))
+                    self.preemptions += len(result.get("preempted", ()))
+                    self.resets += bool(result.get("reset"))
+            if not reply.get("ok"):  # vLLM raised on the operation after the last answer
+                failed = reply.get("index", len(reply.get("answers", ())))
+                self.ops.append(ops[failed])
+                self._fail([_crash(ops[failed], reply)], reply)
+
+        def _arrive(self, tokens: list[int], max_tokens: int) -> None:
+            name = f"r{self.serial}"
+            self.serial += 1
+            self.prompts.append(tokens)
+            self.live.append(name)
+            self._apply({"do": "arrive", "id": name, "tokens": tokens, "max_tokens": max_tokens})
+
+        @precondition(lambda self: len(self.live) < MAX_IN_FLIGHT)
+        @rule(family=st.integers(0, FAMILIES - 1), shared_blocks=st.integers(0, 3), extra=st.integers(0, 15),
+              suffix=st.integers(0, 48), seed=st.integers(0, 2**16), max_tokens=st.integers(1, 8))
+        def arrive(self, family: int, shared_blocks: int, extra: int, suffix: int, seed: int, max_tokens: int) -> None:
+            tokens = _prompt(family, shared_blocks * self.block + extra, suffix, seed)
+            self._arrive(tokens or [family * 1000], max_tokens)
+
+        @precondition(lambda self: self.prompts and len(self.live) < MAX_IN_FLIGHT)
+        @rule(which=st.integers(0, 2**16), max_tokens=st.integers(1, 8))
+        def resend(self, which: int, max_tokens: int) -> None:
+            self._arrive(list(self.prompts[which % len(self.prompts)]), max_tokens)
+
+        @rule(steps=st.integers(1, 4))
+        def step(self, steps: int) -> None:
+            self._apply(*({"do": "step"} for _ in range(steps)))
+
+        @precondition(lambda self: self.live)
+        @rule(which=st.integers(0, 2**16))
+        def abort(self, which: int) -> None:
+            self._apply({"do": "abort", "id": self.live[which % len(self.live)]})
+
+        @precondition(lambda self: self.program is not None and len(self.ops) - self.last_reset >= 8)
+        @rule()
+        def reset(self) -> None:
+            self.last_reset = len(self.ops)
+            self._apply({"do": "reset"})
+
+        def teardown(self) -> None:
+            # Every request runs to its end, so a leak shows as blocks not free.
+            if self.program is None or self.oracle is None or self.failed:
+                return
+            for _ in range(DRAIN_STEPS // 8):
+                if not self.live:
+                    break
+                self._apply(*({"do": "step"} for _ in range(8)))
+            self._apply({"do": "step"}, {"do": "step"})  # an async batch queue drains
+
+    return EngineStateMachine
+
+
+def check_answer(oracle: StateOracle, op: dict[str, Any], answer: dict[str, Any]) -> list[Discrepancy]:
+    """An engine step is two transitions, each checked: its ``schedule()``
+    (lookups, allocations, zeroing) and the processing of an output."""
+    scheduled = answer.get("scheduled")
+    if scheduled is not None:
+        found = oracle.check(op, scheduled)
+        if found:
+            return found
+        return oracle.check({**op, "do": "update"}, answer)
+    return oracle.check(op, answer)
+
+
+def _crash(op: dict[str, Any], reply: dict[str, Any]) -> Discrepancy:
+    error = reply.get("error", "unknown error")
+    return Discrepancy(Category.SUBJECT_CRASH, None, None,
+                       detail=f"vLLM raised during {describe_engine_op(op)} through the real Scheduler: {error}")
+
+
+def fuzz_engine(proc: SubjectProcess, max_examples: int, seed: int, database: ExampleDatabase | None = None,
+                steps: int = STEPS_PER_PROGRAM, stop_at_first: bool = False,
+                on_first_failure: Callable[[EngineResult], None] | None = None) -> EngineResult:
+    """Drive ``max_examples`` engine programs through one live subject."""
+    result = EngineResult(subject=proc.describe(), capabilities=proc.capabilities, seed=seed,
+                          scope_reduction=proc.scope_reduction)
+    failures: list[Failure] = []
+    restarts_before = len(proc.restarts)
+    start = time.perf_counter()
+
+    def on_program(machine, refused: str | None = None) -> None:
+        if refused is not None:
+            result.tally.refused += 1
+            why = refused.split("\n")[0][:160]
+            result.tally.refusals[why] = result.tally.refusals.get(why, 0) + 1
+            return
+        result.tally.programs += 1
+        result.note_settings(machine.derived)
+
+    def on_violation(failure: Failure) -> None:
+        failures.append(failure)
+        if result.programs_to_first_failure is None:
+            result.programs_to_first_failure = result.tally.programs
+            result.seconds_to_first_failure = time.perf_counter() - start
+            if on_first_failure is not None:
+                on_first_failure(result)
+
+    machine_class = engine_machine(proc, on_program, on_violation)
+
+    class Counted(machine_class):  # type: ignore[valid-type, misc]
+        def teardown(self) -> None:
+            try:
+                super().teardown()
+            finally:
+                t = result.tally
+                t.operations += len(self.ops)
+                t.schedules += sum(op["do"] == "step" for op in self.ops)
+                t.lookups += self.lookups
+                t.nonzero_hits += self.hits
+                t.preemptions += self.preemptions
+                t.resets += self.resets
+
+    phases = [Phase.explicit, Phase.reuse, Phase.generate]
+    if not stop_at_first:
+        phases.append(Phase.shrink)
+    test = _machine_test(Counted, proc, max_examples, seed, steps, database, phases, multiple=Phase.shrink in phases,
+                         key=engine_database_key(proc.subject.label))
+    try:
+        with fixed_constant_pool():
+            test()
+    except StateViolation:
+        result.failure = failures[-1]
+    except Flaky:
+        result.failure = attrs.evolve(failures[-1], flaky=True) if failures else None
+    except _Abort as abort:
+        result.stopped, result.stopped_why = abort.error.outcome, str(abort.error)
+        result.failure = failures[-1] if failures else None
+    except KeyboardInterrupt:
+        result.stopped, result.stopped_why = Outcome.INTERRUPTED, "interrupted"
+        result.failure = failures[-1] if failures else None
+    except _ExceptionGroup as group:
+        found, aborts, other = _split(group)
+        if any(interrupt_behind(e) for e in other):
+            result.stopped, result.stopped_why = Outcome.INTERRUPTED, "interrupted"
+            other = [e for e in other if not interrupt_behind(e)]
+        if other or not (found or aborts or result.stopped):
+            raise
+        if aborts:
+            result.stopped, result.stopped_why = aborts[0].error.outcome, str(aborts[0].error)
+        if found:
+            result.failure, result.other_failures = found[0], tuple(found[1:])
+        elif failures:
+            result.failure = failures[-1]
+    except Exception as error:
+        if not interrupt_behind(error):
+            raise
+        result.stopped, result.stopped_why = Outcome.INTERRUPTED, "interrupted"
+        result.failure = failures[-1] if failures else None
+    result.seconds = time.perf_counter() - start
+    result.restarts = tuple(proc.restarts[restarts_before:])
+    return result
+
+
+def replay_engine_program(proc: SubjectProcess, program: EngineProgram) -> tuple[list[Discrepancy], dict[str, Any]]:
+    """Run a recorded engine program on ``proc``, checking every operation:
+    the discrepancies of the first that has any (none: it passes here)."""
+    opened = proc.session({"op": "open_engine", "setup": program.setup.message()})
+    if not opened.get("ok"):
+        if opened.get("environment"):
+            raise SetupError(f"the vLLM runtime cannot import what the engine needs ({opened.get('error')})")
+        if opened.get("unsupported") or opened.get("raised_in") == "kvspec":
+            raise InfrastructureError(f"this subject cannot build the engine: {opened.get('error')}")
+        return [StateOracle.refused(opened)], opened
+    oracle = StateOracle(program, proc.capabilities, opened, config=derived_config(opened["derived"]))
+    reply = proc.session({"op": "engine_ops", "ops": [dict(op) for op in program.ops]})
+    for op, answer in zip(program.ops, reply.get("answers", ())):
+        found = check_answer(oracle, op, answer)
+        if found:
+            return found, answer
+    if not reply.get("ok"):
+        if reply.get("kvspec_error"):
+            raise InfrastructureError(f"the engine program cannot run on this subject: {reply['kvspec_error']}")
+        index = reply.get("index")
+        op = program.ops[index] if index is not None and index < len(program.ops) else None
+        return [_crash(op, reply)] if op else [StateOracle.crash(None, reply)], reply
+    return [], reply

@@ -1,0 +1,240 @@
+"""Engine subjects: a vLLM engine configuration, and the programs driven through it.
+
+A subject configuration here is what a user gives vLLM's engine -- a model's
+``config.json`` fields and ``EngineArgs`` flags -- never a ``KVCacheConfig``
+built by hand: everything below it (``VllmConfig``, the KV-cache groups and
+block sizes, the pool, the hash scheme, the retention interval) is built by
+the release's own code, its defaults included, in the subject's runtime
+(``subjects/vllm_side/engine.py``).  A flag left ``None`` is not passed, so
+the release's default is what runs, and what it was is read back and said.
+
+The models are toys (a few small layers, a small vocabulary) so pools are
+small and programs shrink; they are reached through the same configuration
+code as a real checkpoint.  Two steps are modelled, and every verdict says
+so: the layer layout (which layer is attention, sliding window or Mamba,
+read from the fields here) and the GPU platform (an SM90 stand-in).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from .case import MAX_STEPS, MAX_TOKENS, InvalidCase
+from .domain import CoordinatorConfig, GroupKind, HashScheme, KVCacheGroup
+
+__all__ = ["ToyModel", "TOY_MODELS", "toy_model", "EngineSetup", "EngineProgram", "ENGINE_OPERATIONS",
+           "describe_engine_op", "derived_config", "MODELLED_STEPS"]
+
+ENGINE_OPERATIONS = ("arrive", "step", "abort", "reset")
+
+# What the engine driver does not take from vLLM's code, said with every verdict.
+MODELLED_STEPS = (
+    "the layer layout (which layer is attention, sliding window or Mamba) is read from the toy model's "
+    "config fields by kvspec; a server builds it from the model class",
+    "the GPU platform is vLLM's CudaPlatformBase reporting SM90 with FlashAttention (a CPU reports no GPU)",
+    "the forward pass: each step's sampled tokens (one, plus the drafts accepted) and drafts are drawn",
+)
+
+
+@attrs.frozen
+class ToyModel:
+    """A small model of a real family: its config.json and its layer layout."""
+
+    name: str
+    family: str
+    hf_config: dict[str, Any] = attrs.field(eq=False, repr=False)
+    layers: tuple[str, ...]  # "full", "sliding:W", "mamba" per KV-cache layer
+    mixer: str | None = None  # the Mamba layer class family ("mamba2", "gdn"), if any
+    attention_block: bool = True  # whether --block-size is the user's to choose (attention-only models)
+
+    @property
+    def hybrid(self) -> bool:
+        return "mamba" in self.layers
+
+    def as_setup_part(self) -> dict[str, Any]:
+        return {"hf_config": self.hf_config, "layers": list(self.layers), "mixer": self.mixer}
+
+
+def _llama() -> ToyModel:
+    config = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, vocab_size=1000,
+                  max_position_embeddings=4096, torch_dtype="bfloat16")
+    return ToyModel("toy-llama", "Llama (full attention)", config, ("full", "full"))
+
+
+def _gpt_oss() -> ToyModel:
+    config = dict(architectures=["GptOssForCausalLM"], model_type="gpt_oss", hidden_size=64, num_hidden_layers=2,
+                  layer_types=["sliding_attention", "full_attention"], num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=16, sliding_window=32, num_local_experts=4, num_experts_per_tok=2, experts_per_token=2,
+                  intermediate_size=64, vocab_size=1000, max_position_embeddings=4096, rope_theta=150000,
+                  torch_dtype="bfloat16", tie_word_embeddings=False, attention_bias=True, swiglu_limit=7.0,
+                  rms_norm_eps=1e-5, initial_context_length=4096)
+    return ToyModel("toy-gpt-oss", "gpt-oss (sliding window + full attention)", config, ("sliding:32", "full"))
+
+
+def _nemotron_h() -> ToyModel:
+    config = dict(architectures=["NemotronHForCausalLM"], model_type="nemotron_h", hidden_size=64,
+                  num_hidden_layers=4, hybrid_override_pattern="M*M-", num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=16, intermediate_size=128, vocab_size=1000, max_position_embeddings=4096,
+                  mamba_num_heads=4, mamba_head_dim=8, ssm_state_size=8, n_groups=1, conv_kernel=4, expand=1,
+                  chunk_size=16, torch_dtype="bfloat16", mamba_hidden_act="silu", mlp_hidden_act="relu2",
+                  layer_norm_epsilon=1e-5)
+    # "M*M-": Mamba, attention, Mamba, MLP (the MLP layer holds no KV cache).
+    return ToyModel("toy-nemotron-h", "Nemotron-H (Mamba2 hybrid)", config, ("mamba", "full", "mamba"),
+                    mixer="mamba2", attention_block=False)
+
+
+TOY_MODELS: tuple[ToyModel, ...] = (_llama(), _gpt_oss(), _nemotron_h())
+
+
+def toy_model(name: str) -> ToyModel:
+    for model in TOY_MODELS:
+        if model.name == name:
+            return model
+    raise InvalidCase(f"no toy model {name!r}; known: {', '.join(m.name for m in TOY_MODELS)}")
+
+
+def _optional_count(low: int, high: int):
+    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise InvalidCase(f"{attribute.name} must be a whole number from {low} to {high}, got {value!r}")
+    return check
+
+
+def _optional_bool(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise InvalidCase(f"{attribute.name} must be true, false or unset, got {value!r}")
+
+
+@attrs.frozen
+class EngineSetup:
+    """``EngineArgs`` flags over a toy model; ``None`` leaves the release's default."""
+
+    model: str = attrs.field(validator=lambda i, a, v: toy_model(v))
+    num_gpu_blocks: int = attrs.field(validator=_optional_count(2, 1 << 16))  # --num-gpu-blocks-override
+    max_model_len: int = attrs.field(default=256, validator=_optional_count(16, 1 << 16))
+    max_num_batched_tokens: int | None = attrs.field(default=None, validator=_optional_count(1, 1 << 16))
+    max_num_seqs: int | None = attrs.field(default=None, validator=_optional_count(1, 256))
+    block_size: int | None = attrs.field(default=None, validator=_optional_count(1, 1 << 12))
+    prefix_caching: bool | None = attrs.field(default=None, validator=_optional_bool)
+    retention_interval: int | None = attrs.field(default=None, validator=_optional_count(0, 1 << 16))
+    async_scheduling: bool | None = attrs.field(default=None, validator=_optional_bool)
+    reserve_full_isl: bool | None = attrs.field(default=None, validator=_optional_bool)
+
+    @property
+    def toy(self) -> ToyModel:
+        return toy_model(self.model)
+
+    def engine_args(self) -> dict[str, Any]:
+        """The flags given, in ``EngineArgs`` keywords (unset ones left out)."""
+        names = {"num_gpu_blocks": "num_gpu_blocks_override", "max_model_len": "max_model_len",
+                 "max_num_batched_tokens": "max_num_batched_tokens", "max_num_seqs": "max_num_seqs",
+                 "block_size": "block_size", "prefix_caching": "enable_prefix_caching",
+                 "retention_interval": "prefix_cache_retention_interval", "async_scheduling": "async_scheduling",
+                 "reserve_full_isl": "scheduler_reserve_full_isl"}
+        return {flag: getattr(self, field) for field, flag in names.items() if getattr(self, field) is not None}
+
+    def message(self) -> dict[str, Any]:
+        """The worker's ``open_engine`` setup."""
+        return {**self.toy.as_setup_part(), "engine_args": self.engine_args()}
+
+    def cli_flags(self) -> str:
+        """The setup as ``vllm serve`` flags (what a user types)."""
+        flags = []
+        for flag, value in self.engine_args().items():
+            name = "--" + flag.replace("_", "-")
+            if isinstance(value, bool):
+                flags.append(name if value else "--no-" + flag.replace("_", "-"))
+            else:
+                flags.append(f"{name} {value}")
+        return " ".join(flags)
+
+    def describe(self) -> str:
+        flags = self.cli_flags()
+        return f"{self.model}{(' ' + flags) if flags else ''} (other flags: the release's defaults)"
+
+    def as_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "EngineSetup":
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise InvalidCase(f"not an engine setup ({exc})") from None
+
+
+def _engine_ops(value: Any) -> tuple[dict[str, Any], ...]:
+    ops = tuple(dict(op) for op in value)
+    if len(ops) > MAX_STEPS:
+        raise InvalidCase(f"a program runs at most {MAX_STEPS} operations, got {len(ops)}")
+    for op in ops:
+        if op.get("do") not in ENGINE_OPERATIONS:
+            raise InvalidCase(f"unknown engine operation {op.get('do')!r}; known: {', '.join(ENGINE_OPERATIONS)}")
+        tokens = op.get("tokens", [])
+        if not isinstance(tokens, list) or len(tokens) > MAX_TOKENS or not all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in tokens):
+            raise InvalidCase(f"an operation's tokens must be a list of at most {MAX_TOKENS} token ids")
+        for key in ("max_tokens", "drafts", "accepted"):
+            if key in op and (isinstance(op[key], bool) or not isinstance(op[key], int)
+                              or not 0 <= op[key] <= MAX_TOKENS):
+                raise InvalidCase(f"an operation's {key} must be a whole number from 0 to {MAX_TOKENS}")
+        if "id" in op and not (isinstance(op["id"], str) and op["id"].isidentifier()):
+            raise InvalidCase(f"a request id must be a plain name, got {op['id']!r}")
+    return ops
+
+
+@attrs.frozen
+class EngineProgram:
+    """An engine setup and the engine inputs given to it, in order."""
+
+    setup: EngineSetup = attrs.field(validator=attrs.validators.instance_of(EngineSetup))
+    ops: tuple[dict[str, Any], ...] = attrs.field(default=(), converter=_engine_ops)
+
+    def with_ops(self, ops) -> "EngineProgram":
+        return attrs.evolve(self, ops=tuple(ops))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"engine": self.setup.as_dict(), "ops": [dict(op) for op in self.ops]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "EngineProgram":
+        try:
+            return cls(EngineSetup.from_dict(dict(data["engine"])), data["ops"])
+        except (TypeError, KeyError, AttributeError) as exc:
+            raise InvalidCase(f"not a kvspec engine program ({type(exc).__name__}: {exc})") from None
+
+    def describe(self) -> str:
+        return f"{self.setup.describe()} ops=[{'; '.join(describe_engine_op(op) for op in self.ops)}]"
+
+
+def describe_engine_op(op: dict[str, Any]) -> str:
+    kind = op["do"]
+    if kind == "arrive":
+        return f"add_request {op['id']} ({len(op['tokens'])} prompt tokens, max_tokens {op.get('max_tokens', 16)})"
+    if kind == "step":
+        extra = f", {op['drafts']} drafts, {op.get('accepted', 0)} accepted" if op.get("drafts") else ""
+        return f"engine step{extra}"
+    if kind == "abort":
+        return f"abort {op['id']}"
+    return "reset_prefix_cache"
+
+
+def derived_config(derived: dict[str, Any]) -> CoordinatorConfig:
+    """The coordinator geometry vLLM's configuration code built (the worker's
+    ``open_engine`` answer), in kvspec's terms, for the state invariants."""
+    groups = []
+    for g in derived["groups"]:
+        kind = g["kind"]
+        if kind not in {k.value for k in GroupKind}:
+            raise InvalidCase(f"the engine built a {kind} group, which kvspec's state model does not know")
+        groups.append(KVCacheGroup(GroupKind(kind), g["block_size"], eagle=g["eagle"],
+                                   sliding_window=g.get("sliding_window") or 0))
+    scheme = HashScheme.LOOKAHEAD if derived.get("num_hash_lookahead_tokens") else HashScheme.LEGACY
+    return CoordinatorConfig(tuple(groups), scheduler_block_size=derived["scheduler_block_size"],
+                             hash_block_size=derived["hash_block_size"], enable_caching=derived["enable_caching"],
+                             num_prefill_lookahead=derived.get("num_prefill_lookahead", 0), hash_scheme=scheme)

@@ -1,0 +1,424 @@
+"""vLLM's engine, as far as the KV-cache manager sees it: a real ``Scheduler``
+built by the release's own configuration code and driven as ``EngineCore``
+drives it, the model's forward pass replaced by drawn outputs.
+
+Built (in ``EngineCore.__init__``'s order, every step vLLM's code unless said):
+``EngineArgs(...).create_engine_config()`` on a directory holding only a
+small ``config.json`` (the release's defaults for everything not given:
+retention interval, async scheduling, chunked prefill, the admission gate);
+the platform's ``update_block_size_for_backend`` (the platform is the SM90
+stand-in, modelled: ``platform.PLATFORM_NOTE``); each layer's own
+``get_kv_cache_spec`` on attribute-only layers (the layer layout is read from
+the config fields by kvspec, modelled); the release's KV-cache planning with
+``num_gpu_blocks_override`` choosing the pool; the engine's post-planning
+(``num_gpu_blocks``, ``block_size``, ``resolve_kv_cache_block_sizes``, the
+hash block on the config); ``StructuredOutputManager``; the scheduler class
+the config names (``AsyncScheduler`` under async scheduling); the request
+block hasher ``EngineCore`` makes.
+
+Driven: ``add_request`` of a ``Request`` with that hasher; a step is
+``EngineCore.step`` (``schedule()``, ``update_from_output()``, then draft
+tokens) or, under async scheduling, ``step_with_batch_queue`` (a batch queue
+of ``max_concurrent_batches``; a step's output is processed only when the
+queue is full or nothing more is scheduled); ``finish_requests`` (abort);
+``reset_prefix_cache``.  The model runner's part (sampled tokens, partial
+prefills sampling nothing, drafts accepted) comes from the operation.
+
+Observed, never judged here: every ``get_computed_blocks`` the scheduler
+makes (its hit and blocks, the pool before and after), the blocks
+``take_new_block_ids`` hands out for zeroing, each group's block estimate
+against the blocks it then takes, and the manager's state after each
+operation (``state_reader``).  The rules are kvspec's (``model.state``).
+"""
+
+import inspect
+import json
+import os
+import tempfile
+
+from .planning import Unsupported, attention_spec, mamba_spec, mixer_class, scheduler_groups
+from .platform import install_sm90_platform, preimport
+from .state_reader import StateReader
+
+__all__ = ["EngineMachine", "build_engine", "PREIMPORT", "Unsupported"]
+
+PREIMPORT = (
+    "vllm.model_executor.models.llama", "vllm.model_executor.models.llama_eagle3",
+    "vllm.model_executor.models.nemotron_h", "vllm.model_executor.models.falcon_h1",
+    "vllm.model_executor.models.gpt_oss", "vllm.model_executor.models.gemma3",
+    "vllm.model_executor.models.qwen3_next", "vllm.model_executor.models.qwen3_next_mtp",
+    "vllm.model_executor.layers.mamba.mamba_mixer2",
+    "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn",
+    "vllm.model_executor.layers.attention.attention",
+)
+
+_PLATFORM = None
+
+
+def _platform():
+    global _PLATFORM
+    if _PLATFORM is None:
+        # vLLM imports this compiled module on the CUDA path; nothing the
+        # scheduler runs needs it (as in the deployment probe).
+        import sys
+        import types
+
+        sys.modules.setdefault("vllm._C_stable_libtorch", types.ModuleType("vllm._C_stable_libtorch"))
+        preimport(PREIMPORT)
+        _PLATFORM = install_sm90_platform()
+    return _PLATFORM
+
+
+def _write_config(folder, config):
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w") as handle:
+        json.dump(config, handle)
+    return folder
+
+
+def _engine_args(setup, target_dir, draft_dir):
+    from vllm.engine.arg_utils import EngineArgs
+
+    kwargs = dict(setup["engine_args"])
+    kwargs.update(model=target_dir, skip_tokenizer_init=True)
+    spec = kwargs.get("speculative_config")
+    if spec is not None:
+        spec = dict(spec)
+        if draft_dir is not None:
+            spec["model"] = draft_dir
+        kwargs["speculative_config"] = spec
+    accepted = set(inspect.signature(EngineArgs.__init__).parameters)
+    dropped = sorted(k for k in kwargs if k not in accepted)
+    if dropped:
+        raise Unsupported(f"EngineArgs of this release takes no {', '.join(dropped)}")
+    return EngineArgs(**kwargs)
+
+
+def _kind(spec):
+    name = type(spec).__name__
+    if "Mamba" in name:
+        return "mamba_" + str(getattr(spec, "mamba_cache_mode", "align"))
+    if "SlidingWindow" in name:
+        return "sliding_window"
+    if "FullAttention" in name or "MLAAttention" in name:
+        return "full_attention"
+    return name
+
+
+def build_engine(setup):
+    """The real scheduler for one engine setup, and what vLLM derived for it
+    (the groups, block sizes, hash scheme and the settings in force)."""
+    import vllm
+    from vllm.v1.core import kv_cache_utils as utils
+
+    platform, backend = _platform()
+    with tempfile.TemporaryDirectory(prefix="kvspec-engine-") as tmp:
+        target_dir = _write_config(os.path.join(tmp, "target"), setup["hf_config"])
+        drafter = setup.get("drafter")
+        draft_dir = None
+        if drafter and drafter.get("hf_config"):
+            draft_dir = _write_config(os.path.join(tmp, "draft"), drafter["hf_config"])
+        vc = _engine_args(setup, target_dir, draft_dir).create_engine_config()
+    mc, cc, pc = vc.model_config, vc.cache_config, vc.parallel_config
+    if hasattr(platform, "update_block_size_for_backend"):
+        platform.update_block_size_for_backend(vc)
+    num_kv_heads, head_size = mc.get_num_kv_heads(pc), mc.get_head_size()
+    specs = {}
+    layers = setup["layers"]
+    if any(k == "mamba" for k in layers):
+        model_cls, _ = mc.registry.resolve_model_cls(mc.architectures, mc)
+        mixer = mixer_class(setup["mixer"])
+    for index, kind in enumerate(layers):
+        if kind == "mamba":
+            specs[f"model.layers.{index}.mixer"] = mamba_spec(vc, model_cls, mixer)
+        elif kind == "full":
+            specs[f"model.layers.{index}.self_attn.attn"] = attention_spec(vc, backend, num_kv_heads, head_size)
+        else:  # "sliding:W"
+            window = int(kind.split(":")[1])
+            specs[f"model.layers.{index}.self_attn.attn"] = attention_spec(
+                vc, backend, num_kv_heads, head_size, sliding_window=window)
+    if drafter:
+        for j in range(drafter.get("draft_layers", 1)):
+            specs[f"drafter.layers.{j}.self_attn.attn"] = attention_spec(
+                vc, backend, num_kv_heads, head_size, draft=True)
+    _, config = scheduler_groups(vc, specs, backend)
+    # EngineCore._initialize_kv_caches, after planning.
+    cc.num_gpu_blocks = config.num_blocks
+    groups = config.kv_cache_groups
+    if groups:
+        cacheable = [g.kv_cache_spec.block_size for g in groups if getattr(g.kv_cache_spec, "prefix_cacheable", True)]
+        cc.block_size = min(cacheable or [g.kv_cache_spec.block_size for g in groups])
+    if hasattr(vc, "validate_block_size"):
+        vc.validate_block_size()
+    S, H = utils.resolve_kv_cache_block_sizes(config, vc)
+    if hasattr(config, "hash_block_size"):
+        config.hash_block_size = H
+    resolve_alignment = getattr(utils, "resolve_cache_hit_alignment_tokens", None)
+    if resolve_alignment is not None and hasattr(config, "cache_hit_alignment_tokens"):
+        config.cache_hit_alignment_tokens = resolve_alignment(config, vc, S, H)
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    scheduler_cls = vc.scheduler_config.get_scheduler_cls()
+    wanted = dict(vllm_config=vc, kv_cache_config=config, structured_output_manager=StructuredOutputManager(vc),
+                  include_finished_set=False, log_stats=False, block_size=S, hash_block_size=H)
+    # AsyncScheduler takes *args, **kwargs: the keywords are the first named ones in its MRO.
+    named = next(c.__init__ for c in scheduler_cls.__mro__
+                 if "vllm_config" in inspect.signature(c.__init__).parameters)
+    accepted = set(inspect.signature(named).parameters)
+    scheduler = scheduler_cls(**{k: v for k, v in wanted.items() if k in accepted})
+    hasher = None
+    if cc.enable_prefix_caching:
+        from vllm.utils.hashing import get_hash_fn_by_name
+
+        hash_fn = get_hash_fn_by_name(cc.prefix_caching_hash_algo)
+        utils.init_none_hash(hash_fn)
+        extra = (vc.num_hash_lookahead_tokens,) if getattr(vc, "num_hash_lookahead_tokens", 0) else ()
+        hasher = utils.get_request_block_hasher(H, hash_fn, *extra)
+    manager = scheduler.kv_cache_manager
+    coordinator = manager.coordinator
+    sc = vc.speculative_config
+    derived = {
+        "vllm_version": vllm.__version__,
+        "scheduler_class": type(scheduler).__name__,
+        "groups": [{"kind": _kind(g.kv_cache_spec), "block_size": g.kv_cache_spec.block_size,
+                    "eagle": bool(getattr(g, "is_eagle_group", False)),
+                    "sliding_window": getattr(g.kv_cache_spec, "sliding_window", None) or 0,
+                    "layers": len(g.layer_names)}
+                   for g in groups],
+        "scheduler_block_size": S, "hash_block_size": H,
+        "num_blocks": config.num_blocks,
+        "enable_caching": bool(cc.enable_prefix_caching),
+        "partial_hash_hits": bool(getattr(coordinator, "enable_partial_hash_hits", False)),
+        "num_prefill_lookahead": getattr(vc, "num_prefill_lookahead_tokens", 0) or 0,
+        "num_hash_lookahead_tokens": getattr(vc, "num_hash_lookahead_tokens", 0) or 0,
+        "retention_interval": getattr(config, "prefix_cache_retention_interval", None),
+        "async_scheduling": bool(vc.scheduler_config.async_scheduling),
+        "max_concurrent_batches": int(getattr(vc, "max_concurrent_batches", 1) or 1),
+        "chunked_prefill": bool(vc.scheduler_config.enable_chunked_prefill),
+        "max_num_batched_tokens": vc.scheduler_config.max_num_batched_tokens,
+        "max_num_seqs": vc.scheduler_config.max_num_seqs,
+        "reserve_full_isl": bool(getattr(vc.scheduler_config, "scheduler_reserve_full_isl", False)),
+        "max_model_len": mc.max_model_len,
+        "speculative_method": getattr(sc, "method", None),
+        "num_speculative_tokens": getattr(sc, "num_speculative_tokens", 0) or 0,
+        "use_eagle_block_drop": bool(getattr(scheduler, "use_eagle_block_drop", False)),
+        "mamba_cache_mode": getattr(cc, "mamba_cache_mode", None),
+    }
+    return scheduler, hasher, derived
+
+
+class EngineMachine:
+    """One engine: requests added, steps taken, requests aborted, the cache
+    reset; after every operation the state and what the step observed."""
+
+    def __init__(self, setup):
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.request import Request, RequestStatus
+
+        self.setup = setup
+        self.scheduler, self.hasher, self.derived = build_engine(setup)
+        self.manager = self.scheduler.kv_cache_manager
+        self.reader = StateReader(self.manager)
+        self.Request, self.RequestStatus, self.SamplingParams = Request, RequestStatus, SamplingParams
+        self.request_params = set(inspect.signature(Request.__init__).parameters)
+        self.async_queue = [] if self.derived["async_scheduling"] else None
+        self.queue_size = max(1, self.derived["max_concurrent_batches"])
+        self.token = 100_000
+        self.lookups = []
+        self.scheduled = None
+        self.handed = []
+        self.allocations = []
+        self._observe()
+
+    # -- observation points: instance-level wrappers, forwarding everything ----
+    def _observe(self):
+        manager, reader = self.manager, self.reader
+        lookup, take = manager.get_computed_blocks, getattr(manager, "take_new_block_ids", None)
+
+        def get_computed_blocks(request, *args, **kwargs):
+            before = reader.digest()
+            mapped = reader.mapped(request) if len(reader.groups) == 1 and self.derived["enable_caching"] else None
+            found = lookup(request, *args, **kwargs)
+            blocks, hit = found[0], found[1]
+            entry = {"request": request.request_id, "hit": hit, "num_tokens": request.num_tokens,
+                     "group_blocks": [[b.block_id for b in g] for g in getattr(blocks, "blocks", ())],
+                     "before": before, "after": reader.digest()}
+            if mapped is not None:
+                entry["mapped"] = mapped
+            self.lookups.append(entry)
+            return found
+
+        manager.get_computed_blocks = get_computed_blocks
+        if take is not None:
+            def take_new_block_ids(*args, **kwargs):
+                out = take(*args, **kwargs)
+                self.handed.extend(out or ())
+                return out
+
+            manager.take_new_block_ids = take_new_block_ids
+        allocate, pool, groups = manager.allocate_slots, manager.block_pool, reader.groups
+
+        def allocate_slots(request, *args, **kwargs):
+            # Each group's last estimate (the admission gate asks first for the
+            # whole prompt, then for this allocation) against the free blocks
+            # the allocation then takes: the seam's own contract.
+            estimates = [None] * len(groups)
+            for index, g in enumerate(groups):
+                original = g.get_num_blocks_to_allocate
+
+                def recorded(*a, _original=original, _index=index, **k):
+                    n = _original(*a, **k)
+                    estimates[_index] = n
+                    return n
+
+                g.get_num_blocks_to_allocate = recorded
+            entry = {"request": request.request_id, "estimates": estimates, "free_before": pool.get_num_free_blocks(),
+                     "free_after": None}
+            self.allocations.append(entry)
+            try:
+                out = allocate(request, *args, **kwargs)
+            finally:
+                for g in groups:
+                    del g.get_num_blocks_to_allocate
+            entry["allocated"] = out is not None
+            entry["free_after"] = pool.get_num_free_blocks()
+            return out
+
+        manager.allocate_slots = allocate_slots
+
+    # -- operations -------------------------------------------------------------
+    def _arrive(self, op):
+        wanted = {
+            "request_id": op["id"], "prompt_token_ids": list(op["tokens"]),
+            "sampling_params": self.SamplingParams(max_tokens=op.get("max_tokens", 16), ignore_eos=True),
+            "pooling_params": None, "block_hasher": self.hasher, "eos_token_id": None, "arrival_time": 0.0,
+        }
+        request = self.Request(**{k: v for k, v in wanted.items() if k in self.request_params})
+        self.scheduler.add_request(request)
+        return {}
+
+    def _outputs(self, scheduler_output, accepted):
+        """What the model runner returns for a step: one sampled token per
+        request whose step completes its prompt or decodes, plus the drafts
+        accepted; nothing for a partial prefill."""
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        req_ids, sampled = [], []
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        for req_id in scheduler_output.num_scheduled_tokens:
+            request = self.scheduler.requests.get(req_id)
+            req_ids.append(req_id)
+            if request is None or getattr(request, "is_prefill_chunk", False):
+                sampled.append([])
+                continue
+            drafts = len(spec.get(req_id, ()))
+            sampled.append([self._next() for _ in range(min(accepted, drafts) + 1)])
+        wanted = {"req_ids": req_ids, "req_id_to_index": {r: i for i, r in enumerate(req_ids)},
+                  "sampled_token_ids": sampled}
+        fields = set(inspect.signature(ModelRunnerOutput).parameters)
+        return ModelRunnerOutput(**{k: v for k, v in wanted.items() if k in fields})
+
+    def _next(self):
+        self.token += 1
+        return self.token
+
+    def _process(self, scheduler_output, accepted):
+        outputs = self.scheduler.update_from_output(scheduler_output, self._outputs(scheduler_output, accepted))
+        finished = set()
+        for engine_outputs in (outputs or {}).values():
+            for out in getattr(engine_outputs, "outputs", ()):
+                if getattr(out, "finish_reason", None) is not None:
+                    finished.add(out.request_id)
+        return finished
+
+    def _drafts(self, scheduler_output, drafts):
+        """EngineCore.post_step: the drafter's proposals for the next step
+        (synchronous scheduling; async scheduling's drafts stay in the worker)."""
+        if not drafts or not self.derived["num_speculative_tokens"]:
+            return
+        from vllm.v1.outputs import DraftTokenIds
+
+        k = min(drafts, self.derived["num_speculative_tokens"])
+        ids = [r for r in scheduler_output.num_scheduled_tokens if r in self.scheduler.requests]
+        self.scheduler.update_draft_token_ids(DraftTokenIds(ids, [[7] * k for _ in ids]))
+
+    def _schedule(self, result):
+        """``schedule()``, then the state it leaves: the step's lookups,
+        allocations and zeroing belong to it, checked before the outputs are
+        processed (an output can free what the schedule placed)."""
+        running_before = {r.request_id for r in self.scheduler.running}
+        so = self.scheduler.schedule()
+        result["scheduled"] = dict(so.num_scheduled_tokens)
+        result["preempted"] = sorted(getattr(so, "preempted_req_ids", None) or ())
+        self.scheduled = self._answer({"scheduled": dict(so.num_scheduled_tokens), "preempted": result["preempted"]},
+                                      running_before)
+        self.lookups, self.handed, self.allocations = [], [], []
+        return so
+
+    def _step(self, op):
+        accepted, drafts = op.get("accepted", 0), op.get("drafts", 0)
+        scheduler = self.scheduler
+        result = {"scheduled": {}, "preempted": [], "finished": []}
+        if self.async_queue is None:
+            if not scheduler.has_requests():
+                return result
+            so = self._schedule(result)
+            result["finished"] = sorted(self._process(so, accepted))
+            if so.total_num_scheduled_tokens > 0:
+                self._drafts(so, drafts)
+            return result
+        # EngineCore.step_with_batch_queue
+        queue = self.async_queue
+        if scheduler.has_requests():
+            so = self._schedule(result)
+            executed = so.total_num_scheduled_tokens > 0
+            queue.insert(0, so)
+            if len(queue) < self.queue_size and (executed or scheduler.has_requests()):
+                return result
+        elif not queue:
+            return result
+        so = queue.pop()
+        result["finished"] = sorted(self._process(so, accepted))
+        return result
+
+    def _abort(self, op):
+        aborted = self.scheduler.finish_requests(op["id"], self.RequestStatus.FINISHED_ABORTED)
+        return {"finished": [r.request_id for r in (aborted or ())]}
+
+    def _reset(self, op):
+        return {"reset": bool(self.scheduler.reset_prefix_cache())}
+
+    def _answer(self, result, running_before):
+        running = {r.request_id: r.num_computed_tokens for r in self.scheduler.running}
+        result["lookups"] = self.lookups
+        result["allocations"] = self.allocations
+        # Requests that left the running set (finished, aborted, preempted): no table may stay.
+        result["freed"] = sorted(running_before - set(running))
+        waiting = [r.request_id for r in self.scheduler.requests.values() if r.request_id not in running]
+        return {"result": result, "handed_for_zeroing": list(self.handed), "running": running,
+                "waiting": sorted(waiting), "state": self.reader.snapshot(delta=True)}
+
+    def apply(self, op):
+        """One operation's answer; a step's carries ``scheduled``, the answer
+        for its ``schedule()`` alone, read before its outputs were processed."""
+        self.lookups, self.handed, self.allocations = [], [], []
+        self.scheduled = None
+        kind = op["do"]
+        running_before = {r.request_id for r in self.scheduler.running}
+        if kind == "arrive":
+            result = self._arrive(op)
+        elif kind == "step":
+            result = self._step(op)
+        elif kind == "abort":
+            result = self._abort(op)
+        elif kind == "reset":
+            result = self._reset(op)
+        else:
+            raise ValueError(f"unknown engine operation {kind!r}")
+        if self.scheduled is not None:
+            running_before = set(self.scheduled["running"])
+        answer = self._answer({k: v for k, v in result.items() if k not in ("scheduled", "preempted")},
+                              running_before)
+        if self.scheduled is not None:
+            answer["scheduled"] = self.scheduled
+        return answer

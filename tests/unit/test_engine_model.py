@@ -1,0 +1,68 @@
+"""Engine setups and programs (model/engine.py) and the seam's block-estimate
+invariant, without vLLM."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvspec.model.case import InvalidCase
+from kvspec.model.domain import CoordinatorConfig, GroupKind, HashScheme, KVCacheGroup
+from kvspec.model.engine import EngineProgram, EngineSetup, derived_config
+from kvspec.model.state import INVARIANTS, Allocation, ManagerState, Transition
+from kvspec.model.capabilities import Capabilities, expected_regime
+
+
+def test_unset_flags_are_left_to_the_release():
+    setup = EngineSetup(model="toy-llama", num_gpu_blocks=30)
+    assert setup.engine_args() == {"num_gpu_blocks_override": 30, "max_model_len": 256}
+    assert "prefix_cache_retention_interval" not in setup.engine_args()
+    flags = EngineSetup(model="toy-llama", num_gpu_blocks=30, retention_interval=0, async_scheduling=False)
+    assert flags.cli_flags() == ("--num-gpu-blocks-override 30 --max-model-len 256 --prefix-cache-retention-interval 0 "
+                                 "--no-async-scheduling")
+
+
+@pytest.mark.parametrize("bad", [dict(model="no-such-model", num_gpu_blocks=10),
+                                 dict(model="toy-llama", num_gpu_blocks=0),
+                                 dict(model="toy-llama", num_gpu_blocks=10, async_scheduling="yes")])
+def test_a_bad_setup_is_an_input_error(bad):
+    with pytest.raises(InvalidCase):
+        EngineSetup(**bad)
+
+
+def test_a_program_round_trips_and_refuses_unknown_operations():
+    program = EngineProgram(EngineSetup(model="toy-nemotron-h", num_gpu_blocks=40),
+                            ({"do": "arrive", "id": "r0", "tokens": [1, 2, 3], "max_tokens": 2}, {"do": "step"}))
+    assert EngineProgram.from_dict(program.as_dict()) == program
+    assert "add_request r0 (3 prompt tokens" in program.describe()
+    with pytest.raises(InvalidCase):
+        program.with_ops([{"do": "explode"}])
+    with pytest.raises(InvalidCase):
+        EngineProgram.from_dict({"ops": []})
+
+
+def test_the_derived_geometry_is_kvspecs_config():
+    derived = {"groups": [{"kind": "mamba_align", "block_size": 64, "eagle": False},
+                          {"kind": "full_attention", "block_size": 64, "eagle": False}],
+               "scheduler_block_size": 64, "hash_block_size": 64, "enable_caching": True,
+               "num_hash_lookahead_tokens": 0}
+    config = derived_config(derived)
+    assert config.groups[0].kind is GroupKind.MAMBA_ALIGN and config.hash_scheme is HashScheme.LEGACY
+    with pytest.raises(InvalidCase):
+        derived_config({**derived, "groups": [{"kind": "mla_sparse", "block_size": 64, "eagle": False}]})
+
+
+def _transition(allocations):
+    config = CoordinatorConfig((KVCacheGroup(GroupKind.FULL_ATTENTION, 4),), 4, 4)
+    state = ManagerState(null_block=0, num_free=3, free_queue=(1, 2, 3), blocks=(), hash_map=(), tables=())
+    return Transition(op="schedule", request=None, before=state, after=state, config=config,
+                      regime=expected_regime(config, Capabilities()), capabilities=Capabilities(), running={},
+                      allocations=tuple(allocations))
+
+
+def test_block_estimate_flags_an_allocation_that_took_more_than_estimated():
+    rule = next(i for i in INVARIANTS if i.name == "block_estimate")
+    assert rule.check(_transition([Allocation("r0", (1, 1), 10, 8)])) == []
+    assert rule.check(_transition([Allocation("r0", (1, None), 10, 9)])) == []
+    assert rule.check(_transition([Allocation("r0", (1, 1), 10, None)])) == []  # raised: the crash is the finding
+    broken = rule.check(_transition([Allocation("r0", (1, 0), 10, 8)]))
+    assert broken and "took 2 free blocks; the groups estimated 1" in broken[0]
