@@ -295,8 +295,11 @@ def _crash(op: dict[str, Any], reply: dict[str, Any]) -> Discrepancy:
 
 def fuzz_engine(proc: SubjectProcess, max_examples: int, seed: int, database: ExampleDatabase | None = None,
                 steps: int = STEPS_PER_PROGRAM, stop_at_first: bool = False,
-                on_first_failure: Callable[[EngineResult], None] | None = None) -> EngineResult:
-    """Drive ``max_examples`` engine programs through one live subject."""
+                on_first_failure: Callable[[EngineResult], None] | None = None,
+                keep_programs: list[EngineProgram] | None = None) -> EngineResult:
+    """Drive ``max_examples`` engine programs through one live subject;
+    ``keep_programs``, when given, receives every program run (the benchmark
+    replays them)."""
     result = EngineResult(subject=proc.describe(), capabilities=proc.capabilities, seed=seed,
                           scope_reduction=proc.scope_reduction)
     failures: list[Failure] = []
@@ -327,6 +330,8 @@ def fuzz_engine(proc: SubjectProcess, max_examples: int, seed: int, database: Ex
             try:
                 super().teardown()
             finally:
+                if keep_programs is not None and self.program is not None:
+                    keep_programs.append(self.taken())
                 t = result.tally
                 t.operations += len(self.ops)
                 t.schedules += sum(op["do"] == "step" for op in self.ops)

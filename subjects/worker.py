@@ -1114,7 +1114,7 @@ def _engine_op(driver, request):
     answers = []
     for index, op in enumerate(request["ops"]):
         try:
-            answers.append(driver.engine.apply(op))
+            answers.append(driver.engine.apply(op, request.get("observe", True)))
         except BaseException as exc:
             origin = raised_in(exc)
             reply = {"ok": False, "index": index, "error": f"{type(exc).__name__}: {exc}",

@@ -225,6 +225,7 @@ class EngineMachine:
         self.queue_size = max(1, self.derived["max_concurrent_batches"])
         self.token = 100_000
         self.lookups = []
+        self.observe = True
         self.scheduled = None
         self.handed = []
         self.allocations = []
@@ -390,6 +391,8 @@ class EngineMachine:
 
     def _answer(self, result, running_before):
         running = {r.request_id: r.num_computed_tokens for r in self.scheduler.running}
+        if not self.observe:  # the benchmark's unchecked baseline: nothing read
+            return {"result": {}, "running": running, "waiting": [], "state": None}
         result["lookups"] = self.lookups
         result["allocations"] = self.allocations
         # Requests that left the running set (finished, aborted, preempted): no table may stay.
@@ -398,9 +401,11 @@ class EngineMachine:
         return {"result": result, "handed_for_zeroing": list(self.handed), "running": running,
                 "waiting": sorted(waiting), "state": self.reader.snapshot(delta=True)}
 
-    def apply(self, op):
+    def apply(self, op, observe=True):
         """One operation's answer; a step's carries ``scheduled``, the answer
-        for its ``schedule()`` alone, read before its outputs were processed."""
+        for its ``schedule()`` alone, read before its outputs were processed.
+        ``observe`` off (the benchmark's unchecked baseline only): no state read."""
+        self.observe = observe
         self.lookups, self.handed, self.allocations = [], [], []
         self.scheduled = None
         kind = op["do"]
