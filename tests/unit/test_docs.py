@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -77,3 +78,25 @@ def test_a_result_file_must_match_its_command(tmp_path, monkeypatch):
         assert "--seed 7" in str(e)
     else:
         raise AssertionError("a result made with other settings than its command was rendered")
+
+
+def _slug(heading: str) -> str:
+    """The anchor Python-Markdown's table of contents gives a heading."""
+    text = re.sub(r"[^\w\s-]", "", heading).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def test_the_front_page_links_resolve():
+    """README.md sits outside the site: its links into the manual are checked here."""
+    text = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert links
+    for link in links:
+        if link.startswith(("http://", "https://")):
+            continue
+        path, _, anchor = link.partition("#")
+        target = ROOT / path if path else ROOT / "README.md"
+        assert target.exists(), link
+        if anchor:
+            headings = re.findall(r"^#+ (.+)$", target.read_text(), flags=re.M)
+            assert anchor in {_slug(h) for h in headings}, link
