@@ -33,8 +33,6 @@ RESULTS = {
                 "--json docs/results/mutants-0.34.0.json"),
 }
 
-GENERATED = ("This page is generated from kvspec's code when the manual is built "
-             "(`docs/generate.py`); edit the code, not the page.")
 
 
 def _cell(text: Any) -> str:
@@ -49,7 +47,8 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
 
 
 def _page(title: str, source: str, *parts: str) -> str:
-    return "\n\n".join([f"# {title}", f"{GENERATED} Source: {source}.", *parts]) + "\n"
+    generated = f"This page is generated from {source} when the manual is built (`docs/generate.py`)."
+    return "\n\n".join([f"# {title}", generated, *parts]) + "\n"
 
 
 # -- the command line ---------------------------------------------------------------
@@ -68,9 +67,8 @@ def cli() -> str:
         for action in parser._actions:  # argparse keeps no public list of a parser's arguments
             if isinstance(action, (ap._HelpAction, ap._SubParsersAction)):
                 continue
-            name = ", ".join(f"`{o}`" for o in action.option_strings) or f"`{action.metavar or action.dest}`"
-            if action.option_strings and action.nargs != 0:
-                name += f" `{action.metavar or action.dest.upper()}`"
+            value = f" {action.metavar or action.dest.upper()}" if action.option_strings and action.nargs != 0 else ""
+            name = ", ".join(f"`{o}{value}`" for o in action.option_strings) or f"`{action.metavar or action.dest}`"
             default = action.default
             shown = "" if default in (None, False, ap.SUPPRESS) or action.nargs == 0 else f"`{default}`"
             if action.choices:
@@ -251,7 +249,8 @@ def _settings_agree(command: str, recorded: dict[str, Any]) -> None:
 
 def history() -> str:
     name, command, data = _result("history")
-    parts = ["Generated from the committed result of:", f"```\n{command}\n```"]
+    parts = ["The table on this page is rendered from the committed result of this command, run from the "
+             "repository's root:", f"```\n{command}\n```"]
     if data is None:
         parts.append(_missing(name, command))
     else:
@@ -269,7 +268,8 @@ def history() -> str:
 
 def kill_matrix() -> str:
     name, command, data = _result("mutants")
-    parts = ["Generated from the committed result of:", f"```\n{command}\n```"]
+    parts = ["The table on this page is rendered from the committed result of this command, run from the "
+             "repository's root:", f"```\n{command}\n```"]
     if data is None:
         parts.append(_missing(name, command))
     else:

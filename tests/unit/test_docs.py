@@ -100,3 +100,23 @@ def test_the_front_page_links_resolve():
         if anchor:
             headings = re.findall(r"^#+ (.+)$", target.read_text(), flags=re.M)
             assert anchor in {_slug(h) for h in headings}, link
+
+
+def test_a_committed_history_is_rendered_with_its_command(tmp_path, monkeypatch):
+    import json
+
+    from kvspec.model.capabilities import Capabilities
+
+    generate = _generator()
+    name, command = generate.RESULTS["history"]
+    monkeypatch.setattr(generate, "RESULTS_DIR", tmp_path)
+    assert "Not measured yet" in generate.history()
+    row = {"version": "0.34.0", "status": "conforms", "cases": 10, "rule": "r",
+           "capabilities": Capabilities().as_dict(), "failure": None, "lookup": {"cases": 7, "failure": None},
+           "stateful": {"examples": 3, "operations": 40, "failure": None}, "symbolic": {"status": "VERIFIED"}}
+    (tmp_path / name).write_text(json.dumps(
+        {"schema": "kvspec.history/1", "status": "INCOMPLETE", "seed": 0, "max_examples": 300,
+         "planned": ["0.23.0", "0.34.0"], "releases": [row]}))
+    page = generate.history()
+    assert command in page and "Status: INCOMPLETE, 1 of 2 releases" in page
+    assert "| 0.34.0 |" in page and "VERIFIED" in page
