@@ -48,7 +48,7 @@ def positive_seconds(text: str) -> float:
 
 def add_budget_arguments(parser: argparse.ArgumentParser) -> None:
     """The proofs' budget, shared by prove and check."""
-    from kvspec.proofs.runner import DEFAULT_RLIMIT, SAFETY_NET_S
+    from kvspec.proofs.budgets import DEFAULT_RLIMIT, SAFETY_NET_S
 
     parser.add_argument("--rlimit", type=positive_int, default=DEFAULT_RLIMIT, metavar="UNITS",
                         help=f"Z3 resource units per solver check (default {DEFAULT_RLIMIT:,}): the budget, "

@@ -59,5 +59,6 @@ def worst(outcomes: Iterable[Outcome]) -> Outcome:
 OK, FINDING, USAGE, UNKNOWN = Outcome.OK, Outcome.FINDING, Outcome.USAGE, Outcome.UNKNOWN
 INCOMPLETE, INFRASTRUCTURE, HARDENING, INTERRUPTED = (
     Outcome.INCOMPLETE, Outcome.INFRASTRUCTURE, Outcome.HARDENING, Outcome.INTERRUPTED)
-# The one table of exit codes, in the README's order.
+# The one table of exit codes, by code (the manual's exit-code reference is
+# generated from ``Outcome``: docs/generate.py).
 EXIT_CODES = {o.exit_code: o for o in sorted(Outcome, key=lambda o: o.exit_code)}

@@ -20,21 +20,13 @@ import z3
 
 from kvspec.model.arith import INT, Z3Arith
 
+from .budgets import DEFAULT_RLIMIT, SAFETY_NET_S
 from .encoding import Vars, decode_model, declare
 from .theorem import Target, Theorem
 from .verdict import Counterexample, Status, TheoremResult, VacuityCheck
 
 __all__ = ["Budget", "run_theorem", "run_catalog", "DEFAULT_RLIMIT", "SAFETY_NET_S"]
 
-# Resource units per solver check.  Measured on the whole catalog with its
-# vacuity checks (z3 5.4.1, seed 0, three runs, idle and with two CPU-bound
-# processes competing): the most any single check spent was 25-31 million
-# (a refuter of reachability.regression_blocks), most spend under 100
-# thousand; ten times the most is the budget.
-DEFAULT_RLIMIT = 300_000_000
-# Wall-clock seconds per check, only as a safety net (the budget ends checks
-# long before on any working machine).
-SAFETY_NET_S = 600.0
 MAX_MINIMISATION_STEPS = 64
 
 

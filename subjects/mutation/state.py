@@ -5,7 +5,7 @@ registration bounds and a fresh manager's lookups as they were, so only that
 differential kills them; the two that change a group's block count for a hit
 (``trim_first_group_only``, ``mamba_hit_unpadded``) the lookup contract sees
 on one request too.  Each is the shape of a real upstream defect class (see
-the README's kill matrix).
+the manual's kill matrix).
 """
 
 from __future__ import annotations

@@ -1,6 +1,10 @@
-"""The architecture, checked on what the wheel installs: imports point one
-way (import-linter's contracts in pyproject.toml), only the ``kvspec`` name
-is installed, and the tests keep to public names."""
+"""The architecture, checked on what the wheel installs and on the checkout
+itself: imports point one way (import-linter's contracts in pyproject.toml),
+only the ``kvspec`` name is installed, and the tests keep to public names.
+
+In the checkout, ``kvspec/model``, ``kvspec/proofs``, ... are symbolic links
+to the top-level folders, so the folder path is the package path and
+import-graph tools run on the checkout see the layers."""
 
 from __future__ import annotations
 
@@ -31,10 +35,13 @@ def installed(tmp_path_factory) -> Path:
     return site
 
 
-def _lint_imports(site: Path) -> subprocess.CompletedProcess:
+def _lint_imports(site: Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """import-linter's contracts (this checkout's, or those in ``cwd``) on the
+    ``kvspec`` package found first in ``site``."""
     lint = Path(sys.executable).with_name("lint-imports")
     env = {**os.environ, "PYTHONPATH": str(site)}
-    return subprocess.run([str(lint), str(ROOT / "pyproject.toml")], cwd=site, env=env,
+    config = (cwd or ROOT) / "pyproject.toml"
+    return subprocess.run([str(lint), "--no-cache", str(config)], cwd=cwd or site, env=env,
                           capture_output=True, text=True)
 
 
@@ -79,6 +86,56 @@ def test_the_contracts_catch_a_wrong_import(installed, tmp_path, module, line, c
         target.write_text(line + "\n")
     run = _lint_imports(site)
     assert run.returncode != 0 and contract in run.stdout, run.stdout[-3000:]
+
+
+def _checkout_copy(destination: Path) -> Path:
+    """The packages of this checkout (the links kept as links) and the
+    contracts, copied: a tree to break without touching the checkout."""
+    for name in ("kvspec", *TOP_LEVEL_FOLDERS):
+        shutil.copytree(ROOT / name, destination / name, symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", destination)
+    return destination
+
+
+def test_the_layer_folders_are_the_package_folders():
+    for name in TOP_LEVEL_FOLDERS:
+        link = ROOT / "kvspec" / name
+        assert link.is_symlink() and os.readlink(link) == f"../{name}", link
+        assert link.resolve() == (ROOT / name).resolve()
+
+
+def test_lint_imports_in_the_checkout_sees_the_layers_and_passes():
+    # The checkout first on the path, as the editable install has it.
+    run = _lint_imports(ROOT)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "Contracts: 3 kept, 0 broken." in run.stdout
+    # The graph a drawing tool reads (grimp's, import-linter's own): the
+    # layers' packages and the arrows between them, built from the checkout.
+    script = ("import grimp\n"
+              "g = grimp.build_graph('kvspec', cache_dir=None)\n"
+              "layers = ['kvspec.' + n for n in " + repr(TOP_LEVEL_FOLDERS) + "]\n"
+              "print(g.find_modules_directly_imported_by('kvspec.model.spec') and 'ok')\n"
+              "for a in layers:\n"
+              "    for b in layers:\n"
+              "        if a != b and g.direct_import_exists(importer=a, imported=b, as_packages=True):\n"
+              "            print(a, '->', b)\n")
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    arrows = set(out.stdout.splitlines())
+    assert {"kvspec.oracles -> kvspec.model", "kvspec.proofs -> kvspec.model", "kvspec.subjects -> kvspec.model",
+            "kvspec.diff_tests -> kvspec.subjects"} <= arrows, out.stdout
+    assert not any(line.startswith("kvspec.model ->") for line in arrows), out.stdout
+
+
+def test_lint_imports_in_the_checkout_catches_an_upward_import(tmp_path):
+    tree = _checkout_copy(tmp_path / "checkout")
+    (tree / "model" / "zz_upward.py").write_text("from kvspec.oracles import registration  # noqa: F401\n")
+    run = _lint_imports(tree, cwd=tree)
+    assert run.returncode != 0, run.stdout[-3000:]
+    assert "Layers point one way BROKEN" in run.stdout
+    assert "kvspec.model.zz_upward -> kvspec.oracles.registration" in run.stdout
 
 
 def _test_modules():
