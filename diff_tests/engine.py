@@ -30,6 +30,7 @@ from kvspec.model.engine import (MODELLED_STEPS, TOY_MODELS, EngineProgram, Engi
                                  describe_engine_op)
 from kvspec.model.errors import InfrastructureError, KvspecError, SetupError
 from kvspec.model.finding import Category
+from kvspec.model.known import KnownBug, known_bugs, recognise
 from kvspec.model.outcome import Outcome
 from kvspec.model.state import scope_text
 from kvspec.oracles.registration import Discrepancy
@@ -57,7 +58,7 @@ def engine_draw_scope() -> str:
             f"are drawn half the time and otherwise left to the release); prompts of up to 3 blocks of shared "
             f"prefix from {FAMILIES} families plus a suffix, resends, at most {MAX_IN_FLIGHT} requests in flight, "
             f"1-8 output tokens each, engine steps, aborts, cache resets; a pool from about one to two longest "
-            f"requests (--num-gpu-blocks-override); no speculative decoding, no KV connector, no structured output "
+            f"requests (--num-gpu-blocks-override); vLLM's DecodeBenchConnector (synchronous loads of every prompt token but the last) in one program in four; no speculative decoding, no asynchronous or failing KV loads, no structured output "
             f"(not drawn yet); at most {STEPS_PER_PROGRAM} rules a program. Modelled: " + "; ".join(MODELLED_STEPS))
 
 
@@ -71,7 +72,7 @@ class EngineResult(StatefulResult):
 
     def note_settings(self, derived: dict[str, Any]) -> None:
         for key in ("scheduler_class", "retention_interval", "async_scheduling", "reserve_full_isl",
-                    "chunked_prefill", "partial_hash_hits"):
+                    "chunked_prefill", "partial_hash_hits", "kv_connector"):
             value = str(derived.get(key))
             self.settings.setdefault(key, {})
             self.settings[key][value] = self.settings[key].get(value, 0) + 1
@@ -88,6 +89,9 @@ class EngineResult(StatefulResult):
     def scope(self) -> str:
         parts = [engine_draw_scope(), "engine settings vLLM built and ran (programs each): " + self.settings_text(),
                  scope_text()]
+        for name, first in sorted(self.known_first.items()):
+            parts.append(f"known vLLM bug {name} met in {self.known_met[name]} program(s), each ended there (the "
+                         f"state after it is not checked; the search went on with the next program); first: {first}")
         if self.tally.refused:
             reasons = "; ".join(f"{n} x {why}" for why, n in sorted(self.tally.refusals.items()))
             parts.append(f"{self.tally.refused} engine setups not driven (vLLM's configuration code refused them, "
@@ -97,7 +101,7 @@ class EngineResult(StatefulResult):
     @property
     def verdict(self) -> str:
         if self.failure is None and self.stopped is None and self.tally.operations and not self.scope_reduction:
-            return "no invariant broken through vLLM's scheduler"
+            return super().verdict.replace("no invariant broken", "no invariant broken through vLLM's scheduler", 1)
         return super().verdict
 
     def as_dict(self) -> dict[str, Any]:
@@ -131,7 +135,8 @@ def engine_setups(draw) -> EngineSetup:
         prefix_caching=draw(st.sampled_from((None, None, None, False))) if not toy.hybrid else None,
         retention_interval=draw(st.sampled_from((None, None, None, 0, 64))) if toy.hybrid or "sliding" in
         "".join(toy.layers) else None,
-        async_scheduling=draw(_MAYBE_BOOL), reserve_full_isl=draw(_MAYBE_BOOL))
+        async_scheduling=draw(_MAYBE_BOOL), reserve_full_isl=draw(_MAYBE_BOOL),
+        kv_connector=draw(st.sampled_from((None, None, None, "DecodeBenchConnector"))))
 
 
 def _prompt(family: int, shared: int, suffix: int, seed: int) -> list[int]:
@@ -144,7 +149,12 @@ def engine_database_key(subject_label: str) -> bytes:
 
 
 def engine_machine(proc: SubjectProcess, on_program: Callable[..., None],
-                   on_violation: Callable[[Failure], None]) -> type[RuleBasedStateMachine]:
+                   on_violation: Callable[[Failure], None], known: tuple[KnownBug, ...] = (),
+                   on_known: Callable[[KnownBug, Failure], None] = lambda bug, failure: None
+                   ) -> type[RuleBasedStateMachine]:
+    """The rule-based machine on one live subject.  A program that meets a
+    known vLLM bug of ``known`` (recognised by its mechanism) is handed to
+    ``on_known`` and ends there; the search goes on."""
 
     class EngineStateMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
@@ -157,6 +167,7 @@ def engine_machine(proc: SubjectProcess, on_program: Callable[..., None],
             self.serial = 0
             self.block = 16
             self.failed = False
+            self.inert = False  # a known bug was met: the rest of the program sends nothing
             self.last_reset = 0
             self.lookups = self.hits = self.preemptions = self.resets = 0
             self.derived: dict[str, Any] = {}
@@ -192,8 +203,13 @@ def engine_machine(proc: SubjectProcess, on_program: Callable[..., None],
             on_program(self)
 
         def _fail(self, found: list[Discrepancy], reply: dict[str, Any]) -> None:
-            self.failed = True
             failure = Failure(self.taken(), tuple(found), reply)
+            bug = recognise(known, found)
+            if bug is not None:  # a known vLLM bug again: said, and the search goes on
+                self.inert = True
+                on_known(bug, failure)
+                return
+            self.failed = True
             on_violation(failure)
             raise _violation(failure)
 
@@ -203,6 +219,8 @@ def engine_machine(proc: SubjectProcess, on_program: Callable[..., None],
 
         def _apply(self, *ops: dict[str, Any]) -> None:
             assert self.program is not None and self.oracle is not None
+            if self.inert:
+                return
             try:
                 reply = proc.session({"op": "engine_ops", "ops": list(ops)})
             except KvspecError as error:
@@ -216,6 +234,7 @@ def engine_machine(proc: SubjectProcess, on_program: Callable[..., None],
                 found = check_answer(self.oracle, op, answer)
                 if found:
                     self._fail(found, answer)
+                    return
                 self.live = [r for r in self.live if r in answer["running"] or r in answer["waiting"]]
                 for part in (answer.get("scheduled"), answer):
                     result = (part or {}).get("result", {})
@@ -236,8 +255,12 @@ def engine_machine(proc: SubjectProcess, on_program: Callable[..., None],
             self._apply({"do": "arrive", "id": name, "tokens": tokens, "max_tokens": max_tokens})
 
         @precondition(lambda self: len(self.live) < MAX_IN_FLIGHT)
-        @rule(family=st.integers(0, FAMILIES - 1), shared_blocks=st.integers(0, 3), extra=st.integers(0, 15),
-              suffix=st.integers(0, 48), seed=st.integers(0, 2**16), max_tokens=st.integers(1, 8))
+        # Block-boundary lengths (a block and one token, a whole block) are
+        # where chunk and load boundaries meet, so they are drawn often.
+        @rule(family=st.integers(0, FAMILIES - 1), shared_blocks=st.integers(0, 3),
+              extra=st.one_of(st.sampled_from((0, 1)), st.integers(2, 15)),
+              suffix=st.one_of(st.just(0), st.integers(1, 48)), seed=st.integers(0, 2**16),
+              max_tokens=st.integers(1, 8))
         def arrive(self, family: int, shared_blocks: int, extra: int, suffix: int, seed: int, max_tokens: int) -> None:
             tokens = _prompt(family, shared_blocks * self.block + extra, suffix, seed)
             self._arrive(tokens or [family * 1000], max_tokens)
@@ -264,7 +287,7 @@ def engine_machine(proc: SubjectProcess, on_program: Callable[..., None],
 
         def teardown(self) -> None:
             # Every request runs to its end, so a leak shows as blocks not free.
-            if self.program is None or self.oracle is None or self.failed:
+            if self.program is None or self.oracle is None or self.failed or self.inert:
                 return
             for _ in range(DRAIN_STEPS // 8):
                 if not self.live:
@@ -296,7 +319,7 @@ def _crash(op: dict[str, Any], reply: dict[str, Any]) -> Discrepancy:
 def fuzz_engine(proc: SubjectProcess, max_examples: int, seed: int, database: ExampleDatabase | None = None,
                 steps: int = STEPS_PER_PROGRAM, stop_at_first: bool = False,
                 on_first_failure: Callable[[EngineResult], None] | None = None,
-                keep_programs: list[EngineProgram] | None = None) -> EngineResult:
+                keep_programs: list[EngineProgram] | None = None, include_known: bool = False) -> EngineResult:
     """Drive ``max_examples`` engine programs through one live subject;
     ``keep_programs``, when given, receives every program run (the benchmark
     replays them)."""
@@ -323,7 +346,12 @@ def fuzz_engine(proc: SubjectProcess, max_examples: int, seed: int, database: Ex
             if on_first_failure is not None:
                 on_first_failure(result)
 
-    machine_class = engine_machine(proc, on_program, on_violation)
+    def on_known(bug: KnownBug, failure: Failure) -> None:
+        result.known_met[bug.name] = result.known_met.get(bug.name, 0) + 1
+        result.known_first.setdefault(bug.name, failure.case.describe())
+
+    known = () if include_known else tuple(known_bugs(result.subject.get("vllm_version")))
+    machine_class = engine_machine(proc, on_program, on_violation, known, on_known)
 
     class Counted(machine_class):  # type: ignore[valid-type, misc]
         def teardown(self) -> None:

@@ -30,7 +30,7 @@ from kvspec.model.capabilities import Capabilities
 from kvspec.model.domain import CoordinatorConfig, GroupKind, KVCacheGroup
 from kvspec.model.errors import InfrastructureError, KvspecError, SetupError
 from kvspec.model.finding import Category
-from kvspec.model.known import KnownBug, stateful_exclusions
+from kvspec.model.known import KnownBug, known_bugs, recognise
 from kvspec.model.outcome import Outcome
 from kvspec.model.program import Program, describe_op
 from kvspec.model.state import scope_text
@@ -108,6 +108,10 @@ class StatefulResult:
     not_exercised: tuple[str, ...] = ()
     # Known vLLM bugs kept out of this run's draw (model.known), said with the verdict.
     known_excluded: tuple[KnownBug, ...] = ()
+    # Known vLLM bugs met (recognised by their mechanism, model.known): name ->
+    # programs that met it, and the first such program; the search went on.
+    known_met: dict[str, int] = attrs.Factory(dict)
+    known_first: dict[str, str] = attrs.Factory(dict)
 
     units = "operations"
     differential = "stateful"
@@ -152,9 +156,9 @@ class StatefulResult:
             return "incomplete (no operation ran: every geometry was refused)"
         if self.scope_reduction:
             return f"no invariant broken in a reduced scope ({self.scope_reduction})"
-        if self.known_excluded:
-            return (f"no invariant broken (KV-connector tokens on Mamba layouts kept out of the draw: "
-                    f"{len(self.known_excluded)} known vLLM bug(s) there)")
+        if self.known_met:
+            met = ", ".join(f"{name} in {n} program(s)" for name, n in sorted(self.known_met.items()))
+            return f"no invariant broken but known vLLM bugs (model/known.py), met and recognised: {met}"
         return "no invariant broken"
 
     def scope(self) -> str:
@@ -166,6 +170,9 @@ class StatefulResult:
             parts.append(f"kept out of the draw, as a known vLLM bug ({bug.name}, {bug.first}-"
                          f"{bug.fixed_in or 'now'}) would mask the rest: KV-connector tokens on layouts with a "
                          f"Mamba group")
+        for name, first in sorted(self.known_first.items()):
+            parts.append(f"known vLLM bug {name} met in {self.known_met[name]} program(s), each ended there (the "
+                         f"state after it is not checked; the search went on with the next program); first: {first}")
         if self.tally.refused:
             reasons = "; ".join(f"{n} x {why}" for why, n in sorted(self.tally.refusals.items()))
             parts.append(f"{self.tally.refused} geometries not driven ({reasons})")
@@ -185,6 +192,7 @@ class StatefulResult:
             "not_exercised": list(self.not_exercised),
             "known_excluded": [{"name": k.name, "summary": k.summary, "first": k.first, "fixed_in": k.fixed_in}
                                for k in self.known_excluded],
+            "known_met": dict(self.known_met), "known_first": dict(self.known_first),
         }
 
 
@@ -276,12 +284,15 @@ def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
                   on_program: Callable[..., None] = lambda machine, refused=None: None,
                   on_violation: Callable[[Failure], None] = lambda failure: None,
                   known: Callable[[], tuple[KnownBug, ...]] = tuple,
-                  check: bool = True) -> type[RuleBasedStateMachine]:
+                  check: bool = True,
+                  on_known: Callable[[KnownBug, Failure], None] = lambda bug, failure: None
+                  ) -> type[RuleBasedStateMachine]:
     """The rule-based machine bound to one live subject, or to a function
     that gives it on first use (the shipped pytest test: no worker starts
-    while tests are collected).  ``known`` gives the known vLLM bugs kept out
-    of the draw (on the layouts each names, arrivals bring no KV-connector
-    tokens), asked once the subject is live.  ``check`` off (the benchmark's
+    while tests are collected).  ``known`` gives the known vLLM bugs to
+    recognise, asked once the subject is live: a program that meets one (by
+    its mechanism) is handed to ``on_known`` and ends there, and the search
+    goes on; nothing is kept out of the draw.  ``check`` off (the benchmark's
     baseline only, ``drive_unchecked``): the worker reads no state after an
     operation and nothing is checked, the rules and messages unchanged."""
     live = subject if callable(subject) else (lambda: subject)
@@ -299,7 +310,8 @@ def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
             self.serial = 0
             self.has_eagle = False
             self.can_evict = False
-            self.connector_withheld = False
+            self.inert = False  # a known bug was met: the rest of the program sends nothing
+            self.known: tuple[KnownBug, ...] = ()
             self.proc: SubjectProcess | None = None
             self.lookups = self.hits = self.preemptions = self.evictions = self.resets = 0
             self.failed = False
@@ -328,13 +340,18 @@ def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
                     f"{opened.get('retention_interval')} (a kvspec bug)"))
             self.oracle = StateOracle(geometry, proc.capabilities, opened)
             self.has_eagle = any(g.eagle for g in geometry.config.groups)
-            self.connector_withheld = any(b.withholds_connector(geometry.config) for b in known())
+            self.known = tuple(known())
             self.can_evict = bool(opened.get("operations", {}).get("evict"))
             on_program(self)
 
         def _fail(self, program: Program, found: list[Discrepancy], reply: dict[str, Any]) -> None:
-            self.failed = True
             failure = Failure(program, tuple(found), reply)
+            bug = recognise(self.known, found)
+            if bug is not None:  # a known vLLM bug again: said, and the search goes on
+                self.inert = True
+                on_known(bug, failure)
+                return
+            self.failed = True
             on_violation(failure)
             raise _violation(failure)
 
@@ -342,6 +359,8 @@ def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
             """Send ``ops`` in one message and check every answer in order; a
             failing program ends with the operation that failed."""
             assert self.program is not None and self.oracle is not None
+            if self.inert:
+                return
             try:
                 reply = self.proc.session({"op": "machine_ops", "ops": list(ops), "observe": check})
             except KvspecError as error:  # the worker, not vLLM: no input is to blame
@@ -358,6 +377,7 @@ def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
                 found = self.oracle.check(op, answer) if check else None
                 if found:
                     self._fail(self.taken(), found, answer)
+                    return
                 self.running = list(answer["running"])
                 self.waiting = list(answer["waiting"])
                 result = answer["result"]
@@ -381,7 +401,7 @@ def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
             self.serial += 1
             self.prompts.append(tokens)
             op: dict[str, Any] = {"do": "arrive", "id": name, "tokens": tokens}
-            if external and not self.connector_withheld:
+            if external:
                 op["external"] = external
             self._apply(op)
 
@@ -439,7 +459,7 @@ def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
 
         def teardown(self) -> None:
             # Drain: every request finishes, so a leak shows as blocks not free.
-            if self.program is None or self.oracle is None or self.failed:
+            if self.program is None or self.oracle is None or self.failed or self.inert:
                 return
             if self.running:
                 self._apply(*({"do": "finish", "id": name} for name in self.running))
@@ -466,13 +486,13 @@ def fuzz_stateful(
     """Drive ``max_examples`` programs through one live subject; the returned
     failure is Hypothesis's shrunk minimum.  ``keep_programs``, when given,
     receives every program run (the benchmark replays them unchecked).
-    Known vLLM bugs the release carries are kept out of the draw, and said,
-    unless ``include_known`` (``kvspec history`` shows them)."""
+    A known vLLM bug the release carries is recognised when a program meets
+    it (counted, said, the search going on), unless ``include_known``
+    (``kvspec history`` shows every bug as a finding)."""
     caps = proc.capabilities
     subject = proc.describe()
-    known = () if include_known else stateful_exclusions(subject.get("vllm_version"))
-    result = StatefulResult(subject=subject, capabilities=caps, seed=seed,
-                            scope_reduction=proc.scope_reduction, known_excluded=known)
+    known = () if include_known else tuple(known_bugs(subject.get("vllm_version")))
+    result = StatefulResult(subject=subject, capabilities=caps, seed=seed, scope_reduction=proc.scope_reduction)
     failures: list[Failure] = []
     restarts_before = len(proc.restarts)
     start = time.perf_counter()
@@ -496,7 +516,11 @@ def fuzz_stateful(
             if on_first_failure is not None:
                 on_first_failure(result)
 
-    machine_class = state_machine(proc, on_program, on_violation, lambda: known)
+    def on_known(bug: KnownBug, failure: Failure) -> None:
+        result.known_met[bug.name] = result.known_met.get(bug.name, 0) + 1
+        result.known_first.setdefault(bug.name, failure.case.describe())
+
+    machine_class = state_machine(proc, on_program, on_violation, lambda: known, on_known=on_known)
 
     class Counted(machine_class):  # type: ignore[valid-type, misc]
         """Adds each finished program's counts to the tally."""
@@ -614,7 +638,7 @@ def drive_unchecked(proc: SubjectProcess, max_examples: int, seed: int,
     makes with this seed, its rules sending the same messages, but the worker
     reads no state and nothing is checked.  Returns the programs driven."""
     programs: list[Program] = []
-    known = stateful_exclusions(proc.describe().get("vllm_version"))
+    known = tuple(known_bugs(proc.describe().get("vllm_version")))
 
     class Kept(state_machine(proc, known=lambda: known, check=False)):  # type: ignore[misc]
         def teardown(self) -> None:

@@ -194,18 +194,19 @@ def known_bugs() -> str:
     rows = [[f"`{b.name}`" if b.name else "-", b.category.value,
              f"{b.first} to {b.fixed_in} (fixed)" if b.fixed_in else f"{b.first} on (not fixed)",
              b.summary, b.needs or "-",
-             "; ".join(s for s in ("kept out of the registration draw" if b.draw_exclusion else "",
-                                   "KV-connector tokens withheld in the stateful draw"
-                                   if b.withholds_connector else "") if s) or "-"]
+             "kept out of the registration draw" if b.draw_exclusion else "recognised when met",
+             f"`{b.reproduction}`" if b.reproduction else "-"]
             for b in KNOWN_BUGS]
     return _page(
         "Known vLLM bugs", "`model/known.py`, `KNOWN_BUGS`",
         "Bugs kvspec found in published vLLM releases, each shrunk and judged a vLLM bug (not a gap in the "
         "model). The shipped tests report a known bug of the release they run on as XFAIL with its "
-        "description; a bug that would mask others is kept out of the default draw, and every result says so "
-        "(`kvspec fuzz --stateful --include-known` draws them too). *Releases* run from the first release "
+        "description. The stateful and engine differentials recognise a known bug when a program meets it (by "
+        "its mechanism), count it, say it and go on (`--include-known` reports it as a finding instead); the "
+        "registration draw keeps one crash out, and says so. *Releases* run from the first release "
         "kvspec checked that carries the bug to the first without it.",
-        _table(["name", "finding category", "releases", "what vLLM does", "needs", "in the draw"], rows))
+        _table(["name", "finding category", "releases", "what vLLM does", "needs", "in the draw",
+                "standalone reproduction"], rows))
 
 
 # -- mutation operators --------------------------------------------------------------

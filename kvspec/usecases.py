@@ -114,7 +114,7 @@ class FuzzSettings:
     verify_test: bool = True
     progress: bool = False  # progress lines on stderr
     hash_schemes: tuple[str, ...] | None = None  # --hash-scheme (None: every one the subject has)
-    include_known: bool = False  # --include-known: draw what known vLLM bugs would mask too
+    include_known: bool = False  # --include-known: a known vLLM bug met is a finding, not recognised
 
     def __attrs_post_init__(self) -> None:
         unknown = set(self.differentials) - set(DIFFERENTIALS)
@@ -433,7 +433,8 @@ def _fuzz_engine_one(proc, label: str, settings: FuzzSettings, database, started
         say(f"{label}: first broken invariant through vLLM's Scheduler after {result.programs_to_first_failure} "
             f"engine programs, {time.perf_counter() - started:.1f} s after kvspec started; shrinking")
 
-    return fuzz_engine(proc, settings.max_examples, settings.seed, database=database, on_first_failure=first)
+    return fuzz_engine(proc, settings.max_examples, settings.seed, database=database, on_first_failure=first,
+                       include_known=settings.include_known)
 
 
 def _fuzz_stateful_one(proc, label: str, settings: FuzzSettings, database, started: float, say: Say):
@@ -590,8 +591,9 @@ def _row_status(runs) -> str:
 
 
 def history_row(version: str, max_examples: int, seed: int, symbolic: bool) -> dict[str, Any]:
-    """The registration, lookup and stateful differentials (and, with
-    ``symbolic``, the release's own code) on one release."""
+    """The registration, lookup, stateful and engine differentials (and,
+    with ``symbolic``, the release's own code) on one release."""
+    from kvspec.diff_tests.engine import fuzz_engine
     from kvspec.diff_tests.fuzz import fuzz_subject
     from kvspec.diff_tests.stateful import fuzz_stateful
     from kvspec.subjects.process import SubjectProcess
@@ -605,15 +607,17 @@ def history_row(version: str, max_examples: int, seed: int, symbolic: bool) -> d
             result = fuzz_subject(proc, max_examples, seed)
             # The same worker then answers the hit-length and stateful differentials.
             lookup = fuzz_subject(proc, max_examples, seed, lookup=True)
-            # History shows every bug a release carries: none kept out of the draw.
+            # History shows every bug a release carries: none recognised and passed over.
             stateful = fuzz_stateful(proc, max_examples, seed, include_known=True)
+            # And through vLLM's real Scheduler, engine-built, the release's defaults included.
+            engine = fuzz_engine(proc, max_examples, seed, include_known=True)
     except SubjectUnsupported as exc:
         return {**row, "status": "unsupported", "detail": str(exc)}
     except KvspecError as exc:
         if exc.outcome is not Outcome.USAGE:
             raise
         return {**row, "status": "error", "detail": str(exc)}
-    runs = (result, lookup, stateful)
+    runs = (result, lookup, stateful, engine)
     row.update(
         status=_row_status(runs), overall=worst([r.outcome for r in runs]).name,
         capabilities=caps.as_dict(), rule=caps.rule_text(), **_fuzz_fields(result),
@@ -621,6 +625,10 @@ def history_row(version: str, max_examples: int, seed: int, symbolic: bool) -> d
         stateful={"status": _row_status([stateful]), **_fuzz_fields(stateful),
                   "other_failures": [f.as_dict() for f in stateful.other_failures],
                   "operations": stateful.tally.operations, "scope": stateful.scope()},
+        engine={"status": _row_status([engine]), **_fuzz_fields(engine),
+                "other_failures": [f.as_dict() for f in engine.other_failures],
+                "operations": engine.tally.operations, "scope": engine.scope(), "settings": engine.settings,
+                "refused": engine.tally.refused},
     )
     if symbolic:
         from kvspec.subjects.symbolic import symbolic_check

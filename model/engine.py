@@ -17,6 +17,7 @@ read from the fields here) and the GPU platform (an SM90 stand-in).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import attrs
@@ -28,6 +29,9 @@ __all__ = ["ToyModel", "TOY_MODELS", "toy_model", "EngineSetup", "EngineProgram"
            "describe_engine_op", "derived_config", "MODELLED_STEPS"]
 
 ENGINE_OPERATIONS = ("arrive", "step", "abort", "reset")
+# vLLM's own connectors whose scheduler side runs on a CPU: DecodeBenchConnector
+# loads synchronously, offering every prompt token but the last.
+KV_CONNECTORS = ("DecodeBenchConnector",)
 
 # What the engine driver does not take from vLLM's code, said with every verdict.
 MODELLED_STEPS = (
@@ -124,6 +128,9 @@ class EngineSetup:
     retention_interval: int | None = attrs.field(default=None, validator=_optional_count(0, 1 << 16))
     async_scheduling: bool | None = attrs.field(default=None, validator=_optional_bool)
     reserve_full_isl: bool | None = attrs.field(default=None, validator=_optional_bool)
+    # A KV connector of vLLM's own that runs on a CPU (scheduler side): None for none.
+    kv_connector: str | None = attrs.field(default=None, validator=attrs.validators.optional(
+        attrs.validators.in_(KV_CONNECTORS)))
 
     @property
     def toy(self) -> ToyModel:
@@ -136,7 +143,10 @@ class EngineSetup:
                  "block_size": "block_size", "prefix_caching": "enable_prefix_caching",
                  "retention_interval": "prefix_cache_retention_interval", "async_scheduling": "async_scheduling",
                  "reserve_full_isl": "scheduler_reserve_full_isl"}
-        return {flag: getattr(self, field) for field, flag in names.items() if getattr(self, field) is not None}
+        args = {flag: getattr(self, field) for field, flag in names.items() if getattr(self, field) is not None}
+        if self.kv_connector is not None:
+            args["kv_transfer_config"] = {"kv_connector": self.kv_connector, "kv_role": "kv_both"}
+        return args
 
     def message(self) -> dict[str, Any]:
         """The worker's ``open_engine`` setup."""
@@ -147,7 +157,9 @@ class EngineSetup:
         flags = []
         for flag, value in self.engine_args().items():
             name = "--" + flag.replace("_", "-")
-            if isinstance(value, bool):
+            if isinstance(value, dict):
+                flags.append(f"{name} '{json.dumps(value, sort_keys=True)}'")
+            elif isinstance(value, bool):
                 flags.append(name if value else "--no-" + flag.replace("_", "-"))
             else:
                 flags.append(f"{name} {value}")

@@ -23,7 +23,7 @@ from .domain import CoordinatorConfig, GroupKind, HashScheme
 from .finding import Category
 
 __all__ = ["KnownBug", "KNOWN_BUGS", "known_bugs", "excluded_from_draw", "known_for", "without_known",
-           "stateful_exclusions"]
+           "stateful_exclusions", "recognise"]
 
 
 @attrs.frozen
@@ -42,9 +42,19 @@ class KnownBug:
     # The layouts on which the stateful draw offers no KV-connector tokens on a
     # release that carries the bug (None: the stateful draw is not narrowed).
     withholds_connector: Callable[[CoordinatorConfig], bool] | None = None
+    # Other ways the same mechanism shows: (category, words) pairs, e.g. the
+    # crash a broken estimate causes when the pool is tight.
+    also_shows: tuple[tuple[Category, str], ...] = ()
+    # A standalone reproduction through vLLM's public classes (tests/fixtures).
+    reproduction: str = ""
 
-    def matches(self, summary: str) -> bool:
-        return self.signature in summary
+    def matches(self, summary: str, category: Category | None = None) -> bool:
+        """Whether a discrepancy's summary (of ``category``, if given) is this bug showing."""
+        shows = ((self.category, self.signature),) + self.also_shows
+        return any(sig in summary and (category is None or cat is category) for cat, sig in shows)
+
+    def shows_as(self, category: Category) -> bool:
+        return category is self.category or any(cat is category for cat, _ in self.also_shows)
 
     def carried_by(self, version: str) -> bool:
         key = release_key(version)
@@ -90,23 +100,21 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
     KnownBug(Category.STATE_TABLE_APPEND_ONLY, "0.26.0", "0.28.0",
              "after an admission with KV-connector tokens the Mamba manager copies-on-write into the running "
              "request's table, which must stay append-only", "append_only:",
-             name="mamba_copy_into_running_table", withholds_connector=_has_mamba),
-    KnownBug(Category.SUBJECT_CRASH, "0.27.1", "0.32.0",
-             "with KV-connector tokens on a full-attention + Mamba layout after a reset and a preemption, "
-             "allocate_slots raises 'Cannot get 1 free blocks' instead of refusing (vLLM's default admission "
-             "gate on)", "free blocks from the pool",
-             name="connector_mamba_preempted_free_blocks_crash", withholds_connector=_has_mamba),
-    KnownBug(Category.SUBJECT_CRASH, "0.30.0", None,
-             "the Mamba group's block estimate leaves out the block it takes for KV-connector tokens, so "
-             "allocate_slots raises 'Cannot get N free blocks' instead of refusing", "free blocks from the pool",
-             needs="--no-scheduler-reserve-full-isl",
-             name="connector_mamba_estimate_free_blocks_crash", withholds_connector=_has_mamba),
-    KnownBug(Category.SUBJECT_CRASH, "0.31.0", None,
-             "with vLLM's default full-prompt gate, KV-connector tokens on a Mamba hybrid with an EAGLE group and "
-             "prefill lookahead (multi-module MTP), then a reset and a preemption: allocate_slots raises "
-             "'Cannot get 2 free blocks' instead of refusing (0.30.0 and 0.28.0 run the same program cleanly)",
-             "free blocks from the pool", needs="a KV connector, a Mamba hybrid, multi-module MTP",
-             name="connector_mamba_lookahead_free_blocks_crash", withholds_connector=_has_mamba),
+             name="mamba_copy_into_running_table"),
+    # One mechanism, dated by it: the standalone reproduction shows the estimate
+    # below the allocation on every supported release (0.23.0-0.34.0), and the
+    # crash with the pool tight.  Stateful and engine runs met it as three
+    # crashes of different programs (0.27.1-0.31.0, 0.30.0-, 0.31.0-) whose
+    # ranges came from replaying one program each: pool sizes, not code.
+    KnownBug(Category.STATE_BLOCK_ESTIMATE, "0.23.0", None,
+             "after a synchronous KV-connector load on a Mamba 'align' hybrid, a Mamba group's block estimate "
+             "(get_num_blocks_to_allocate) is one block while allocate_slots takes two, so the scheduler's check "
+             "against the free pool passes and, with the pool tight, schedule() raises 'Cannot get N free blocks "
+             "from the pool' instead of leaving the request waiting (open upstream: vLLM PR #46892)",
+             "block_estimate:", name="mamba_estimate_below_allocation_after_connector_load",
+             also_shows=((Category.SUBJECT_CRASH, "free blocks from the pool"),),
+             needs="a KV connector that loads synchronously (e.g. DecodeBenchConnector) on a Mamba hybrid",
+             reproduction="tests/fixtures/repro_mamba_estimate_after_connector_load.py"),
     KnownBug(Category.SUBJECT_CRASH, "0.33.0", None,
              "SlidingWindowManager.find_longest_cache_hit raises IndexError (block_hashes[i]) on a request's "
              "first lookup when a sliding-window group is an EAGLE group, no group is full attention (the "
@@ -128,8 +136,8 @@ def known_bugs(version: str | None, category: Category | None = None, summary: s
     is not a release number."""
     if not isinstance(version, str) or not re.fullmatch(r"\d+\.\d+\.\d+", version):
         return []  # a checkout's own version says nothing of which fixes it has
-    return [b for b in KNOWN_BUGS if b.carried_by(version) and (category is None or b.category is category)
-            and (summary is None or b.matches(summary))]
+    return [b for b in KNOWN_BUGS if b.carried_by(version) and (category is None or b.shows_as(category))
+            and (summary is None or b.matches(summary, category))]
 
 
 def excluded_from_draw() -> tuple[KnownBug, ...]:
@@ -153,3 +161,12 @@ def stateful_exclusions(version: str | None) -> tuple[KnownBug, ...]:
     """The known bugs release ``version`` carries that narrow the stateful
     draw (none for anything that is not a release number)."""
     return tuple(b for b in known_bugs(version) if b.withholds_connector is not None)
+
+
+def recognise(known: tuple[KnownBug, ...] | list[KnownBug], found) -> KnownBug | None:
+    """The one known bug every discrepancy in ``found`` is (by its category
+    and its words), or None: a failure that is partly something else is new."""
+    for bug in known:
+        if found and all(bug.matches(d.summary(), d.category) for d in found):
+            return bug
+    return None

@@ -59,6 +59,9 @@ class ManagerState:
     blocks: tuple[Block, ...]  # indexed by block id, as vLLM's pool is
     hash_map: tuple[tuple[int, int], ...]  # every (key id, block id) entry of the map
     tables: tuple[Table, ...]
+    # Blocks the scheduler holds outside every table (vLLM's deferred frees
+    # while a step is in flight), each occurrence one reference.
+    held_elsewhere: tuple[int, ...] = ()
     # The blocks referenced or keyed, when the maker knows them (the compact
     # snapshot lists exactly these); every other block is idle.  Only a
     # shortcut: the rules read the same facts either way.
@@ -93,7 +96,8 @@ class ManagerState:
         tables = previous.tables if "tables" in same else tuple(
             Table(t[0], t[1], tuple(t[2]), t[3]) for t in data["tables"])
         return cls(null_block=data["null_block"], num_free=data["num_free"], free_queue=queue, blocks=blocks_t,
-                   hash_map=hash_map, tables=tables, listed=listed_t)
+                   hash_map=hash_map, tables=tables, held_elsewhere=tuple(data.get("held_elsewhere", ())),
+                   listed=listed_t)
 
     def active(self) -> tuple[Block, ...] | list[Block]:
         """The blocks referenced (either way) or keyed; the rest are idle:
@@ -110,8 +114,10 @@ class ManagerState:
         return [b for b in self.active() if b.keys]
 
     def held(self) -> Counter:
-        """How many table slots hold each block."""
-        return Counter(b for t in self.tables for b in t.blocks)
+        """How many table slots (and holds outside the tables) hold each block."""
+        held = Counter(b for t in self.tables for b in t.blocks)
+        held.update(self.held_elsewhere)
+        return held
 
     def tables_of(self, request: str) -> list[Table]:
         return [t for t in self.tables if t.request == request]
@@ -421,7 +427,7 @@ def _reset(t: Transition) -> list[str]:
 
 
 def _no_leak(t: Transition) -> list[str]:
-    if t.running or t.after.tables:
+    if t.running or t.after.tables or t.after.held_elsewhere:
         return []
     total = len(t.after.blocks) - 1
     if t.after.num_free != total:
@@ -514,7 +520,7 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("ref_counts", Category.STATE_REF_COUNT,
               "a block's reference count equals the table slots (every group, every request) holding it, "
               "once the step's copy-on-write sources are released as the scheduler does", _ref_counts,
-              reads=("blocks", "listed", "tables", "null_block")),
+              reads=("blocks", "listed", "tables", "held_elsewhere", "null_block")),
     Invariant("one_group", Category.STATE_ONE_GROUP,
               "a block other than the null block is held by one KV-cache group at a time (groups share the "
               "pool's block ids, not blocks)", _one_group, reads=("tables", "null_block")),

@@ -43,8 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "lookahead, its default, and legacy, where the EAGLE branch of the bound runs); "
                              "the verdict says what was left out")
     parser.add_argument("--include-known", action="store_true",
-                        help="stateful: also draw what a known vLLM bug of the release would mask (by default "
-                             "kept out of the draw and said in the verdict; model/known.py lists them)")
+                        help="stateful and engine: report a known vLLM bug of the release (model/known.py) as a "
+                             "finding; by default one is recognised by its mechanism when a program meets it, "
+                             "counted and said in the verdict, and the search goes on")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--lookup", action="store_true",
                        help="follow every request with a later one that looks up (get_computed_blocks) and "

@@ -20,12 +20,16 @@ def render_table(rows: list[dict[str, Any]], symbolic: bool) -> str:
 
     header = ["release", "partial hits", "lookahead", "per-group EAGLE", "lookahead hashes",
               "rule (spec era)", "registration", "lookup (hit length)", "stateful (state invariants)"]
+    engine = any("engine" in row for row in rows)
+    if engine:
+        header.append("engine (vLLM's Scheduler)")
     if symbolic:
         header.append("real code, symbolically")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         if row["status"] in ("unsupported", "error"):
             cells = [row["version"]] + [""] * 5 + [f"{row['status']}: {row['detail']}", "", ""]
+            cells += [""] if engine else []
             cells += [""] if symbolic else []
         else:
             caps = row["capabilities"]
@@ -33,6 +37,8 @@ def render_table(rows: list[dict[str, Any]], symbolic: bool) -> str:
             cells = [row["version"], yes(caps["partial_hash_hits"]), yes(caps["reprefillable_tokens"]),
                      yes(caps["per_group_eagle"]), yes(caps["lookahead_block_hashes"]), row["rule"],
                      verdict(row), verdict(lookup), _stateful(row.get("stateful"))]
+            if engine:
+                cells.append(_stateful(row.get("engine")))
             if symbolic:
                 cells.append(row["symbolic"]["status"])
         lines.append("| " + " | ".join(cells) + " |")

@@ -203,6 +203,7 @@ def build_engine(setup):
         "num_speculative_tokens": getattr(sc, "num_speculative_tokens", 0) or 0,
         "use_eagle_block_drop": bool(getattr(scheduler, "use_eagle_block_drop", False)),
         "mamba_cache_mode": getattr(cc, "mamba_cache_mode", None),
+        "kv_connector": None if scheduler.connector is None else type(scheduler.connector).__name__,
     }
     return scheduler, hasher, derived
 
@@ -395,11 +396,19 @@ class EngineMachine:
             return {"result": {}, "running": running, "waiting": [], "state": None}
         result["lookups"] = self.lookups
         result["allocations"] = self.allocations
-        # Requests that left the running set (finished, aborted, preempted): no table may stay.
-        result["freed"] = sorted(running_before - set(running))
-        waiting = [r.request_id for r in self.scheduler.requests.values() if r.request_id not in running]
+        # Requests whose blocks the scheduler gave back (gone from its
+        # requests, or preempted): no table may stay.  A finished request a
+        # connector still reads keeps its blocks until the transfer ends.
+        requests = self.scheduler.requests
+        result["freed"] = sorted(r for r in running_before - set(running)
+                                 if r not in requests or requests[r].status == self.RequestStatus.PREEMPTED)
+        waiting = [r.request_id for r in requests.values() if r.request_id not in running]
+        state = self.reader.snapshot(delta=True)
+        # Blocks the scheduler holds outside the tables until an in-flight step ends.
+        state["held_elsewhere"] = sorted(b.block_id for _, blocks in getattr(self.scheduler, "deferred_frees", ())
+                                         for b in blocks)
         return {"result": result, "handed_for_zeroing": list(self.handed), "running": running,
-                "waiting": sorted(waiting), "state": self.reader.snapshot(delta=True)}
+                "waiting": sorted(waiting), "state": state}
 
     def apply(self, op, observe=True):
         """One operation's answer; a step's carries ``scheduled``, the answer

@@ -1,10 +1,12 @@
-"""Each known vLLM bug kept out of the default draw (model/known.py) still
-reproduces on the releases it was found on -- so a fix shows, and the
-exclusion can go -- and what the draw uses instead does not crash."""
+"""Each known vLLM bug (model/known.py) still reproduces on the releases it
+names -- so a fix shows -- through its own reproduction, and what the draw
+uses instead of one kept out does not crash."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import attrs
@@ -14,10 +16,11 @@ from kvspec.diff_tests.stateful import replay_program
 from kvspec.model.finding import Category
 from kvspec.model.case import Case, prefill
 from kvspec.model.domain import CoordinatorConfig, GroupKind, HashScheme, KVCacheGroup
-from kvspec.model.known import KNOWN_BUGS, excluded_from_draw, stateful_exclusions
+from kvspec.model.known import KNOWN_BUGS, excluded_from_draw, known_bugs, recognise
 from kvspec.model.program import Program
 from kvspec.oracles.lookup import check_case
 from kvspec.subjects.protocol import case_message
+from kvspec.subjects.provision import ensure_release, ensure_runtime
 
 CRASH = CoordinatorConfig(
     groups=(KVCacheGroup(GroupKind.SLIDING_WINDOW, 2, eagle=True, sliding_window=1),
@@ -42,23 +45,42 @@ def test_the_sliding_window_lookahead_crash_still_reproduces(kvspec_release, ver
 
 
 PROGRAM = Path(__file__).parent.parent / "fixtures" / "program_connector_mamba_lookahead_crash.json"
+REPRO = Path(__file__).parent.parent / "fixtures" / "repro_mamba_estimate_after_connector_load.py"
+(CONNECTOR_BUG,) = [b for b in KNOWN_BUGS if b.name == "mamba_estimate_below_allocation_after_connector_load"]
 
 
 @pytest.mark.parametrize("version, crashes", [("0.28.0", False), ("0.33.0", True), ("0.34.0", True)])
-def test_the_connector_mamba_lookahead_crash_reproduces_where_it_is_known(kvspec_release, version, crashes):
-    """The program kvspec check found on 0.33.0 with vLLM's default admission
-    gate: a crash on the releases model/known.py says carry it, none on 0.28.0;
-    and the stateful draw keeps its trigger out on exactly those releases."""
-    (bug,) = [b for b in KNOWN_BUGS if b.name == "connector_mamba_lookahead_free_blocks_crash"]
+def test_a_connector_crash_is_the_known_mechanism_where_it_shows(kvspec_release, version, crashes):
+    """The program kvspec check once found on 0.33.0 (a stateful run): its
+    crash, where this pool makes one, is recognised as the one known bug
+    (the estimate below the allocation); on 0.28.0 the same program fits
+    the pool, though the mechanism is there too (the reproduction below)."""
     program = Program.from_dict(json.loads(PROGRAM.read_text()))
     assert program.reserve_full_sequence and any(op.get("external") for op in program.ops)
     found, _ = replay_program(kvspec_release(version), program)
-    assert bug.carried_by(version) is crashes
+    assert CONNECTOR_BUG.carried_by(version)
     if crashes:
-        assert [d.category for d in found] == [Category.SUBJECT_CRASH] and bug.matches(found[0].summary())
-        assert bug in stateful_exclusions(version) and bug.withholds_connector(program.config)
+        assert [d.category for d in found] == [Category.SUBJECT_CRASH]
+        assert recognise(known_bugs(version), found) is CONNECTOR_BUG
     else:
         assert found == []
+
+
+@pytest.mark.parametrize("version", ["0.23.0", "0.34.0"])
+def test_the_standalone_reproduction_shows_the_mechanism_on_every_release_it_names(version):
+    """The standalone script (vLLM's public classes only, a fresh process, no
+    kvspec) on the first and the newest release the known bug names: the
+    Mamba group estimates one block and takes two; with a tight pool,
+    schedule() raises."""
+    python, tree = ensure_runtime(), ensure_release(version)
+    env = {**os.environ, "PYTHONPATH": str(tree), "VLLM_LOGGING_LEVEL": "ERROR"}
+    env.pop("VLLM_TARGET_DEVICE", None)
+    mechanism = subprocess.run([str(python), str(REPRO)], capture_output=True, text=True, env=env, timeout=600)
+    assert mechanism.returncode != 0
+    assert "the Mamba group took 2 blocks after estimating 1" in mechanism.stderr, mechanism.stderr[-2000:]
+    crash = subprocess.run([str(python), str(REPRO), "4"], capture_output=True, text=True, env=env, timeout=600)
+    assert "ValueError: Cannot get 1 free blocks from the pool" in crash.stderr, crash.stderr[-2000:]
+    assert CONNECTOR_BUG.carried_by(version) and CONNECTOR_BUG.reproduction.endswith(REPRO.name)
 
 
 ZEROING = Path(__file__).parent.parent / "fixtures" / "program_sliding_window_not_zeroed.json"

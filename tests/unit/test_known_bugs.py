@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kvspec.model.domain import CoordinatorConfig, GroupKind, KVCacheGroup
 from kvspec.model.finding import Category
-from kvspec.model.known import KNOWN_BUGS, known_bugs, stateful_exclusions
+from kvspec.model.known import KNOWN_BUGS, known_bugs, recognise, stateful_exclusions
 
 
 def test_release_ranges_are_half_open():
@@ -34,14 +34,31 @@ def _layout(*kinds: GroupKind) -> CoordinatorConfig:
                              scheduler_block_size=4, hash_block_size=4)
 
 
-def test_the_stateful_draw_withholds_connector_tokens_only_where_a_carried_bug_lives():
-    hybrid = _layout(GroupKind.FULL_ATTENTION, GroupKind.MAMBA_ALIGN)
-    attention = _layout(GroupKind.FULL_ATTENTION, GroupKind.SLIDING_WINDOW)
-    assert stateful_exclusions("0.25.1") == ()  # no connector bug known before 0.26.0
-    for version in ("0.26.0", "0.28.0", "0.31.0", "0.34.0"):
-        known = stateful_exclusions(version)
-        assert known and all(b.carried_by(version) for b in known), version
-        assert any(b.withholds_connector(hybrid) for b in known)
-        assert not any(b.withholds_connector(attention) for b in known)  # the draw keeps its connector there
-    assert stateful_exclusions("0.35.0.dev1+gabc") == ()  # a tree's own version: every bug may show
-    assert all(b.name for b in KNOWN_BUGS if b.withholds_connector or b.draw_exclusion)
+def test_one_bug_one_identity_by_its_mechanism():
+    """The Mamba estimate after a connector load is one bug: the broken
+    estimate and the crash it causes with the pool tight both show it, on
+    every supported release."""
+    (bug,) = [b for b in KNOWN_BUGS if b.name == "mamba_estimate_below_allocation_after_connector_load"]
+    estimate = "state_block_estimate: block_estimate: allocate_slots for request r0 took 4 free blocks; the groups estimated 3"
+    crash = "subject_crash: vLLM raised during schedule: ValueError: Cannot get 2 free blocks from the pool"
+    for version in ("0.23.0", "0.28.0", "0.34.0"):
+        assert bug in known_bugs(version, Category.STATE_BLOCK_ESTIMATE, estimate)
+        assert bug in known_bugs(version, Category.SUBJECT_CRASH, crash)
+    assert bug not in known_bugs("0.22.0")
+    assert not [b for b in KNOWN_BUGS if "free blocks from the pool" in b.signature and b is not bug]
+
+
+def test_a_failure_is_recognised_only_if_all_of_it_is_one_known_bug():
+    from kvspec.oracles.registration import Discrepancy
+
+    known = known_bugs("0.34.0")
+    crash = Discrepancy(Category.SUBJECT_CRASH, None, None,
+                        detail="vLLM raised during schedule: ValueError: Cannot get 2 free blocks from the pool")
+    other = Discrepancy(Category.STATE_REF_COUNT, None, None, detail="ref_counts: block 3 has reference count 2")
+    assert recognise(known, [crash]).name == "mamba_estimate_below_allocation_after_connector_load"
+    assert recognise(known, [crash, other]) is None
+    assert recognise((), [crash]) is None and recognise(known, []) is None
+
+
+def test_nothing_is_kept_out_of_the_stateful_draw():
+    assert all(stateful_exclusions(v) == () for v in ("0.25.1", "0.26.0", "0.28.0", "0.33.0", "0.34.0"))
