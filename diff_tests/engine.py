@@ -58,7 +58,7 @@ def engine_draw_scope() -> str:
             f"are drawn half the time and otherwise left to the release); prompts of up to 3 blocks of shared "
             f"prefix from {FAMILIES} families plus a suffix, resends, at most {MAX_IN_FLIGHT} requests in flight, "
             f"1-8 output tokens each, engine steps, aborts, cache resets; a pool from about one to two longest "
-            f"requests (--num-gpu-blocks-override); vLLM's DecodeBenchConnector (synchronous loads of every prompt token but the last) in one program in four; no speculative decoding, no asynchronous or failing KV loads, no structured output "
+            f"requests (--num-gpu-blocks-override); vLLM's DecodeBenchConnector (synchronous loads of every prompt token but the last) in one program in four; EAGLE3 speculative decoding with the toy Llama's drafter in one Llama program in three (drafts proposed and accepted drawn per step), under the release's default hashes or legacy ones; no asynchronous or failing KV loads, no KV connector of kvspec's own, no structured output "
             f"(not drawn yet); at most {STEPS_PER_PROGRAM} rules a program. Modelled: " + "; ".join(MODELLED_STEPS))
 
 
@@ -72,7 +72,8 @@ class EngineResult(StatefulResult):
 
     def note_settings(self, derived: dict[str, Any]) -> None:
         for key in ("scheduler_class", "retention_interval", "async_scheduling", "reserve_full_isl",
-                    "chunked_prefill", "partial_hash_hits", "kv_connector"):
+                    "chunked_prefill", "partial_hash_hits", "kv_connector", "speculative_method",
+                    "use_eagle_block_drop", "num_hash_lookahead_tokens"):
             value = str(derived.get(key))
             self.settings.setdefault(key, {})
             self.settings[key][value] = self.settings[key].get(value, 0) + 1
@@ -124,10 +125,11 @@ def engine_setups(draw) -> EngineSetup:
     block = draw(st.sampled_from((None, 16, 32))) if toy.attention_block else None
     max_model_len = 256 if toy.attention_block else 512
     unit = block or (16 if toy.attention_block else 64)
-    # Blocks one longest request needs, every layer's group counted (a safe upper estimate).
-    need = len(toy.layers) * -(-max_model_len // unit) + 2
-    if toy.hybrid:  # the release chooses the block (16 to 64 across releases): a middle estimate
-        need = len(toy.layers) * -(-max_model_len // 32) + 2
+    # About the blocks one longest request needs (its full-attention blocks, a
+    # few for each sliding-window or Mamba layer), so requests compete and are
+    # preempted; a pool below the engine's own minimum is refused by vLLM,
+    # counted and said.
+    need = -(-max_model_len // unit) + 2 + 2 * sum(kind != "full" for kind in toy.layers)
     return EngineSetup(
         model=model, num_gpu_blocks=draw(st.integers(need, 2 * need)), max_model_len=max_model_len,
         max_num_batched_tokens=draw(st.sampled_from((None, 64, 128, 256))),
@@ -136,7 +138,16 @@ def engine_setups(draw) -> EngineSetup:
         retention_interval=draw(st.sampled_from((None, None, None, 0, 64))) if toy.hybrid or "sliding" in
         "".join(toy.layers) else None,
         async_scheduling=draw(_MAYBE_BOOL), reserve_full_isl=draw(_MAYBE_BOOL),
-        kv_connector=draw(st.sampled_from((None, None, None, "DecodeBenchConnector"))))
+        kv_connector=draw(st.sampled_from((None, None, None, "DecodeBenchConnector"))),
+        **_speculative(draw, toy))
+
+
+def _speculative(draw, toy) -> dict[str, Any]:
+    """EAGLE3 with the toy's drafter in one program in three where it has one,
+    under the release's default hashes or legacy ones (the EAGLE drop live)."""
+    if toy.drafter is None or not draw(st.sampled_from((False, False, True))):
+        return {}
+    return {"num_speculative_tokens": draw(st.integers(1, 3)), "legacy_hashes": draw(st.sampled_from((None, True)))}
 
 
 def _prompt(family: int, shared: int, suffix: int, seed: int) -> list[int]:
@@ -270,9 +281,13 @@ def engine_machine(proc: SubjectProcess, on_program: Callable[..., None],
         def resend(self, which: int, max_tokens: int) -> None:
             self._arrive(list(self.prompts[which % len(self.prompts)]), max_tokens)
 
-        @rule(steps=st.integers(1, 4))
-        def step(self, steps: int) -> None:
-            self._apply(*({"do": "step"} for _ in range(steps)))
+        @rule(steps=st.integers(1, 4), drafts=st.integers(0, 3), accepted=st.integers(0, 3))
+        def step(self, steps: int, drafts: int, accepted: int) -> None:
+            # The drafter proposes ``drafts`` tokens a step, the target accepts ``accepted`` of them.
+            op: dict[str, Any] = {"do": "step"}
+            if self.program is not None and self.program.setup.num_speculative_tokens and drafts:
+                op.update(drafts=drafts, accepted=min(accepted, drafts))
+            self._apply(*(dict(op) for _ in range(steps)))
 
         @precondition(lambda self: self.live)
         @rule(which=st.integers(0, 2**16))

@@ -52,6 +52,8 @@ class ToyModel:
     layers: tuple[str, ...]  # "full", "sliding:W", "mamba" per KV-cache layer
     mixer: str | None = None  # the Mamba layer class family ("mamba2", "gdn"), if any
     attention_block: bool = True  # whether --block-size is the user's to choose (attention-only models)
+    # An EAGLE3 drafter's config.json for this model (None: no drafter drawn).
+    drafter: dict[str, Any] | None = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def hybrid(self) -> bool:
@@ -65,7 +67,11 @@ def _llama() -> ToyModel:
     config = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, vocab_size=1000,
                   max_position_embeddings=4096, torch_dtype="bfloat16")
-    return ToyModel("toy-llama", "Llama (full attention)", config, ("full", "full"))
+    drafter = dict(architectures=["LlamaForCausalLMEagle3"], model_type="llama", num_hidden_layers=1, hidden_size=64,
+                   num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, vocab_size=1000,
+                   draft_vocab_size=1000, max_position_embeddings=4096, rms_norm_eps=1e-5, torch_dtype="bfloat16",
+                   tie_word_embeddings=False)
+    return ToyModel("toy-llama", "Llama (full attention)", config, ("full", "full"), drafter=drafter)
 
 
 def _gpt_oss() -> ToyModel:
@@ -131,6 +137,16 @@ class EngineSetup:
     # A KV connector of vLLM's own that runs on a CPU (scheduler side): None for none.
     kv_connector: str | None = attrs.field(default=None, validator=attrs.validators.optional(
         attrs.validators.in_(KV_CONNECTORS)))
+    # EAGLE3 speculative decoding with the toy's drafter: the drafts per step (None: none).
+    num_speculative_tokens: int | None = attrs.field(default=None, validator=_optional_count(1, 8))
+    # --speculative-config's disable_lookahead_block_hashes (0.33+): legacy hashes, the EAGLE drop live.
+    legacy_hashes: bool | None = attrs.field(default=None, validator=_optional_bool)
+
+    def __attrs_post_init__(self) -> None:
+        if self.num_speculative_tokens is not None and self.toy.drafter is None:
+            raise InvalidCase(f"{self.model} has no drafter: no speculative decoding on it")
+        if self.legacy_hashes is not None and self.num_speculative_tokens is None:
+            raise InvalidCase("legacy_hashes is a speculative-config setting: it needs num_speculative_tokens")
 
     @property
     def toy(self) -> ToyModel:
@@ -146,11 +162,20 @@ class EngineSetup:
         args = {flag: getattr(self, field) for field, flag in names.items() if getattr(self, field) is not None}
         if self.kv_connector is not None:
             args["kv_transfer_config"] = {"kv_connector": self.kv_connector, "kv_role": "kv_both"}
+        if self.num_speculative_tokens is not None:
+            spec: dict[str, Any] = {"method": "eagle3", "num_speculative_tokens": self.num_speculative_tokens}
+            if self.legacy_hashes:
+                spec["disable_lookahead_block_hashes"] = True
+            args["speculative_config"] = spec
         return args
 
     def message(self) -> dict[str, Any]:
-        """The worker's ``open_engine`` setup."""
-        return {**self.toy.as_setup_part(), "engine_args": self.engine_args()}
+        """The worker's ``open_engine`` setup (the drafter's config.json goes in
+        its own directory, which the worker names in the speculative config)."""
+        message = {**self.toy.as_setup_part(), "engine_args": self.engine_args()}
+        if self.num_speculative_tokens is not None:
+            message["drafter"] = {"hf_config": self.toy.drafter, "draft_layers": 1}
+        return message
 
     def cli_flags(self) -> str:
         """The setup as ``vllm serve`` flags (what a user types)."""

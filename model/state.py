@@ -392,6 +392,9 @@ def _hit_length(t: Transition) -> list[str]:
             or groups[0].block_size != t.config.hash_block_size):
         return []
     block = groups[0].block_size
+    # The EAGLE drop runs only where the scheduler builds the manager with it:
+    # an EAGLE group under legacy hashes (lookahead hashes replace the drop).
+    drop = t.config.effective_eagle[0]
     out = []
     for lk in t.lookups:
         if lk.mapped is None:
@@ -401,11 +404,11 @@ def _hit_length(t: Transition) -> list[str]:
             if not held:
                 break
             run += 1
-        if groups[0].eagle and run:
+        if drop and run:
             run -= 1
         if lk.hit != run * block:
             out.append(f"request {lk.request}: a hit of {lk.hit} tokens; the map held its first {run} blocks "
-                       f"{'(less the one EAGLE recomputes) ' if groups[0].eagle else ''}at the lookup, a hit of "
+                       f"{'(less the one EAGLE recomputes) ' if drop else ''}at the lookup, a hit of "
                        f"{run * block}")
     return out[:3]
 
@@ -510,7 +513,7 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("hit_length", Category.STATE_HIT_LENGTH,
               "on a one-group full-attention model (vLLM's unitary coordinator) the hit is the leading run of the "
               "request's blocks the hash map holds at the lookup, at most (tokens - 1) / block of them, one block "
-              "less under EAGLE", _hit_length),
+              "less where the EAGLE drop runs (an EAGLE group under legacy hashes)", _hit_length),
     Invariant("free_list", Category.STATE_FREE_LIST,
               "the free queue holds no block twice and not the null block, and the pool's counter equals "
               "its length", _free_list, reads=("free_queue", "num_free", "null_block")),

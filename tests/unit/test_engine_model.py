@@ -3,6 +3,7 @@ invariant, without vLLM."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from kvspec.model.case import InvalidCase
@@ -66,3 +67,34 @@ def test_block_estimate_flags_an_allocation_that_took_more_than_estimated():
     assert rule.check(_transition([Allocation("r0", (1, 1), 10, None)])) == []  # raised: the crash is the finding
     broken = rule.check(_transition([Allocation("r0", (1, 0), 10, 8)]))
     assert broken and "took 2 free blocks; the groups estimated 1" in broken[0]
+
+
+def test_speculative_decoding_needs_the_toys_drafter():
+    setup = EngineSetup(model="toy-llama", num_gpu_blocks=30, num_speculative_tokens=2, legacy_hashes=True)
+    assert setup.engine_args()["speculative_config"] == {"method": "eagle3", "num_speculative_tokens": 2,
+                                                         "disable_lookahead_block_hashes": True}
+    assert setup.message()["drafter"]["hf_config"]["architectures"] == ["LlamaForCausalLMEagle3"]
+    with pytest.raises(InvalidCase):
+        EngineSetup(model="toy-nemotron-h", num_gpu_blocks=30, num_speculative_tokens=2)
+    with pytest.raises(InvalidCase):
+        EngineSetup(model="toy-llama", num_gpu_blocks=30, legacy_hashes=True)
+
+
+def test_the_eagle_drop_is_in_the_hit_length_rule_only_under_legacy_hashes():
+    """One EAGLE group: under lookahead hashes (0.33+'s default) nothing is
+    dropped, so a hit of every registered block is right; under legacy hashes
+    the last one is recomputed."""
+    from kvspec.model.state import Lookup
+
+    rule = next(i for i in INVARIANTS if i.name == "hit_length")
+    lookup = Lookup("r1", 64, ((1,),), 128, mapped=(True, False))
+    for scheme, right in ((HashScheme.LOOKAHEAD, 64), (HashScheme.LEGACY, 0)):
+        config = CoordinatorConfig((KVCacheGroup(GroupKind.FULL_ATTENTION, 64, eagle=True),), 64, 64,
+                                   num_prefill_lookahead=1, hash_scheme=scheme)
+        state = ManagerState(null_block=0, num_free=0, free_queue=(), blocks=(), hash_map=(), tables=())
+        t = Transition(op="schedule", request=None, before=state, after=state, config=config,
+                       regime=expected_regime(config, Capabilities()), capabilities=Capabilities(), running={},
+                       lookups=(attrs.evolve(lookup, hit=right),))
+        assert rule.check(t) == [], scheme
+        wrong = attrs.evolve(t, lookups=(attrs.evolve(lookup, hit=64 - right),))
+        assert rule.check(wrong), scheme
