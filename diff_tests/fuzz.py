@@ -21,6 +21,7 @@ from kvspec.subjects.protocol import case_message
 
 from .property import Failure, Tally, run_batch
 from .reduce import reduce_case
+from .hypothesis_compat import set_database_key
 from .seeding import fixed_constant_pool
 from .strategies import batches, deployment_configs, hash_schemes_of, lookup_batches
 
@@ -261,7 +262,7 @@ def fuzz_subject(
     # The database is keyed by subject and differential. Hypothesis deletes a
     # saved failure that passes when replayed, so with one key for all, fuzzing
     # a correct release erased what a mutant or a PR tree had saved.
-    differential.hypothesis.inner_test._hypothesis_internal_add_digest = database_key(proc.subject.label, lookup)
+    set_database_key(differential.hypothesis.inner_test, database_key(proc.subject.label, lookup))
     try:
         with fixed_constant_pool():
             differential()

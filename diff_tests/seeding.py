@@ -20,26 +20,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from .hypothesis_compat import empty_local_constants
+
 
 @contextlib.contextmanager
 def fixed_constant_pool() -> Iterator[None]:
     """Within this block, Hypothesis draws no constants from local modules."""
-    try:
-        from hypothesis.internal.conjecture import providers
-    except ImportError:  # pragma: no cover - layout of other Hypothesis versions
+    with empty_local_constants():
         yield
-        return
-    current = getattr(providers, "_get_local_constants", None)
-    cache = getattr(getattr(providers, "CONSTANTS_CACHE", None), "cache", None)
-    constants = getattr(providers, "Constants", None)
-    if current is None or cache is None or constants is None:
-        yield
-        return
-    empty = constants()
-    providers._get_local_constants = lambda: empty
-    cache.clear()  # entries computed from the growing pool
-    try:
-        yield
-    finally:
-        providers._get_local_constants = current
-        cache.clear()

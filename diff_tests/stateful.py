@@ -41,6 +41,7 @@ from kvspec.subjects.process import SubjectProcess
 from .fuzz import _Abort, interrupt_behind
 from .property import Failure
 from .reduce import reduce_program
+from .hypothesis_compat import set_database_key, set_seed
 from .seeding import fixed_constant_pool
 from .strategies import configs
 
@@ -627,8 +628,8 @@ def _machine_test(machine_class: type[RuleBasedStateMachine], proc: SubjectProce
         max_examples=max_examples, stateful_step_count=steps, deadline=None, database=database,
         verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck), phases=phases,
         report_multiple_bugs=multiple, derandomize=False))
-    test._hypothesis_internal_use_seed = seed
-    test.hypothesis.inner_test._hypothesis_internal_add_digest = key or programs_database_key(proc.subject.label)
+    set_seed(test, seed)
+    set_database_key(test.hypothesis.inner_test, key or programs_database_key(proc.subject.label))
     return test
 
 

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvspec.diff_tests import session
+from kvspec.diff_tests.hypothesis_compat import mark_state_machine_test, set_database_key
 from kvspec.diff_tests.property import run_batch
 from kvspec.diff_tests.stateful import STEPS_PER_PROGRAM, StateViolation, programs_database_key, state_machine
 from kvspec.model.known import known_bugs
@@ -97,7 +98,7 @@ def _state_invariant_tests(subject_id: str):
                             on_program=lambda m, refused=None: programs.append(refused is None), known=known,
                             on_known=on_known)
     # Keyed apart per subject in the example database, like `kvspec fuzz --stateful`.
-    machine._hypothesis_internal_add_digest = programs_database_key(session.label(subject_id))
+    set_database_key(machine, programs_database_key(session.label(subject_id)))
 
     class StateInvariants(machine.TestCase):
         """Every model.state invariant after every operation of vLLM's
@@ -133,8 +134,7 @@ def _state_invariant_tests(subject_id: str):
                              + ", ".join(f"{name} in {n} program(s)" for name, n in sorted(met.items()))
                              + "; the whole budget ran and no other invariant broke")
 
-        runTest.is_hypothesis_test = True
-        runTest._hypothesis_state_machine_class = machine
+        mark_state_machine_test(runTest, machine)
 
     return StateInvariants
 
