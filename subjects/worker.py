@@ -1161,9 +1161,25 @@ def _run_one(driver, case):
                  "traceback": traceback.format_exc()}
     except BaseException as exc:  # a vLLM exception is a finding, reported whole
         reply = {"ok": False, "phase": "drive", "error": f"{type(exc).__name__}: {exc}",
-                 "traceback": traceback.format_exc()}
+                 "traceback": traceback.format_exc(), **_origin(exc)}
     reply["seconds"] = time.perf_counter() - started
     return reply
+
+
+def _origin(exc):
+    """Whose code raised ``exc``: the innermost traceback frame that is in
+    either vLLM's package or this file decides ("vllm" or "kvspec"; frames of
+    other libraries, such as torch under vLLM, are passed over), and where."""
+    vllm = sys.modules.get("vllm")
+    roots = [os.path.realpath(p) + os.sep for p in getattr(vllm, "__path__", ())]
+    here = os.path.realpath(__file__)
+    for frame, line in reversed(list(traceback.walk_tb(exc.__traceback__))):
+        path = os.path.realpath(frame.f_code.co_filename)
+        if path == here:
+            return {"origin": "kvspec", "where": f"worker.py:{line} in {frame.f_code.co_name}"}
+        if any(path.startswith(root) for root in roots):
+            return {"origin": "vllm", "where": f"{os.path.basename(path)}:{line} in {frame.f_code.co_name}"}
+    return {"origin": "unknown"}
 
 
 def _prefill_chunks_op(driver, request):
@@ -1181,8 +1197,10 @@ def _machine_op(driver, request):
     exception stops the batch and is reported whole with the operation's index."""
     if request["op"] == "machine_trace":
         if driver.machine is None:
-            return {"ok": False, "kvspec_error": "no machine is open"}
+            return {"ok": False, "kvspec_error": "no machine is open", "no_machine": True}
         return {"ok": True, "trace": driver.machine.trace}
+    if request["op"] == "machine_ops" and driver.machine is None:  # kvspec's error (a fresh worker), not vLLM's
+        return {"ok": False, "kvspec_error": "no machine is open on this worker", "no_machine": True}
     if request["op"] == "open_machine":
         try:
             driver.machine = Machine(driver, request["case"])
@@ -1192,7 +1210,7 @@ def _machine_op(driver, request):
             return {"ok": False, "environment": True, "error": f"{type(exc).__name__}: {exc}"}
         except BaseException as exc:  # vLLM refused the configuration
             return {"ok": False, "phase": "construct", "error": f"{type(exc).__name__}: {exc}",
-                    "traceback": traceback.format_exc()}
+                    "traceback": traceback.format_exc(), **_origin(exc)}
         machine = driver.machine
         return {"ok": True, "state": machine.snapshot(), "groups": len(machine.groups),
                 # What this vLLM lets the machine do, and the retention it took.
@@ -1209,7 +1227,7 @@ def _machine_op(driver, request):
             return {"ok": False, "kvspec_error": str(exc), "index": index, "answers": answers}
         except BaseException as exc:  # a vLLM exception mid-sequence is a finding, reported whole
             return {"ok": False, "phase": "drive", "index": index, "error": f"{type(exc).__name__}: {exc}",
-                    "traceback": traceback.format_exc(), "answers": answers}
+                    "traceback": traceback.format_exc(), "answers": answers, **_origin(exc)}
     return {"ok": True, "answers": answers}
 
 
@@ -1221,7 +1239,8 @@ def _session_op(driver, request):
     except Unsupported as exc:
         return {"ok": False, "unsupported": True, "error": str(exc)}
     except BaseException as exc:  # a vLLM exception mid-replay is reported whole
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(),
+                **_origin(exc)}
 
 
 if __name__ == "__main__":

@@ -17,9 +17,13 @@ import subprocess
 import sys
 import time
 
+import pytest
 
 from kvspec.model.case import Case, prefill
 from kvspec.model.corpus import case as corpus_case
+from kvspec.model.domain import CoordinatorConfig, KVCacheGroup
+from kvspec.model.errors import InfrastructureError
+from kvspec.model.program import Program
 from kvspec.model.outcome import Outcome
 from kvspec.subjects.mutation import mutant
 from kvspec.subjects.process import SubjectProcess
@@ -172,3 +176,43 @@ def test_a_tree_that_lost_a_capability_is_fuzzed_in_a_stated_reduced_scope(tmp_p
     assert doc["status"] == "REDUCED SCOPE"
     assert "lacks lookahead_block_hashes, which vLLM 0.33.0 has" in doc["subjects"][0]["scope_reduction"]
     assert "REDUCED SCOPE" in run.stdout
+
+
+_MACHINE = Program(CoordinatorConfig((KVCacheGroup("full_attention", 2),), 4, 2), 16, 64)
+
+
+def test_a_worker_killed_under_an_open_machine_is_infrastructure_not_a_vllm_crash():
+    """The fresh worker has no machine: the teardown's finish never reaches
+    it as if vLLM had raised (issue 28: "'NoneType' object has no attribute 'apply'")."""
+    with SubjectProcess(release("0.34.0")) as proc:
+        assert proc.session({"op": "open_machine", "case": _MACHINE.machine_case()})["ok"]
+        os.kill(proc.worker_pid, signal.SIGKILL)
+        proc._proc.wait(timeout=60)
+        with pytest.raises(InfrastructureError, match="killed by SIGKILL.*nothing from here is a vLLM finding"):
+            proc.session({"op": "machine_ops", "ops": [{"do": "finish", "id": "r0"}]})
+        # Asked directly, the fresh worker says no machine is open: kvspec's error, not vLLM's.
+        proc._send({"op": "machine_ops", "ops": [{"do": "finish", "id": "r0"}]})
+        assert proc._read() == {"ok": False, "kvspec_error": "no machine is open on this worker",
+                                "no_machine": True}
+
+
+def test_a_worker_stopped_while_importing_vllm_is_infrastructure_and_bounded():
+    proc = SubjectProcess(release("0.34.0"), wait=False, timeout=3)
+    try:
+        os.kill(proc.worker_pid, signal.SIGSTOP)
+        started = time.monotonic()
+        with pytest.raises(InfrastructureError, match="made no progress for 3 s .* while importing vLLM"):
+            proc.ready()
+        assert time.monotonic() - started < 60
+    finally:
+        proc.close()
+
+
+def test_a_worker_killed_while_importing_vllm_is_infrastructure_not_a_setup_error():
+    proc = SubjectProcess(release("0.34.0"), wait=False)
+    try:
+        os.kill(proc.worker_pid, signal.SIGKILL)
+        with pytest.raises(InfrastructureError, match="was killed by SIGKILL while importing vLLM"):
+            proc.ready()
+    finally:
+        proc.close()
