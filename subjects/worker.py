@@ -1161,12 +1161,12 @@ def _run_one(driver, case):
                  "traceback": traceback.format_exc()}
     except BaseException as exc:  # a vLLM exception is a finding, reported whole
         reply = {"ok": False, "phase": "drive", "error": f"{type(exc).__name__}: {exc}",
-                 "traceback": traceback.format_exc(), **_origin(exc)}
+                 "traceback": traceback.format_exc(), **exception_origin(exc)}
     reply["seconds"] = time.perf_counter() - started
     return reply
 
 
-def _origin(exc):
+def exception_origin(exc):
     """Whose code raised ``exc``: the innermost traceback frame that is in
     either vLLM's package or this file decides ("vllm" or "kvspec"; frames of
     other libraries, such as torch under vLLM, are passed over), and where."""
@@ -1210,7 +1210,7 @@ def _machine_op(driver, request):
             return {"ok": False, "environment": True, "error": f"{type(exc).__name__}: {exc}"}
         except BaseException as exc:  # vLLM refused the configuration
             return {"ok": False, "phase": "construct", "error": f"{type(exc).__name__}: {exc}",
-                    "traceback": traceback.format_exc(), **_origin(exc)}
+                    "traceback": traceback.format_exc(), **exception_origin(exc)}
         machine = driver.machine
         return {"ok": True, "state": machine.snapshot(), "groups": len(machine.groups),
                 # What this vLLM lets the machine do, and the retention it took.
@@ -1227,7 +1227,7 @@ def _machine_op(driver, request):
             return {"ok": False, "kvspec_error": str(exc), "index": index, "answers": answers}
         except BaseException as exc:  # a vLLM exception mid-sequence is a finding, reported whole
             return {"ok": False, "phase": "drive", "index": index, "error": f"{type(exc).__name__}: {exc}",
-                    "traceback": traceback.format_exc(), "answers": answers, **_origin(exc)}
+                    "traceback": traceback.format_exc(), "answers": answers, **exception_origin(exc)}
     return {"ok": True, "answers": answers}
 
 
@@ -1240,7 +1240,7 @@ def _session_op(driver, request):
         return {"ok": False, "unsupported": True, "error": str(exc)}
     except BaseException as exc:  # a vLLM exception mid-replay is reported whole
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(),
-                **_origin(exc)}
+                **exception_origin(exc)}
 
 
 if __name__ == "__main__":

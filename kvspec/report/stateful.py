@@ -22,7 +22,8 @@ from kvspec.model.finding import Blame, Category, Finding, Ledger
 from .completion import finding_stem, store_finding
 from .findings import subject_compared
 
-__all__ = ["STATE_RULE", "stateful_finding", "complete_stateful_finding", "store_raw_stateful_finding"]
+__all__ = ["STATE_RULE", "stateful_finding", "complete_stateful_finding", "store_raw_stateful_finding",
+           "unconfirmed_crash"]
 
 STATE_RULE = "state invariants (model.state.INVARIANTS)"
 
@@ -100,7 +101,7 @@ def complete_stateful_finding(proc, result, findings_dir: Path,
     reproduced = any(d.category is finding.category for d in found)
     finding = attrs.evolve(finding, run={**finding.run, "reproduced_on_replay": reproduced})
     if not reproduced and finding.category is Category.SUBJECT_CRASH:
-        finding = _unconfirmed(finding)
+        finding = unconfirmed_crash(finding)
     store_finding(finding, path)
     trace = proc.session({"op": "machine_trace"}) if reproduced else {}
     code = emit_stateful_test(finding, trace.get("trace"), proc.capabilities) if trace.get("ok") else None
@@ -118,7 +119,7 @@ def complete_stateful_finding(proc, result, findings_dir: Path,
     return finding, path
 
 
-def _unconfirmed(finding: Finding) -> Finding:
+def unconfirmed_crash(finding: Finding) -> Finding:
     """A crash the replay on the live subject did not raise again is not
     headlined as vLLM's: it is kept, said to be unconfirmed, for a reader to judge."""
     label = finding.ledger.subject_label

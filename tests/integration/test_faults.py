@@ -187,13 +187,24 @@ def test_a_worker_killed_under_an_open_machine_is_infrastructure_not_a_vllm_cras
     with SubjectProcess(release("0.34.0")) as proc:
         assert proc.session({"op": "open_machine", "case": _MACHINE.machine_case()})["ok"]
         os.kill(proc.worker_pid, signal.SIGKILL)
-        proc._proc.wait(timeout=60)
+        _wait_dead(proc.worker_pid)
         with pytest.raises(InfrastructureError, match="killed by SIGKILL.*nothing from here is a vLLM finding"):
             proc.session({"op": "machine_ops", "ops": [{"do": "finish", "id": "r0"}]})
-        # Asked directly, the fresh worker says no machine is open: kvspec's error, not vLLM's.
-        proc._send({"op": "machine_ops", "ops": [{"do": "finish", "id": "r0"}]})
-        assert proc._read() == {"ok": False, "kvspec_error": "no machine is open on this worker",
-                                "no_machine": True}
+        # A new machine on the fresh worker is fine.
+        assert proc.session({"op": "open_machine", "case": _MACHINE.machine_case()})["ok"]
+        assert proc.session({"op": "machine_ops", "ops": [{"do": "schedule"}]})["ok"]
+
+
+def _wait_dead(pid: int) -> None:
+    """Until the killed child has exited, without reaping it (its owner
+    does): a kill is delivered asynchronously, and /proc shows a dying
+    multi-threaded process as a zombie before it can be waited for."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} still alive after 60 s")
 
 
 def test_a_worker_stopped_while_importing_vllm_is_infrastructure_and_bounded():

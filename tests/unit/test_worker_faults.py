@@ -35,7 +35,7 @@ def fake_vllm(tmp_path, monkeypatch):
 
 def test_an_exception_raised_in_vllms_frames_is_vllms(fake_vllm):
     exc = _raised("def call():\n    return None.apply\n", str(fake_vllm / "core.py"))
-    assert worker._origin(exc) == {"origin": "vllm", "where": "core.py:2 in call"}
+    assert worker.exception_origin(exc) == {"origin": "vllm", "where": "core.py:2 in call"}
 
 
 def test_an_exception_raised_in_the_workers_own_frames_is_kvspecs(fake_vllm):
@@ -48,7 +48,7 @@ def test_an_exception_raised_in_the_workers_own_frames_is_kvspecs(fake_vllm):
     try:
         worker.Machine.apply(None, {"do": "finish"})
     except Exception as exc:  # noqa: BLE001
-        origin = worker._origin(exc)
+        origin = worker.exception_origin(exc)
     else:
         raise AssertionError("apply on nothing did not raise")
     assert origin["origin"] == "kvspec" and origin["where"].startswith("worker.py:")
@@ -61,19 +61,19 @@ def test_library_frames_under_vllm_are_passed_over(fake_vllm, tmp_path):
     try:
         namespace["call"]()
     except ValueError as exc:
-        assert worker._origin(exc)["origin"] == "vllm"
+        assert worker.exception_origin(exc)["origin"] == "vllm"
     else:
         raise AssertionError("the stand-in did not raise")
 
 
 def test_a_crash_that_does_not_recur_on_replay_is_not_headlined_as_vllms():
     from kvspec.model.finding import Blame, Category, Finding
-    from kvspec.report.stateful import _unconfirmed
+    from kvspec.report.stateful import unconfirmed_crash
 
     from tests.support import FIXTURES
 
     data = json.loads((FIXTURES / "finding_refloor_50062.json").read_text())
     finding = attrs.evolve(Finding.from_dict(data), category=Category.SUBJECT_CRASH)
-    unconfirmed = _unconfirmed(finding)
+    unconfirmed = unconfirmed_crash(finding)
     assert unconfirmed.verdict.startswith("UNCONFIRMED: ") and "not reported as a vLLM crash" in unconfirmed.verdict
     assert unconfirmed.ledger.blame is Blame.UNDETERMINED
