@@ -28,7 +28,7 @@ from kvspec.model.outcome import Outcome
 from kvspec.subjects.mutation import mutant
 from kvspec.subjects.process import SubjectProcess
 from kvspec.subjects.protocol import case_message
-from kvspec.subjects.provision import ensure_release
+from kvspec.subjects.provision import ensure_release, is_checked_hash
 from kvspec.subjects.subject import release, source_tree
 
 from tests.support import interruptible, mutant_tree, planted_tree
@@ -227,3 +227,26 @@ def test_a_worker_killed_while_importing_vllm_is_infrastructure_not_a_setup_erro
             proc.ready()
     finally:
         proc.close()
+
+
+def test_a_planted_pyc_in_a_mutant_tree_is_rebuilt_not_imported(tmp_path, capsys):
+    """The release's coordinator compiled unchecked-hash into the mutant's
+    __pycache__ would run the release's code as the mutant (issue 28: exit 0,
+    "no discrepancy" on refloor_50062)."""
+    import py_compile
+
+    operator = mutant("refloor_50062")
+    tree = mutant_tree("0.33.0", operator.name)
+    target = tree / operator.target_file
+    (pyc,) = (target.parent / "__pycache__").glob(f"{target.stem}.*.pyc")
+    assert is_checked_hash(pyc)
+    py_compile.compile(str(ensure_release("0.33.0") / operator.target_file), cfile=str(pyc),
+                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    assert not is_checked_hash(pyc)
+    capsys.readouterr()
+    assert mutant_tree("0.33.0", operator.name) == tree
+    err = capsys.readouterr().err
+    assert "its compiled bytecode is not what kvspec compiled" in err and "rebuilding it" in err
+    (rebuilt,) = (target.parent / "__pycache__").glob(f"{target.stem}.*.pyc")
+    assert is_checked_hash(rebuilt)
+    assert target.read_text() == operator.apply((ensure_release("0.33.0") / operator.target_file).read_text())
