@@ -86,5 +86,7 @@ def render_markdown(run) -> str:
             lines.append(f"| {_md(public_label(label))} | | | not run | | | | |")
     lines.append("")
     for f in findings:
+        if f.run.get("incomplete"):  # kept as found: its completion or storage did not finish
+            lines += [f"**INCOMPLETE finding:** {_md(public_label(str(f.run['incomplete'])))}", ""]
         lines.append(render_finding_markdown(f, heading="###", lead=False))
     return "\n".join(lines).rstrip("\n") + "\n"

@@ -79,8 +79,9 @@ def test_a_hang_that_recurs_is_an_infrastructure_error_not_a_finding(tmp_path):
     assert "no discrepancy" not in run.stdout.replace("no discrepancy found so far", "")
 
 
-def _fuzz_until(tmp_path, trigger: str, *args) -> tuple[subprocess.CompletedProcess, dict, str]:
-    """Run `kvspec fuzz`, send it Ctrl-C (SIGINT) when ``trigger`` is printed."""
+def _fuzz_until(tmp_path, trigger: str, *args, stop: int = signal.SIGINT
+                ) -> tuple[subprocess.CompletedProcess, dict, str]:
+    """Run `kvspec fuzz`, send it ``stop`` (Ctrl-C's SIGINT by default) when ``trigger`` is printed."""
     out, markdown = tmp_path / "fuzz.json", tmp_path / "fuzz.md"
     command = [sys.executable, "-u", "-m", "kvspec", "fuzz", "--seed", "0", "--database", "",
                "--json", str(out), "--markdown", str(markdown), "--findings-dir", str(tmp_path / "f"), *args]
@@ -90,7 +91,7 @@ def _fuzz_until(tmp_path, trigger: str, *args) -> tuple[subprocess.CompletedProc
     for line in proc.stdout:
         lines.append(line)
         if trigger in line:
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(stop)
             break
     rest, _ = proc.communicate(timeout=300)
     text = "".join(lines) + rest
@@ -250,3 +251,75 @@ def test_a_planted_pyc_in_a_mutant_tree_is_rebuilt_not_imported(tmp_path, capsys
     (rebuilt,) = (target.parent / "__pycache__").glob(f"{target.stem}.*.pyc")
     assert is_checked_hash(rebuilt)
     assert target.read_text() == operator.apply((ensure_release("0.33.0") / operator.target_file).read_text())
+
+
+def test_a_finding_whose_storage_fails_stays_in_every_report(tmp_path, monkeypatch, capsys):
+    """--findings-dir on a full disk (issue 28: a traceback, exit 1, while the
+    JSON said COMPLETE/OK and the Markdown "no discrepancy")."""
+    import errno
+
+    from kvspec.cli import main
+    from kvspec.report import completion
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(completion, "store_finding", full)
+    out, markdown = tmp_path / "fuzz.json", tmp_path / "fuzz.md"
+    code = main(["fuzz", "--vllm-src", str(mutant_tree("0.33.0", "refloor_50062")), "--seed", "0",
+                 "--max-examples", "300", "--database", "", "--json", str(out), "--markdown", str(markdown),
+                 "--findings-dir", str(tmp_path / "f")])
+    printed = capsys.readouterr().out
+    assert code == Outcome.FINDING.exit_code, printed[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "INCOMPLETE" and "No space left on device" in doc["stopped"]
+    finding = doc["subjects"][0]["finding"]
+    assert finding["category"] == "under_registration" and "No space left" in finding["run"]["incomplete"]
+    text = markdown.read_text()
+    assert "**INCOMPLETE finding:**" in text and "No space left" in text and "no discrepancy" not in text
+    assert "NOT STORED" in printed
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as listing:
+            return [int(child) for child in listing.read().split()]
+    except OSError:
+        return []
+
+
+def test_sigterm_at_the_first_counterexample_is_an_interrupt_and_keeps_the_finding(tmp_path):
+    """Issue 28: the JSON said COMPLETE/OK, the Markdown "no discrepancy", no
+    finding stored, the worker orphaned."""
+    run, doc, markdown = _fuzz_until(tmp_path, "first counterexample",
+                                     "--vllm-src", str(mutant_tree("0.33.0", "refloor_50062")),
+                                     "--max-examples", "500", stop=signal.SIGTERM)
+    assert run.returncode == Outcome.FINDING.exit_code, run.stdout[-2000:]
+    assert doc["status"] == "INTERRUPTED" and doc["subjects"][0]["finding"] is not None
+    assert list((tmp_path / "f").glob("finding-*.json"))
+    assert "no discrepancy" not in markdown
+    heading = next(line for line in markdown.splitlines() if line.startswith("## kvspec fuzz:"))
+    assert heading.startswith("## kvspec fuzz: INTERRUPTED")
+
+
+def test_sighup_while_fuzzing_is_an_interrupt_and_leaves_no_worker(tmp_path):
+    out = tmp_path / "fuzz.json"
+    command = [sys.executable, "-u", "-m", "kvspec", "fuzz", "--vllm", "0.34.0", "--stateful", "--seed", "0",
+               "--max-examples", "300", "--database", "", "--json", str(out), "--findings-dir", str(tmp_path / "f")]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    workers: list[int] = []
+    for line in proc.stdout:
+        if "starting" in line:
+            deadline = time.monotonic() + 120
+            while not workers and time.monotonic() < deadline:
+                workers = _children(proc.pid)
+                time.sleep(0.1)
+            proc.send_signal(signal.SIGHUP)
+            break
+    rest, _ = proc.communicate(timeout=300)
+    assert workers, "no worker was seen"
+    assert proc.returncode == Outcome.INTERRUPTED.exit_code, rest[-2000:]
+    assert "interrupted by SIGHUP" in rest
+    assert json.loads(out.read_text())["status"] == "INTERRUPTED"
+    for pid in workers:  # no child outlives kvspec
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
