@@ -69,7 +69,7 @@ def merge_results(results: list[FuzzResult], seconds: float) -> FuzzResult:
         seconds_to_first_failure=min(times) if times else None,
         jobs=len(results), other_failures=tuple(ordered[1:]), lookup=first.lookup,
         restarts=tuple(r for result in results for r in result.restarts),
-        hash_schemes=first.hash_schemes, schemes_left_out=first.schemes_left_out,
+        hash_schemes=first.hash_schemes, schemes_left_out=first.schemes_left_out, narrowed=first.narrowed,
         deployment_configs=first.deployment_configs, deployments_note=first.deployments_note,
         scope_reduction=first.scope_reduction,
     )

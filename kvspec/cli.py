@@ -14,7 +14,9 @@ import contextlib
 import importlib
 import signal
 import sys
+import tempfile
 import threading
+import traceback
 from typing import Iterator, Sequence
 
 from kvspec.model.errors import KvspecError
@@ -82,6 +84,25 @@ def _stop_signals_interrupt(received: list[str]) -> Iterator[None]:
             signal.signal(number, handler)
 
 
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
+
+
+def _crash_log(exc: BaseException) -> str:
+    """Write ``exc``'s traceback to a new file in the system's temporary
+    directory; its path (or why there is none)."""
+    try:
+        handle = tempfile.NamedTemporaryFile("w", prefix="kvspec-internal-error-", suffix=".log",
+                                             delete=False)
+        with handle:
+            handle.write(f"kvspec {' '.join(sys.argv[1:])}\n")
+            traceback.print_exception(type(exc), exc, exc.__traceback__, file=handle)
+        return handle.name
+    except (OSError, RecursionError) as again:
+        return f"no log file: writing one failed too ({_one_line(again)})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -95,6 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KvspecError as exc:
         print(f"kvspec: error: {exc}", file=sys.stderr)
         return exc.outcome.exit_code
+    except Exception as exc:  # noqa: BLE001 - anything else is a kvspec bug: a line, a log, its own code
+        print(f"kvspec: internal error: {_one_line(exc)} (a kvspec bug, not a finding; the traceback is in "
+              f"{_crash_log(exc)})", file=sys.stderr)
+        return Outcome.INTERNAL.exit_code
     except KeyboardInterrupt:
         by = f" by {received[0]}" if received else ""
         print(f"kvspec: interrupted{by} (results so far were written)", file=sys.stderr)

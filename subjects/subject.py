@@ -78,10 +78,14 @@ def mutant_subject(version: str, operator: str) -> Subject:
 
 
 def source_tree(path: str) -> Subject:
-    root = Path(path).expanduser().resolve()
-    if root.name == "vllm" and (root / "__init__.py").exists():
-        root = root.parent  # the package itself was named: use its parent
-    if not (root / "vllm" / "__init__.py").exists():
+    try:
+        root = Path(path).expanduser().resolve()
+        if root.name == "vllm" and (root / "__init__.py").exists():
+            root = root.parent  # the package itself was named: use its parent
+        found = (root / "vllm" / "__init__.py").exists()
+    except (OSError, RuntimeError) as exc:  # a symlink loop (RuntimeError before Python 3.13), unreadable
+        raise SubjectError(f"--vllm-src {path}: cannot resolve it ({exc})") from None
+    if not found:
         raise SubjectError(
             f"no vllm package under {path}: pass a checkout's root or an unpacked wheel "
             "(a directory containing vllm/__init__.py)"
