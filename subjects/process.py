@@ -244,6 +244,14 @@ class SubjectProcess:
         no longer reads that code), a stated reduction of scope for a tree."""
         reference, whose = reference_capabilities(self.identity.get("vllm_version"))
         missing = self.capabilities.missing(reference)
+        beyond = reference.missing(self.capabilities)
+        if not missing and beyond and self.subject.kind == "source":
+            # Code newer than its version says: what kvspec keys on the version
+            # (the known bugs kept out of the draw, the deployments derived)
+            # is the older release's, so the run is not this code's whole scope.
+            return (f"{self.subject.label} has {', '.join(beyond)}, which {whose} (its _version.py) lacks: "
+                    "kvspec reads the known bugs kept out of the draw and the deployment profiles for that "
+                    "older release, not for this code")
         if not missing:
             return ""
         text = (f"{self.subject.label} lacks {', '.join(missing)}, which {whose} has: kvspec does not "

@@ -323,3 +323,24 @@ def test_sighup_while_fuzzing_is_an_interrupt_and_leaves_no_worker(tmp_path):
     assert json.loads(out.read_text())["status"] == "INTERRUPTED"
     for pid in workers:  # no child outlives kvspec
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+def test_a_tree_claiming_an_older_release_than_its_code_says_its_scope_is_reduced(tmp_path):
+    """Issue 28: run COMPLETE although the known bugs and deployments kvspec
+    keys on the version were the older release's."""
+    tree = tmp_path / "claims-older"
+    shutil.copytree(ensure_release("0.34.0"), tree)
+    version = tree / "vllm" / "_version.py"
+    text = version.read_text()
+    assert text.count("'0.34.0'") == 1 and text.count("(0, 34, 0)") == 1
+    version.write_text(text.replace("'0.34.0'", "'0.28.0'").replace("(0, 34, 0)", "(0, 28, 0)"))
+    out = tmp_path / "fuzz.json"
+    run = subprocess.run([sys.executable, "-m", "kvspec", "fuzz", "--vllm-src", str(tree), "--seed", "0",
+                          "--max-examples", "10", "--database", "", "--json", str(out), "--markdown",
+                          str(tmp_path / "fuzz.md"), "--findings-dir", str(tmp_path / "f")],
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == Outcome.INCOMPLETE.exit_code, run.stdout[-2000:] + run.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "REDUCED SCOPE"
+    assert "(its _version.py) lacks" in doc["subjects"][0]["scope_reduction"]
+    assert "REDUCED SCOPE" in (tmp_path / "fuzz.md").read_text() and "REDUCED SCOPE" in run.stdout
