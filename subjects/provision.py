@@ -271,8 +271,6 @@ def ensure_release(version: str, progress: Progress = report) -> Path:
 
 
 def _provision_release(version: str, root: Path, progress: Progress) -> None:
-    if root.exists():
-        shutil.rmtree(root)
     with tempfile.TemporaryDirectory(dir=cache_root()) as scratch:
         try:
             _pip(sys.executable, ["download", "--no-deps", "--only-binary", ":all:",
@@ -295,6 +293,10 @@ def _provision_release(version: str, root: Path, progress: Progress) -> None:
                 if name.startswith("vllm/") and name.endswith(".py"):
                     wheel.extract(name, staging)
         root.parent.mkdir(parents=True, exist_ok=True)
+        # The old tree goes only now that its replacement is here: a download
+        # that fails (no package index) leaves the cache as it was.
+        if root.exists():
+            shutil.rmtree(root)
         shutil.move(str(staging), str(root))
     byte_compile(root, progress)
 

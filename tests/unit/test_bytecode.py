@@ -70,3 +70,18 @@ def test_bytecode_planted_after_verification_is_caught_on_next_use(cached_tree, 
     # Nothing but bytecode was touched: the sources and the marker's sources digest stand.
     assert (cached_tree / "vllm" / "mod.py").read_text() == "VALUE = 'source'\n"
     assert json.loads((cached_tree / "READY").read_text())["content_sha256"] == tree_digest(cached_tree)
+
+
+def test_a_failed_download_leaves_the_cached_tree_in_place(cached_tree, monkeypatch):
+    """Issue 28: a re-provisioning whose download failed had deleted the release tree first."""
+    from kvspec.subjects.provision import ProvisionError
+
+    (cached_tree / "vllm" / "mod.py").write_text("VALUE = 'changed'\n")  # differs from the marker
+
+    def offline(*args, **kwargs):
+        raise ProvisionError("no package index")
+
+    monkeypatch.setattr(provision, "_pip", offline)
+    with pytest.raises(ProvisionError, match="no package index"):
+        ensure_release(VERSION)
+    assert (cached_tree / "vllm" / "mod.py").read_text() == "VALUE = 'changed'\n"
