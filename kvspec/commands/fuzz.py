@@ -7,7 +7,8 @@ leaves what was found, marked INCOMPLETE or INTERRUPTED, never "no
 discrepancy".
 
 Exit codes: 0 no discrepancy in every subject, 1 a discrepancy, 2 usage or
-setup error, 4 incomplete, 5 infrastructure error, 130 interrupted.
+setup error, 4 incomplete, 5 infrastructure error, 70 internal error (a kvspec bug),
+130 interrupted (Ctrl-C, SIGTERM, SIGHUP).
 """
 
 from __future__ import annotations
