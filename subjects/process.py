@@ -269,7 +269,7 @@ class SubjectProcess:
     def _ensure_started(self) -> None:
         if not self._alive():
             if self._proc is not None:
-                self._last_death = self._reap(timed_out=False).describe()
+                self._reap(timed_out=False)
                 # Nothing was lost (no message was under way), but it is said.
                 self.restarts.append(f"the worker {self._last_death} between messages; a fresh one took over")
             self._spawn()
@@ -331,6 +331,7 @@ class SubjectProcess:
             self._kill()
             code = self._proc.returncode
         death = _Death(code, timed_out, self._stderr_tail(), self.timeout)
+        self._last_death = death.describe()
         self._forget()
         return death
 
@@ -422,7 +423,8 @@ class SubjectProcess:
         if kind is not None:
             self._ensure_started()
             if self._opened_on != self._spawns:
-                before = f"the worker before it {self._last_death}" if self._last_death else "none was opened"
+                before = ("none was opened" if self._opened_on is None
+                          else f"the worker that held it {self._last_death or 'was ended'}")
                 raise InfrastructureError(
                     f"{self.subject.label}: the {kind} this {message.get('op')} needs is not on the running "
                     f"worker ({before}); a fresh worker cannot continue it, so nothing from here is a vLLM "
