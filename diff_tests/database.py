@@ -63,9 +63,25 @@ def _directory(path: Path) -> ExampleDatabase:
     writable = os.access(path, os.W_OK | os.X_OK)
     if not path.is_dir():
         raise DatabaseError(f"--database {path}: not a directory kvspec can create")
-    database = DirectoryBasedExampleDatabase(str(path))
+    database = _CheckedDirectory(str(path))
     if writable:
         return database
     print(f"kvspec: warning: the example database {path} is not writable: its saved failures are "
           "replayed, but failures found now will not be saved", file=sys.stderr, flush=True)
     return ReadOnlyDatabase(database)
+
+
+class _CheckedDirectory(DirectoryBasedExampleDatabase):
+    """Hypothesis's directory database drops a write that fails (a full
+    disk) without a word, and may leave an empty file: each save is read
+    back, and the first that did not land is warned about, once."""
+
+    warned = False
+
+    def save(self, key: bytes, value: bytes) -> None:
+        super().save(key, value)
+        if not self.warned and value not in set(self.fetch(key)):
+            self.warned = True
+            print(f"kvspec: warning: the example database {self.path} could not save a failing example "
+                  "(a full disk?): failures found now may not be replayed by later runs", file=sys.stderr,
+                  flush=True)

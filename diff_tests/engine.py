@@ -198,7 +198,7 @@ def engine_machine(proc: SubjectProcess, on_program: Callable[..., None],
                 on_program(self, refused=f"not expressible on this release: {opened.get('error')}")
                 reject()
             if not opened.get("ok"):
-                if opened.get("raised_in") == "kvspec":
+                if opened.get("origin") == "kvspec":
                     raise _Abort(InfrastructureError(f"kvspec's engine driver failed building {setup.describe()}: "
                                                      f"{opened.get('error')} (a kvspec bug)"))
                 # vLLM's configuration code refused the flags: not an engine it runs.
@@ -431,7 +431,7 @@ def replay_engine_program(proc: SubjectProcess, program: EngineProgram) -> tuple
     if not opened.get("ok"):
         if opened.get("environment"):
             raise SetupError(f"the vLLM runtime cannot import what the engine needs ({opened.get('error')})")
-        if opened.get("unsupported") or opened.get("raised_in") == "kvspec":
+        if opened.get("unsupported") or opened.get("origin") == "kvspec":
             raise InfrastructureError(f"this subject cannot build the engine: {opened.get('error')}")
         return [StateOracle.refused(opened)], opened
     oracle = StateOracle(program, proc.capabilities, opened, config=derived_config(opened["derived"]))

@@ -46,6 +46,9 @@ class FuzzResult:
     # verdict says under which it holds.
     hash_schemes: tuple[str, ...] = ("legacy",)
     schemes_left_out: tuple[str, ...] = ()
+    # The schemes left out because --hash-scheme asked for fewer (not because
+    # a differential models only one): the verdict says so in every format.
+    narrowed: bool = False
     # Deployment profiles drawn from (their coordinator configurations), and
     # why there are none when there are none.
     deployment_configs: int = 0
@@ -103,6 +106,8 @@ class FuzzResult:
             return f"incomplete ({self.stopped_why})"
         if self.scope_reduction:
             return f"no discrepancy in a reduced scope ({self.scope_reduction})"
+        if self.narrowed:  # the command asked for fewer schemes than the subject has: said in every format
+            return f"no discrepancy, {self.scheme_text}"
         return "no discrepancy"
 
     def as_dict(self) -> dict[str, Any]:
@@ -136,6 +141,7 @@ class FuzzResult:
             "known_excluded": [{"name": k.name, "summary": k.summary, "first": k.first, "fixed_in": k.fixed_in,
                                 "reach": k.reach} for k in self.known_excluded],
             "scope_reduction": self.scope_reduction or None,
+            "narrowed": self.scheme_text if self.narrowed else None,
         }
 
     @property
@@ -211,6 +217,7 @@ def fuzz_subject(
     available = hash_schemes_of(caps)
     schemes = hash_schemes_of(caps, hash_schemes)
     left_out = tuple(s for s in available if s not in schemes)
+    narrowed = bool(left_out)
     if lookup and "lookahead" in schemes:
         # The lookup model describes legacy hashes (a hit needs whole hash
         # blocks of shared tokens, not L more): lookahead lookups are not judged.
@@ -224,7 +231,8 @@ def fuzz_subject(
             else "not asked for" if not deployments
             else "no deployment profile is derived for this release (kvspec derives them from 0.28)")
     result = FuzzResult(subject=proc.describe(), capabilities=caps, seed=seed, lookup=lookup,
-                        hash_schemes=schemes, schemes_left_out=left_out, deployment_configs=len(configs),
+                        hash_schemes=schemes, schemes_left_out=left_out, narrowed=narrowed,
+                        deployment_configs=len(configs),
                         deployments_note=note, scope_reduction=proc.scope_reduction)
     restarts_before = len(proc.restarts)
     failures: list[Failure] = []

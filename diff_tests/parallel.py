@@ -17,6 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 from kvspec.model.errors import InfrastructureError
+from kvspec.model.outcome import Outcome
 
 from kvspec.subjects.subject import Subject
 
@@ -68,7 +69,7 @@ def merge_results(results: list[FuzzResult], seconds: float) -> FuzzResult:
         seconds_to_first_failure=min(times) if times else None,
         jobs=len(results), other_failures=tuple(ordered[1:]), lookup=first.lookup,
         restarts=tuple(r for result in results for r in result.restarts),
-        hash_schemes=first.hash_schemes, schemes_left_out=first.schemes_left_out,
+        hash_schemes=first.hash_schemes, schemes_left_out=first.schemes_left_out, narrowed=first.narrowed,
         deployment_configs=first.deployment_configs, deployments_note=first.deployments_note,
         scope_reduction=first.scope_reduction,
     )
@@ -85,14 +86,23 @@ def fuzz_parallel(subject: Subject, jobs: int, max_examples: int, seed: int,
     shares = [(i, n) for i, n in enumerate(job_shares(max_examples, jobs)) if n > 0]
     # spawn, not fork: the parent may hold threads and open pipes to other workers.
     context = multiprocessing.get_context("spawn")
-    try:
-        with ProcessPoolExecutor(max_workers=len(shares), mp_context=context) as pool:
-            futures = [pool.submit(_job, subject, n, seed + i, database, lookup, hash_schemes) for i, n in shares]
-            results = [future.result() for future in futures]
-    except BrokenProcessPool as exc:
-        # A job's process was killed (the machine, not vLLM: a vLLM failure
-        # comes back as a result).  Its work is lost, so the run is not whole.
-        raise InfrastructureError(f"{subject.label}: a fuzzing job's process died ({exc}); "
-                                  "its examples did not run") from None
-    return merge_results(results, time.perf_counter() - start)
-
+    results: list[FuzzResult] = []
+    lost: list[str] = []
+    with ProcessPoolExecutor(max_workers=len(shares), mp_context=context) as pool:
+        futures = [pool.submit(_job, subject, n, seed + i, database, lookup, hash_schemes) for i, n in shares]
+        for future in futures:
+            try:
+                results.append(future.result())
+            except BrokenProcessPool as exc:
+                # A job's process was killed (the machine, not vLLM: a vLLM
+                # failure comes back as a result); the jobs still running go with it.
+                lost.append(str(exc) or "a job's process died")
+    if not results:
+        raise InfrastructureError(f"{subject.label}: a fuzzing job's process died ({lost[0]}); "
+                                  "its examples did not run")
+    merged = merge_results(results, time.perf_counter() - start)
+    if lost:  # the finished jobs' results (a finding among them) are kept; the run is not whole
+        merged.stopped = Outcome.INFRASTRUCTURE
+        merged.stopped_why = (f"{subject.label}: {len(lost)} of {len(shares)} fuzzing jobs did not finish (a "
+                              f"job's process died: {lost[0]}); the {len(results)} finished kept")
+    return merged

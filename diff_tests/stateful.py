@@ -365,6 +365,7 @@ def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
             try:
                 reply = self.proc.session({"op": "machine_ops", "ops": list(ops), "observe": check})
             except KvspecError as error:  # the worker, not vLLM: no input is to blame
+                self.failed = True  # the teardown sends nothing more: the first cause is the one reported
                 raise _Abort(error) from error
             if reply.get("kvspec_error"):
                 raise _Abort(InfrastructureError(f"kvspec sent an operation the worker refused "

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from kvspec.model.errors import UsageError
 
-__all__ = ["positive_int", "non_negative_int", "positive_seconds", "add_subject_arguments",
+__all__ = ["positive_int", "job_count", "non_negative_int", "positive_seconds", "add_subject_arguments",
            "add_budget_arguments", "budget",
            "add_mutant_argument", "add_run_arguments", "subjects", "releases", "writable", "check_writable"]
 
@@ -34,6 +34,18 @@ def _whole_number(low: int):
 
 positive_int = _whole_number(1)
 non_negative_int = _whole_number(0)
+# Each job is two processes (the engine and a vLLM worker of ~20 MB and a
+# second of import): beyond a few per core they only thrash the machine.
+JOBS_PER_CPU = 4
+
+
+def job_count(text: str) -> int:
+    """``--jobs``: a whole number from 1 to JOBS_PER_CPU times the CPU count."""
+    jobs = positive_int(text)
+    most = JOBS_PER_CPU * (os.cpu_count() or 1)
+    if jobs > most:
+        raise argparse.ArgumentTypeError(f"at most {most} jobs on this machine ({JOBS_PER_CPU} per CPU), got {jobs}")
+    return jobs
 
 
 def positive_seconds(text: str) -> float:
@@ -94,7 +106,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, max_examples: int) -> Non
                         metavar="DIR|redis://HOST:PORT[/DB]",
                         help="Hypothesis example database; failures in it are replayed first: a directory "
                              "(default .kvspec/examples; '' for none) or a Redis server shared by a fleet")
-    parser.add_argument("--jobs", type=positive_int, default=1, metavar="N",
+    parser.add_argument("--jobs", type=job_count, default=1, metavar="N",
                         help="independent Hypothesis runs at once, each with its own vLLM worker "
                              "(seeds S..S+N-1, the budget split between them); findings merged")
 

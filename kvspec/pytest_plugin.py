@@ -21,6 +21,7 @@ pytest's JUnit XML writes as ``<property>`` elements.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -59,6 +60,10 @@ class _State:
         self.database = config.getoption("kvspec_database")
         self.live: dict[str, Any] = {}  # subject label -> SubjectProcess
         self.loaded = False  # a kvspec Hypothesis profile is in force
+        # A --kvspec-* option was given: kvspec's markers and header are this run's.
+        self.asked = bool(self.releases or self.trees or self.current or self.profile is not None
+                          or self.database is not None)
+        self.used = False  # a test used a kvspec fixture
 
     @property
     def subject_ids(self) -> list[str]:
@@ -79,16 +84,54 @@ def pytest_configure(config: pytest.Config) -> None:
 
     session.configure(state.subject_ids, lambda subject_id: _live(config, subject_id),
                       lambda subject_id: _spec(subject_id).label)
-    config.addinivalue_line("markers", "vllm: drives a real vLLM subject (provisioned on first use)")
+    if state.asked:
+        _register_markers(config)
     if state.profile is not None or state.database is not None:
         # Only on request: a plain pytest run of vLLM's own suite is untouched.
         load_profile(state.profile or "dev", state.database)
         state.loaded = True
 
 
+_MARKERS = ("vllm: drives a real vLLM subject (provisioned on first use)",)
+
+
+def _register_markers(config: pytest.Config) -> None:
+    """kvspec's markers, only in a run that is kvspec's (another project's
+    --strict-markers still catches a misspelt marker of its own)."""
+    for line in _MARKERS:
+        if line not in config.getini("markers"):
+            config.addinivalue_line("markers", line)
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped_tests() -> str | None:
+    """The folder of kvspec's shipped differential tests (without importing them)."""
+    from importlib.util import find_spec
+
+    try:
+        spec = find_spec("kvspec.diff_tests")
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or ()) if spec is not None else []
+    return os.path.realpath(locations[0]) if locations else None
+
+
+def pytest_collect_file(file_path, parent) -> None:
+    # A module of kvspec's shipped tests is about to be imported
+    # (``pytest --pyargs kvspec.diff_tests...``): its markers must be known first.
+    if file_path.suffix != ".py":
+        return None
+    folder = _shipped_tests()
+    if folder is not None and os.path.realpath(file_path).startswith(folder + os.sep):
+        _register_markers(parent.config)
+    return None
+
+
 def _use(config: pytest.Config) -> "_State":
     """A kvspec fixture is being used: ``KVSPEC_PROFILE`` may apply now."""
     state = config.stash[_STATE_KEY]
+    state.used = True
+    _register_markers(config)
     if not state.loaded:
         name = os.environ.get("KVSPEC_PROFILE")
         if name:
@@ -130,12 +173,23 @@ def load_profile(name: str, database: str | None = None) -> None:
     settings.load_profile(f"kvspec-{name}")
 
 
-def pytest_report_header(config: pytest.Config) -> str | None:
-    state = config.stash.get(_STATE_KEY, None)
-    if state is None:
-        return None
+def _header(state: "_State") -> str:
     profile = state.profile or "hypothesis defaults"
     return f"kvspec: profile {profile}; subjects {', '.join(state.subject_ids)}"
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    state = config.stash.get(_STATE_KEY, None)
+    if state is None or not state.asked:  # another project's run is left as it is
+        return None
+    return _header(state)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    # A run that used kvspec's fixtures without an option still says what it ran against.
+    state = config.stash.get(_STATE_KEY, None)
+    if state is not None and state.used and not state.asked:
+        terminalreporter.write_line(_header(state))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -144,7 +198,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("kvspec_subject", ids, ids=ids, indirect=True, scope="session")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    state = config.stash.get(_STATE_KEY, None)
+    if state is not None and any(name.startswith("kvspec_") for item in items
+                                 for name in getattr(item, "fixturenames", ())):
+        state.used = True  # the run's summary names kvspec's profile and subjects
     # Hypothesis keys a parametrized test's database by node id (as HypoFuzz
     # always does) only when it sees a parametrize marker; the subject
     # parametrization comes from the hook above, so say so on the item. Then a

@@ -257,10 +257,17 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
                         result = _fuzz_one(proc, subject.label, settings, database, started, say,
                                            lookup=differential == "lookup")
                     entry = SubjectRun(result, differential=differential)
+                    failed_completion: Exception | None = None
                     if result.failure is not None and result.stopped is None:
                         say(f"{subject.label}: DISCREPANCY ({result.failure.category.value}, {differential} "
                             f"differential) after {result.first_failure()} ({result.seconds_to_first_failure:.2f} s "
                             f"into fuzzing); run with shrinking {result.seconds:.1f} s; completing the finding")
+                        # Outcome first: the finding is in the run's JSON and Markdown, as found,
+                        # before it is completed, so no completion or storage error can lose it.
+                        entry.finding = _as_found(result, differential, versions(),
+                                                  "being completed (the run ended before it was)")
+                        run.subjects.append(entry)
+                        on_update(run)
                         try:
                             entry.finding, entry.finding_path = _complete(proc, result, differential, findings_dir,
                                                                           versions(), settings.verify_test)
@@ -274,21 +281,32 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
                                 except KvspecError:  # the worker failed completing it: keep it as found
                                     entry.others.append(_store_raw(other, differential, findings_dir, versions()))
                         except KeyboardInterrupt:  # interrupted while completing: keep the findings as found
-                            if entry.finding is None:
+                            if entry.finding_path is None:
                                 entry.finding, entry.finding_path = _store_raw(result, differential, findings_dir,
                                                                                versions())
                             for other in _other_results(result, differential)[len(entry.others):]:
                                 entry.others.append(_store_raw(other, differential, findings_dir, versions()))
-                            run.subjects.append(entry)
                             raise
-                    elif result.failure is not None:  # stopped mid-run: keep what was found, as found
-                        entry.finding, entry.finding_path = _store_raw(result, differential, findings_dir,
-                                                                       versions())
-                        entry.others += [_store_raw(other, differential, findings_dir, versions())
-                                         for other in _other_results(result, differential)]
-                    run.subjects.append(entry)
+                        except (KvspecError, OSError) as exc:  # the finding stays, as found, with the error
+                            failed_completion = exc
+                            entry.finding, entry.finding_path = _kept(result, differential, findings_dir,
+                                                                      versions(), exc)
+                    else:
+                        if result.failure is not None:  # stopped mid-run: keep what was found, as found
+                            entry.finding, entry.finding_path = _store_raw(result, differential, findings_dir,
+                                                                           versions())
+                            entry.others += [_store_raw(other, differential, findings_dir, versions())
+                                             for other in _other_results(result, differential)]
+                        run.subjects.append(entry)
+                    if failed_completion is not None:
+                        outcome = (failed_completion.outcome if isinstance(failed_completion, KvspecError)
+                                   else Outcome.INFRASTRUCTURE)
+                        run.stopped, run.stopped_why = outcome, (f"{subject.label}: completing or storing the "
+                                                                 f"finding failed: {failed_completion}")
                     on_update(run)
                     _say_result(entry, say, in_parallel if differential not in PROGRAM_DIFFERENTIALS else "")
+                    if failed_completion is not None:
+                        break
                     if result.stopped is not None:
                         run.stopped, run.stopped_why = result.stopped, result.stopped_why
                         on_update(run)
@@ -343,6 +361,41 @@ def _complete(proc, result, differential: str, findings_dir: Path, versions: dic
     return complete_finding(proc, result, findings_dir, versions, verify=verify)
 
 
+def _as_found(result, differential: str, versions: dict[str, str], incomplete: str):
+    """The finding of ``result`` as found, not stored, marked ``incomplete`` with why."""
+    if differential == "engine":
+        from kvspec.report.engine import engine_finding
+
+        finding = engine_finding(result, versions)
+    elif differential == "stateful":
+        from kvspec.report.stateful import stateful_finding
+
+        finding = stateful_finding(result, versions)
+    else:
+        from kvspec.report.findings import fuzz_finding
+
+        finding = fuzz_finding(result, versions, explain=False)
+    return attrs.evolve(finding, run={**finding.run, "incomplete": incomplete})
+
+
+def _kept(result, differential: str, findings_dir: Path, versions: dict[str, str], error: Exception):
+    """A finding whose completion or storage failed: stored as found if the
+    store works, else only in the run's reports; marked incomplete with the error."""
+    why = f"completing or storing it failed: {error}"
+    try:
+        finding, path = _store_raw(result, differential, findings_dir, versions)
+    except (KvspecError, OSError) as again:
+        return _as_found(result, differential, versions, f"{why}; storing it as found failed too: {again}"), None
+    finding = attrs.evolve(finding, run={**finding.run, "incomplete": why})
+    try:
+        from kvspec.report.completion import store_finding
+
+        store_finding(finding, path)
+    except OSError:
+        pass  # stored as found a moment ago; the run's reports say why it is incomplete
+    return finding, path
+
+
 def _store_raw(result, differential: str, findings_dir: Path, versions: dict[str, str]):
     if differential == "engine":
         from kvspec.report.engine import store_raw_engine_finding
@@ -378,7 +431,10 @@ def _say_result(entry: SubjectRun, say: Say, in_parallel: str) -> None:
         say(render_text(finding))
         if finding.reach is not None:
             say(f"  who is affected: {finding.reach.summary}")
-        say(f"  stored: {entry.finding_path}")
+        if entry.finding.run.get("incomplete"):
+            say(f"  INCOMPLETE finding: {entry.finding.run['incomplete']}")
+        say(f"  stored: {entry.finding_path}" if entry.finding_path is not None
+            else "  NOT STORED: it is only in this run's reports")
         if getattr(result, "other_failures", ()) and entry.differential not in PROGRAM_DIFFERENTIALS:
             say(f"  {len(result.other_failures)} other distinct failure(s) found by other jobs: "
                 + "; ".join(f.case.describe() for f in result.other_failures))

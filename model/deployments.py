@@ -34,6 +34,7 @@ from typing import Any
 
 import attrs
 
+from .errors import UnknownName
 from .domain import CoordinatorConfig, GroupKind, HashScheme, KVCacheGroup
 
 __all__ = ["Source", "ModelShape", "Drafter", "Profile", "Step", "DerivedGroup", "Derivation", "ConfigEra",
@@ -459,7 +460,7 @@ def profile(name: str) -> Profile:
     try:
         return _BY_NAME[name]
     except KeyError:
-        raise KeyError(f"unknown deployment profile {name!r}; known: {', '.join(_BY_NAME)}") from None
+        raise UnknownName(f"unknown deployment profile {name!r}; known: {', '.join(_BY_NAME)}") from None
 
 
 def families() -> tuple[str, ...]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .outcome import Outcome
 
-__all__ = ["KvspecError", "UsageError", "InputError", "SetupError", "InfrastructureError"]
+__all__ = ["KvspecError", "UsageError", "InputError", "SetupError", "InfrastructureError", "UnknownName"]
 
 
 class KvspecError(Exception):
@@ -21,6 +21,14 @@ class KvspecError(Exception):
 
 class UsageError(KvspecError):
     """The command line asks for something kvspec cannot do."""
+
+
+class UnknownName(UsageError, KeyError):
+    """A name not in its catalog (a theorem, a deployment profile, a model
+    variant): a usage error, and still a ``KeyError`` to code that looks names up."""
+
+    def __str__(self) -> str:  # KeyError's own would quote the line
+        return str(self.args[0]) if self.args else ""
 
 
 class InputError(KvspecError):

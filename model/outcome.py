@@ -3,7 +3,8 @@
 A command collects the outcome of each thing it did and exits with the most
 urgent one (``worst``).  The order is the order of urgency: a finding
 outranks everything, because it is true whatever else went wrong; an
-interrupt or a setup error outranks an incomplete or unknown result; OK is
+interrupt, an internal error or a setup error outranks an incomplete or
+unknown result; OK is
 only what remains when everything asked for ran and held.
 """
 
@@ -13,7 +14,7 @@ import enum
 from typing import Iterable
 
 __all__ = ["Outcome", "worst", "OK", "FINDING", "USAGE", "UNKNOWN", "INCOMPLETE", "INFRASTRUCTURE",
-           "HARDENING", "INTERRUPTED", "EXIT_CODES"]
+           "HARDENING", "INTERRUPTED", "INTERNAL", "EXIT_CODES"]
 
 
 class Outcome(enum.Enum):
@@ -35,10 +36,14 @@ class Outcome(enum.Enum):
                             "(not a vLLM finding)")
     # Bad command line, bad input file, or a subject that cannot be set up.
     USAGE = (5, 2, "usage, input or setup error")
-    # Interrupted by the user (Ctrl-C); partial results were written.
-    INTERRUPTED = (6, 130, "interrupted; partial results were written")
+    # An exception kvspec did not expect (a kvspec bug, EX_SOFTWARE): one line
+    # said, the traceback written to a log file the line names.  Above a usage
+    # error: nothing the user gave explains it.
+    INTERNAL = (6, 70, "internal error: a kvspec bug; the traceback is in the log file named")
+    # Interrupted (Ctrl-C, SIGTERM or SIGHUP); partial results were written.
+    INTERRUPTED = (7, 130, "interrupted; partial results were written")
     # A discrepancy against the spec, or a theorem not as expected.
-    FINDING = (7, 1, "finding: a discrepancy with the spec, or a theorem not as expected")
+    FINDING = (8, 1, "finding: a discrepancy with the spec, or a theorem not as expected")
 
     def __init__(self, rank: int, exit_code: int, meaning: str):
         self.rank = rank
@@ -57,8 +62,8 @@ def worst(outcomes: Iterable[Outcome]) -> Outcome:
 
 
 OK, FINDING, USAGE, UNKNOWN = Outcome.OK, Outcome.FINDING, Outcome.USAGE, Outcome.UNKNOWN
-INCOMPLETE, INFRASTRUCTURE, HARDENING, INTERRUPTED = (
-    Outcome.INCOMPLETE, Outcome.INFRASTRUCTURE, Outcome.HARDENING, Outcome.INTERRUPTED)
+INCOMPLETE, INFRASTRUCTURE, HARDENING, INTERRUPTED, INTERNAL = (
+    Outcome.INCOMPLETE, Outcome.INFRASTRUCTURE, Outcome.HARDENING, Outcome.INTERRUPTED, Outcome.INTERNAL)
 # The one table of exit codes, by code (the manual's exit-code reference is
 # generated from ``Outcome``: docs/generate.py).
 EXIT_CODES = {o.exit_code: o for o in sorted(Outcome, key=lambda o: o.exit_code)}

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import attrs
 
+from .errors import UnknownName
 from .arith import Arith
 from .spec import (
     SPEC_STEPS,
@@ -184,4 +185,4 @@ def variant(name: str) -> Variant:
     try:
         return _BY_NAME[name]
     except KeyError:
-        raise KeyError(f"unknown variant {name!r}; known: {', '.join(_BY_NAME)}") from None
+        raise UnknownName(f"unknown variant {name!r}; known: {', '.join(_BY_NAME)}") from None

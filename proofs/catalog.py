@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from kvspec.model.errors import UnknownName
 from kvspec.model.arith import Arith
 from kvspec.model.spec import (
     finalized_tokens,
@@ -379,4 +380,4 @@ def theorem(name: str) -> Theorem:
     try:
         return _BY_NAME[name]
     except KeyError:
-        raise KeyError(f"unknown theorem {name!r}") from None
+        raise UnknownName(f"unknown theorem {name!r}") from None

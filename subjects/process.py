@@ -12,6 +12,12 @@ retried once on a fresh worker:
   the process on that case, reproduced, so it is a crash reply (a finding);
 * it is killed by a signal or hangs again: ``InfrastructureError`` -- kvspec
   cannot tell vLLM from the machine there, so it says so and stops.
+
+A machine or replay (``session``) lives in one worker and cannot move: a
+message for it that would reach a fresh worker (the one that held it died or
+was ended) is an ``InfrastructureError``, never sent.  An error reply says
+whose frames raised (``origin``): one raised in kvspec's own worker code is
+kvspec's bug, an ``InfrastructureError`` too, never a vLLM finding.
 """
 
 from __future__ import annotations
@@ -47,7 +53,12 @@ WORKER = Path(__file__).with_name("worker.py")
 # milliseconds, so this only ends a worker that is stopped or looping.
 REPLY_TIMEOUT_S = 120.0
 # The hello comes after vLLM's import: seconds, far more on a loaded machine.
+# A worker that stops using CPU for a reply timeout before it is ended
+# sooner (a stopped or blocked import), see ``_await_hello``.
 HELLO_TIMEOUT_S = 600.0
+# Messages that act on the machine or replay an earlier message opened.
+_OPENS = ("open_machine", "open_session", "open_engine")
+_USES = {"machine_ops": "machine", "machine_trace": "machine", "session_actions": "replay", "engine_ops": "engine"}
 
 
 def reply_timeout() -> float:
@@ -88,6 +99,17 @@ class _Lines:
             self.buffer += chunk
         line, self.buffer = self.buffer.split(b"\n", 1)
         return line + b"\n"
+
+
+def _cpu_time(pid: int) -> int | None:
+    """The process's CPU time in clock ticks (user + system), or None where
+    /proc cannot say (not Linux, or it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 class _Death:
@@ -135,6 +157,9 @@ class SubjectProcess:
         self._stderr = tempfile.TemporaryFile(mode="w+")
         self._handshake_pending = False
         self._timed_out = False  # the last read ended by its timeout
+        self._spawns = 0  # workers started so far; the current one is number `_spawns`
+        self._opened_on: int | None = None  # the worker that holds the open machine or replay
+        self._last_death = ""  # how the worker before the current one ended
         self._spawn()
         if wait:
             self.ready()
@@ -151,6 +176,7 @@ class SubjectProcess:
         )
         self._lines = _Lines(self._proc.stdout.fileno())
         self._handshake_pending = True
+        self._spawns += 1
 
     def ready(self) -> "SubjectProcess":
         """Wait for the worker's hello; SubjectError if vLLM cannot be
@@ -158,12 +184,18 @@ class SubjectProcess:
         if not self._handshake_pending:
             return self
         self._handshake_pending = False
-        hello = self._read(max(HELLO_TIMEOUT_S, self.timeout))
-        if not isinstance(hello, dict) or not hello.get("ok"):
-            cause = (hello or {}).get("error") if isinstance(hello, dict) else None
+        hello = self._await_hello()
+        if hello is None:  # no answer at all: killed, stopped or stalled, not an import that failed
+            stalled = self._timed_out
+            death = self._reap(timed_out=stalled)
+            how = (f"made no progress for {self.timeout:.0f} s (stopped or blocked; kvspec ended it)"
+                   if stalled else death.describe())
+            raise InfrastructureError(f"{self.subject.label}: the worker {how} while importing vLLM, before "
+                                      f"it answered (last stderr: {death.tail})")
+        if not hello.get("ok"):  # the worker's own clean report that the import failed
             self._kill()
             raise SubjectError(f"{self.subject.label}: cannot import vLLM's coordinator "
-                               f"({cause or self._stderr_tail()})")
+                               f"({hello.get('error') or self._stderr_tail()})")
         report = hello["capabilities"]
         self.capabilities = Capabilities.from_dict(report)
         self.identity = {k: report.get(k) for k in ("vllm_version", "vllm_path", "git_commit")}
@@ -182,6 +214,29 @@ class SubjectProcess:
         self.scope_reduction = self._scope_reduction()
         return self
 
+    def _await_hello(self) -> dict[str, Any] | None:
+        """The hello, or None: the worker closed its end, gave something that
+        is not a reply, or gave none in time (``_timed_out``).  Importing vLLM
+        can take minutes on a loaded machine, but it uses CPU all along: a
+        worker whose CPU time has not moved for a reply timeout (stopped,
+        blocked) is given up then; otherwise after ``HELLO_TIMEOUT_S``."""
+        deadline = time.monotonic() + max(HELLO_TIMEOUT_S, self.timeout)
+        cpu, moved = _cpu_time(self._proc.pid), time.monotonic()
+        while True:
+            now = time.monotonic()
+            left = min(deadline - now, 1.0)
+            if left <= 0:
+                self._timed_out = True
+                return None
+            reply = self._read(left)
+            if not self._timed_out:
+                return reply if isinstance(reply, dict) else None
+            now_cpu = _cpu_time(self._proc.pid)
+            if now_cpu is None or now_cpu != cpu:
+                cpu, moved = now_cpu, time.monotonic()
+            elif time.monotonic() - moved >= self.timeout:
+                return None  # _timed_out stays set: a stall
+
     def _scope_reduction(self) -> str:
         """What kvspec would not generate on this tree that the release it
         claims to be has (a renamed keyword looks exactly like this): a
@@ -189,6 +244,14 @@ class SubjectProcess:
         no longer reads that code), a stated reduction of scope for a tree."""
         reference, whose = reference_capabilities(self.identity.get("vllm_version"))
         missing = self.capabilities.missing(reference)
+        beyond = reference.missing(self.capabilities)
+        if not missing and beyond and self.subject.kind == "source":
+            # Code newer than its version says: what kvspec keys on the version
+            # (the known bugs kept out of the draw, the deployments derived)
+            # is the older release's, so the run is not this code's whole scope.
+            return (f"{self.subject.label} has {', '.join(beyond)}, which {whose} (its _version.py) lacks: "
+                    "kvspec reads the known bugs kept out of the draw and the deployment profiles for that "
+                    "older release, not for this code")
         if not missing:
             return ""
         text = (f"{self.subject.label} lacks {', '.join(missing)}, which {whose} has: kvspec does not "
@@ -207,6 +270,8 @@ class SubjectProcess:
         if not self._alive():
             if self._proc is not None:
                 self._reap(timed_out=False)
+                # Nothing was lost (no message was under way), but it is said.
+                self.restarts.append(f"the worker {self._last_death} between messages; a fresh one took over")
             self._spawn()
         self.ready()
 
@@ -266,6 +331,7 @@ class SubjectProcess:
             self._kill()
             code = self._proc.returncode
         death = _Death(code, timed_out, self._stderr_tail(), self.timeout)
+        self._last_death = death.describe()
         self._forget()
         return death
 
@@ -350,10 +416,28 @@ class SubjectProcess:
         """One exchange of a multi-request replay (``open_session`` or
         ``session_actions``, see ``subjects/drivers/hitrate.py``).  A replay
         cannot resume on a fresh worker, so a worker that stops is an
-        infrastructure error unless its own code exited."""
+        infrastructure error unless its own code exited, and so is a message
+        for a machine or replay that a worker restart lost, or an exception
+        from kvspec's own worker code."""
+        kind = _USES.get(message.get("op"))
+        if kind is not None:
+            self._ensure_started()
+            if self._opened_on != self._spawns:
+                before = ("none was opened" if self._opened_on is None
+                          else f"the worker that held it {self._last_death or 'was ended'}")
+                raise InfrastructureError(
+                    f"{self.subject.label}: the {kind} this {message.get('op')} needs is not on the running "
+                    f"worker ({before}); a fresh worker cannot continue it, so nothing from here is a vLLM "
+                    f"finding")
         if self._send(message):
             reply = self._read()
             if reply is not None:
+                if message.get("op") in _OPENS:
+                    self._opened_on = self._spawns if reply.get("ok") else None
+                if reply.get("origin") == "kvspec":
+                    raise InfrastructureError(
+                        f"{self.subject.label}: kvspec's worker raised {reply.get('error')} in its own code "
+                        f"({reply.get('where')}), not in vLLM's: a kvspec bug, not a vLLM finding")
                 return reply
         death = self._failed()
         if death.by_its_own_code:

@@ -13,6 +13,13 @@ another instead of racing; a half-built entry is never mistaken for a
 finished one (each has a marker written last); and a release tree is
 checked against the content digest its marker records before it is used
 (once per process), rebuilt when it differs.
+
+What Python imports is the bytecode as much as the source: kvspec compiles
+every tree it caches itself, in ``checked-hash`` mode, removes any other
+``.pyc`` there, and records the bytecode's digest beside the sources'.  A
+``.pyc`` that is not what kvspec compiled (an unchecked-hash file planted in
+``__pycache__``, say) fails verification and the bytecode is compiled again;
+workers on kvspec's trees write none of their own (PYTHONDONTWRITEBYTECODE).
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ __all__ = [
     "ensure_runtime",
     "ensure_release",
     "byte_compile",
+    "bytecode_digest",
+    "is_checked_hash",
     "provisioning_lock",
     "report",
     "tree_digest",
@@ -58,6 +67,11 @@ Progress = Callable[[str], None]
 
 # Release trees whose content this process has checked: path -> stat signature.
 _VERIFIED: dict[str, str] = {}
+# A .pyc header's flags word (bytes 4-8, PEP 552): hash-based, and checked
+# against its source at every import.  kvspec's trees hold only these.
+_PYC_CHECKED_HASH = 0b11
+# Bytecode digests this process computed: tree -> (stat signature, digest).
+_BYTECODE: dict[str, tuple[str, str]] = {}
 
 
 class ProvisionError(SetupError):
@@ -162,6 +176,36 @@ def _stat_signature(files: list[Path], root: Path) -> str:
     return digest.hexdigest()
 
 
+def _bytecode_files(root: Path) -> list[Path]:
+    return sorted((root / "vllm").rglob("*.pyc"))
+
+
+def is_checked_hash(pyc: Path) -> bool:
+    """Whether a ``.pyc`` is checked against its source's hash at every import."""
+    try:
+        with open(pyc, "rb") as handle:
+            header = handle.read(8)
+    except OSError:
+        return False
+    return len(header) == 8 and int.from_bytes(header[4:8], "little") == _PYC_CHECKED_HASH
+
+
+def bytecode_digest(root: Path) -> str:
+    """The digest of a tree's compiled bytecode (names and bytes), what the
+    sources' digest does not see."""
+    files = _bytecode_files(root)
+    signature = _stat_signature(files, root)
+    cached = _BYTECODE.get(str(root))
+    if cached is not None and cached[0] == signature:
+        return cached[1]
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(str(path.relative_to(root)).encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    _BYTECODE[str(root)] = (signature, digest.hexdigest())
+    return digest.hexdigest()
+
+
 def tree_digest(root: Path) -> str:
     """The content digest of a tree's ``vllm`` sources (names and bytes)."""
     digest = hashlib.sha256()
@@ -171,24 +215,36 @@ def tree_digest(root: Path) -> str:
     return digest.hexdigest()
 
 
+def _marker(version: str, root: Path) -> str:
+    return json.dumps({"version": version, "content_sha256": tree_digest(root),
+                       "bytecode_sha256": bytecode_digest(root)})
+
+
 def _verified(root: Path, marker: Path, version: str, progress: Progress) -> bool:
     """Whether the tree holds what its marker says (checked once per process,
-    again whenever a file's size or time changes)."""
-    files = _python_files(root)
+    again whenever a file's size or time changes).  Sources that differ are
+    provisioned again (False); bytecode that is not what kvspec compiled,
+    or was never recorded, is compiled again here (needs the lock)."""
+    files = _python_files(root) + _bytecode_files(root)
     signature = _stat_signature(files, root)
     if _VERIFIED.get(str(root)) == signature:
         return True
     try:
-        recorded = json.loads(marker.read_text()).get("content_sha256")
+        recorded = json.loads(marker.read_text())
     except (OSError, ValueError):
-        recorded = None
-    if recorded is None:  # provisioned before trees carried a digest: record it now
-        marker.write_text(json.dumps({"version": version, "content_sha256": tree_digest(root)}))
-    elif tree_digest(root) != recorded:
+        recorded = {}
+    if recorded.get("content_sha256") not in (None, tree_digest(root)):
         progress(f"the cached tree of vLLM {version} ({root}) differs from what was provisioned: "
                  "provisioning it again")
         return False
-    _VERIFIED[str(root)] = signature
+    if recorded.get("bytecode_sha256") != bytecode_digest(root):
+        with provisioning_lock():
+            progress(f"the compiled bytecode in the cached tree of vLLM {version} ({root}) is not what kvspec "
+                     "compiled: compiling it again")
+            byte_compile(root, progress)
+    if recorded.get("content_sha256") is None or recorded.get("bytecode_sha256") != bytecode_digest(root):
+        marker.write_text(_marker(version, root))
+    _VERIFIED[str(root)] = _stat_signature(_python_files(root) + _bytecode_files(root), root)
     return True
 
 
@@ -209,14 +265,12 @@ def ensure_release(version: str, progress: Progress = report) -> Path:
                 root, marker, version, progress):
             return root  # another process provisioned it meanwhile
         _provision_release(version, root, progress)
-        marker.write_text(json.dumps({"version": version, "content_sha256": tree_digest(root)}))
+        marker.write_text(_marker(version, root))
         _VERIFIED.pop(str(root), None)
     return root
 
 
 def _provision_release(version: str, root: Path, progress: Progress) -> None:
-    if root.exists():
-        shutil.rmtree(root)
     with tempfile.TemporaryDirectory(dir=cache_root()) as scratch:
         try:
             _pip(sys.executable, ["download", "--no-deps", "--only-binary", ":all:",
@@ -239,23 +293,33 @@ def _provision_release(version: str, root: Path, progress: Progress) -> None:
                 if name.startswith("vllm/") and name.endswith(".py"):
                     wheel.extract(name, staging)
         root.parent.mkdir(parents=True, exist_ok=True)
+        # The old tree goes only now that its replacement is here: a download
+        # that fails (no package index) leaves the cache as it was.
+        if root.exists():
+            shutil.rmtree(root)
         shutil.move(str(staging), str(root))
     byte_compile(root, progress)
 
 
-def byte_compile(tree: Path, progress: Progress = report) -> None:
-    """Byte-compile a tree's ``vllm`` package once, with the runtime's
-    interpreter.  Where Python writes no bytecode (PYTHONDONTWRITEBYTECODE,
-    as on CI hosts) every worker would otherwise compile vLLM's modules again
-    at start-up: about a second of the time to the first example.  The
+def byte_compile(tree: Path, progress: Progress = report, only: Path | None = None) -> None:
+    """Byte-compile a tree's ``vllm`` package (or the one file ``only``)
+    with the runtime's interpreter, replacing whatever bytecode is there.
+    Where Python writes no bytecode (PYTHONDONTWRITEBYTECODE, as on CI
+    hosts) every worker would otherwise compile vLLM's modules again at
+    start-up: about a second of the time to the first example.  The
     bytecode is checked against its source's hash at every import
-    (``checked-hash``), so an edited source never runs as its old bytecode.
-    Only an optimisation: a file that does not compile is left to the import."""
+    (``checked-hash``), so an edited source never runs as its old bytecode,
+    and any ``.pyc`` of another kind is removed: Python would import it
+    unchecked.  A file that does not compile is left to the import."""
     python = ensure_runtime(progress)
-    progress(f"byte-compiling {tree / 'vllm'}")
-    subprocess.run([str(python), "-m", "compileall", "-q", "-j", "0", "--invalidation-mode",
-                    "checked-hash", str(tree / "vllm")],
+    target = tree / "vllm" if only is None else only
+    progress(f"byte-compiling {target}")
+    subprocess.run([str(python), "-m", "compileall", "-q", "-f", "-j", "0", "--invalidation-mode",
+                    "checked-hash", str(target)],
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for pyc in _bytecode_files(tree):
+        if not is_checked_hash(pyc):
+            pyc.unlink()
 
 
 def published_releases() -> list[str]:

@@ -20,7 +20,7 @@ import attrs
 
 from kvspec.model.errors import SetupError
 
-from .provision import ensure_release, ensure_runtime
+from .provision import cache_root, ensure_release, ensure_runtime
 
 __all__ = [
     "Subject",
@@ -78,10 +78,14 @@ def mutant_subject(version: str, operator: str) -> Subject:
 
 
 def source_tree(path: str) -> Subject:
-    root = Path(path).expanduser().resolve()
-    if root.name == "vllm" and (root / "__init__.py").exists():
-        root = root.parent  # the package itself was named: use its parent
-    if not (root / "vllm" / "__init__.py").exists():
+    try:
+        root = Path(path).expanduser().resolve()
+        if root.name == "vllm" and (root / "__init__.py").exists():
+            root = root.parent  # the package itself was named: use its parent
+        found = (root / "vllm" / "__init__.py").exists()
+    except (OSError, RuntimeError) as exc:  # a symlink loop (RuntimeError before Python 3.13), unreadable
+        raise SubjectError(f"--vllm-src {path}: cannot resolve it ({exc})") from None
+    if not found:
         raise SubjectError(
             f"no vllm package under {path}: pass a checkout's root or an unpacked wheel "
             "(a directory containing vllm/__init__.py)"
@@ -122,9 +126,19 @@ def subject_env(root: str | None) -> dict[str, str]:
     env.pop("KVSPEC_SUBJECT_TREE", None)
     if root is not None:
         env["KVSPEC_SUBJECT_TREE"] = root
+        if _inside(root, cache_root()):  # kvspec's trees hold only the bytecode kvspec compiled and verifies
+            env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.setdefault("VLLM_TARGET_DEVICE", "cpu")
     env["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"
     return env
+
+
+def _inside(path: str, root: Path) -> bool:
+    try:
+        Path(os.path.realpath(path)).relative_to(os.path.realpath(root))
+        return True
+    except ValueError:
+        return False
 
 
 def expected_package(root: str | None) -> str | None:

@@ -1015,9 +1015,26 @@ def _run_one(driver, case):
                  "traceback": traceback.format_exc()}
     except BaseException as exc:  # a vLLM exception is a finding, reported whole
         reply = {"ok": False, "phase": "drive", "error": f"{type(exc).__name__}: {exc}",
-                 "traceback": traceback.format_exc()}
+                 "traceback": traceback.format_exc(), **exception_origin(exc)}
     reply["seconds"] = time.perf_counter() - started
     return reply
+
+
+def exception_origin(exc):
+    """Whose code raised ``exc``: the innermost traceback frame that is in
+    either vLLM's package or this file decides ("vllm" or "kvspec"; frames of
+    other libraries, such as torch under vLLM, are passed over), and where."""
+    vllm = sys.modules.get("vllm")
+    roots = [os.path.realpath(p) + os.sep for p in getattr(vllm, "__path__", ())]
+    # kvspec's own code on this side: this file and the vllm_side package beside it.
+    ours = os.path.dirname(os.path.realpath(__file__)) + os.sep
+    for frame, line in reversed(list(traceback.walk_tb(exc.__traceback__))):
+        path = os.path.realpath(frame.f_code.co_filename)
+        if any(path.startswith(root) for root in roots):
+            return {"origin": "vllm", "where": f"{os.path.basename(path)}:{line} in {frame.f_code.co_name}"}
+        if path.startswith(ours):
+            return {"origin": "kvspec", "where": f"{os.path.basename(path)}:{line} in {frame.f_code.co_name}"}
+    return {"origin": "unknown"}
 
 
 def _prefill_chunks_op(driver, request):
@@ -1035,8 +1052,10 @@ def _machine_op(driver, request):
     exception stops the batch and is reported whole with the operation's index."""
     if request["op"] == "machine_trace":
         if driver.machine is None:
-            return {"ok": False, "kvspec_error": "no machine is open"}
+            return {"ok": False, "kvspec_error": "no machine is open", "no_machine": True}
         return {"ok": True, "trace": driver.machine.trace}
+    if request["op"] == "machine_ops" and driver.machine is None:  # kvspec's error (a fresh worker), not vLLM's
+        return {"ok": False, "kvspec_error": "no machine is open on this worker", "no_machine": True}
     if request["op"] == "open_machine":
         try:
             driver.machine = Machine(driver, request["case"])
@@ -1046,7 +1065,7 @@ def _machine_op(driver, request):
             return {"ok": False, "environment": True, "error": f"{type(exc).__name__}: {exc}"}
         except BaseException as exc:  # vLLM refused the configuration
             return {"ok": False, "phase": "construct", "error": f"{type(exc).__name__}: {exc}",
-                    "traceback": traceback.format_exc()}
+                    "traceback": traceback.format_exc(), **exception_origin(exc)}
         machine = driver.machine
         return {"ok": True, "state": machine.snapshot(), "groups": len(machine.groups),
                 # What this vLLM lets the machine do, and the retention it took.
@@ -1063,29 +1082,8 @@ def _machine_op(driver, request):
             return {"ok": False, "kvspec_error": str(exc), "index": index, "answers": answers}
         except BaseException as exc:  # a vLLM exception mid-sequence is a finding, reported whole
             return {"ok": False, "phase": "drive", "index": index, "error": f"{type(exc).__name__}: {exc}",
-                    "traceback": traceback.format_exc(), "answers": answers}
+                    "traceback": traceback.format_exc(), "answers": answers, **exception_origin(exc)}
     return {"ok": True, "answers": answers}
-
-
-def raised_in(exc):
-    """Whose code raised ``exc``: "vllm" when, walking out from the innermost
-    frame, the first frame in either vLLM's package or kvspec's own files is
-    vLLM's; "kvspec" otherwise (frames of other libraries are passed over: a
-    torch error raised under vLLM's call is vLLM's)."""
-    import vllm
-
-    roots = {"vllm": os.path.dirname(os.path.abspath(vllm.__file__)) + os.sep,
-             "kvspec": os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep}
-    frames = []
-    tb = exc.__traceback__
-    while tb is not None:
-        frames.append(os.path.abspath(tb.tb_frame.f_code.co_filename))
-        tb = tb.tb_next
-    for filename in reversed(frames):
-        for owner, root in roots.items():
-            if filename.startswith(root):
-                return owner
-    return "kvspec"
 
 
 def _engine_op(driver, request):
@@ -1106,7 +1104,7 @@ def _engine_op(driver, request):
             return {"ok": False, "environment": True, "error": f"{type(exc).__name__}: {exc}"}
         except BaseException as exc:  # vLLM's configuration code refused the setup
             return {"ok": False, "phase": "construct", "error": f"{type(exc).__name__}: {exc}",
-                    "raised_in": raised_in(exc), "traceback": traceback.format_exc()}
+                    "traceback": traceback.format_exc(), **exception_origin(exc)}
         engine = driver.engine
         return {"ok": True, "derived": engine.derived, "state": engine.reader.snapshot()}
     if getattr(driver, "engine", None) is None:
@@ -1116,10 +1114,10 @@ def _engine_op(driver, request):
         try:
             answers.append(driver.engine.apply(op, request.get("observe", True)))
         except BaseException as exc:
-            origin = raised_in(exc)
+            origin = exception_origin(exc)
             reply = {"ok": False, "index": index, "error": f"{type(exc).__name__}: {exc}",
-                     "traceback": traceback.format_exc(), "answers": answers, "raised_in": origin}
-            if origin == "vllm":
+                     "traceback": traceback.format_exc(), "answers": answers, **origin}
+            if origin["origin"] == "vllm":
                 reply["phase"] = "drive"
                 reply["allocations"] = driver.engine.allocations
             else:
@@ -1136,7 +1134,8 @@ def _session_op(driver, request):
     except Unsupported as exc:
         return {"ok": False, "unsupported": True, "error": str(exc)}
     except BaseException as exc:  # a vLLM exception mid-replay is reported whole
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(),
+                **exception_origin(exc)}
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from kvspec.arguments import add_subject_arguments, positive_int, subjects, writable
+from kvspec.arguments import add_subject_arguments, job_count, positive_int, subjects, writable
 from kvspec.model.errors import UsageError
 from kvspec.model.outcome import Outcome
 
@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_subject_arguments(parser)
     parser.add_argument("--max-groups", type=int, default=3, choices=(2, 3))
     parser.add_argument("--max-prompt", type=positive_int, default=48, metavar="N")
-    parser.add_argument("--jobs", type=positive_int, default=2, metavar="N", help="worker processes (default 2)")
+    parser.add_argument("--jobs", type=job_count, default=2, metavar="N", help="worker processes (default 2)")
     parser.add_argument("--json", metavar="FILE")
 
 
@@ -40,7 +40,9 @@ def run(args: argparse.Namespace) -> Outcome:
     procs = []
     try:
         # Every worker starts at once; their vLLM imports overlap.
-        procs = [SubjectProcess(named[0], wait=False) for _ in range(args.jobs)]
+        # Each kept as it starts: one that fails to start leaves none behind.
+        for _ in range(args.jobs):
+            procs.append(SubjectProcess(named[0], wait=False))
         for proc in procs:
             proc.ready()
 

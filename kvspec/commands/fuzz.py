@@ -7,7 +7,8 @@ leaves what was found, marked INCOMPLETE or INTERRUPTED, never "no
 discrepancy".
 
 Exit codes: 0 no discrepancy in every subject, 1 a discrepancy, 2 usage or
-setup error, 4 incomplete, 5 infrastructure error, 130 interrupted.
+setup error, 4 incomplete, 5 infrastructure error, 70 internal error (a kvspec bug),
+130 interrupted (Ctrl-C, SIGTERM, SIGHUP).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import time
 from kvspec.arguments import (add_mutant_argument, add_run_arguments, add_subject_arguments, check_writable,
                               subjects, writable)
 from kvspec.model.errors import UsageError
-from kvspec.model.outcome import Outcome
+from kvspec.model.outcome import Outcome, worst
 
 HELP = "differential fuzzing against real vLLM coordinators"
 
@@ -129,8 +130,15 @@ def fuzz_and_write(named, args, *, markdown: str | None, verify_test: bool,
         fuzz_run.stopped_why = fuzz_run.stopped_why or "interrupted"
     finally:
         record(fuzz_run)
+        summary_error = None
         if os.environ.get("GITHUB_STEP_SUMMARY"):
-            append_step_summary(render_markdown(fuzz_run))
+            try:
+                append_step_summary(render_markdown(fuzz_run))
+            except UsageError as exc:  # said, and in the exit code; a finding still outranks it
+                summary_error = exc
     if fuzz_run.status != "COMPLETE":
         print(f"kvspec fuzz: {fuzz_run.status}: {fuzz_run.why}", flush=True)
+    if summary_error is not None:
+        print(f"kvspec: error: {summary_error}", file=sys.stderr, flush=True)
+        return worst([fuzz_run.outcome, summary_error.outcome])
     return fuzz_run.outcome

@@ -54,7 +54,9 @@ def run(args: argparse.Namespace) -> Outcome:
     print(render_table(proved.results))
     counts = summary(proved.results)
     print(f"\n{counts['theorems']} theorems: {counts['proved']} proved, {counts['refuted']} refuted, "
-          f"{counts['unknown']} unknown; {counts['unexpected']} not as expected")
+          f"{counts['unknown']} unknown; {counts['unexpected']} not as expected"
+          + (f"\nUNKNOWN: the solver budget ran out on {counts['unknown']} theorem(s): no conclusion on them "
+             "(raise --rlimit or --timeout)" if counts["unknown"] else ""))
     verdicts = []
     if named:
         print("\nreal code, symbolically (CrossHair, unbounded integers): vLLM's own method vs the spec")

@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kvspec.arguments import writable
+from kvspec.arguments import positive_int, writable
 from kvspec.model.errors import UsageError
 from kvspec.model.outcome import Outcome
 
@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--profiles", action="store_true",
                       help="print every deployment profile's derivation on the release (called and modelled "
                            "steps) and run nothing")
-    parser.add_argument("--prompt", type=int, default=None, metavar="N",
+    parser.add_argument("--prompt", type=positive_int, default=None, metavar="N",
                         help="with --profile: the request's prompt (default 2.5 scheduler blocks)")
     parser.add_argument("--hash-scheme", choices=("lookahead", "legacy"), default=None,
                         help="block hashes to run under (default: the release's own default: lookahead "
@@ -77,11 +77,12 @@ def _case(args: argparse.Namespace):
         entry = named[args.case]
         return Case(entry.config, entry.n, (prefill(entry.n),)), entry
     text = args.config
-    if not text.lstrip().startswith("{"):
+    if not text.lstrip().startswith(("{", "[")):  # not inline JSON: a file name
         try:
             text = Path(text).read_text(encoding="utf-8")
         except OSError as exc:
-            raise UsageError(f"--config {args.config}: cannot read it ({exc.strerror or exc})") from None
+            raise UsageError(f"--config {args.config}: neither inline JSON nor a file kvspec can read "
+                             f"({exc.strerror or exc})") from None
     try:
         data = json.loads(text)
     except ValueError as exc:
@@ -132,7 +133,7 @@ def _profile_case(subject, version: str, name: str, scheme: str | None, prompt: 
     if config is None:
         raise UsageError(f"profile {name} on vLLM {version}: {derived.in_scope or 'no hybrid coordinator'}")
     S = config.scheduler_block_size
-    n = prompt or 2 * S + S // 2 + 1
+    n = prompt if prompt is not None else 2 * S + S // 2 + 1
     steps = tuple(Step("prefill", tokens=min(2048, n - i)) for i in range(0, n, 2048)) + (decode(), decode(2, 1))
     return Case(config, n, steps), derived
 

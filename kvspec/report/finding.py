@@ -13,12 +13,13 @@ come from a file kvspec did not write.
 
 from __future__ import annotations
 
-import html
 import os
 import re
 from typing import Any
 
 from kvspec.model.finding import Category, Finding, GroupRow
+
+from .escape import code_span, fence, md_inline, path_safe, terminal
 
 __all__ = ["group_table", "derivation_table", "subject_line", "impact_sentence", "affected_lines",
            "sweep_lines", "run_line", "glossary", "public_label", "artifact_name", "render_text",
@@ -385,8 +386,11 @@ def _reproduce(f: Finding, path=lambda p: p) -> list[str]:
     from kvspec.model.errors import InputError
 
     out = []
-    if f.replay:
-        out.append(f"kvspec replay {path(f.replay.split(' ', 2)[-1])}")
+    stored = f.artifacts.get("finding") if isinstance(f.artifacts, dict) else None
+    if path_safe(path(stored)) if isinstance(stored, str) else False:
+        out.append(f"kvspec replay {path(stored)}")
+    elif f.replay:  # the file's own replay line is never copied: a placeholder for its path
+        out.append("kvspec replay FINDING.json")
     subject = f.compared.get("subject", {}) or {}
     seed = f.run.get("seed") if f.run else None
     if f.source == "fuzz" and isinstance(seed, int):
@@ -498,29 +502,13 @@ def render_text(f: Finding) -> str:
     if terms:
         out.append("  glossary:")
         out += [f"    {term}: {meaning}" for term, meaning in terms]
-    return "\n".join(out)
+    return terminal("\n".join(out))
 
 
 # -- Markdown -----------------------------------------------------------------------
 
-def _md(text: Any) -> str:
-    """Text from a finding, safe inline in Markdown: no raw HTML, no new
-    block (a finding may come from a file kvspec did not write)."""
-    return (html.escape(str(text), quote=False).replace("\r", " ").replace("\n", " ")
-            .replace("|", "\\|"))
-
-
-def _code_span(text: Any) -> str:
-    body = str(text).replace("\r", " ").replace("\n", " ")
-    ticks = "`" * (max((len(m) for m in re.findall(r"`+", body)), default=0) + 1)
-    pad = " " if body.startswith("`") or body.endswith("`") else ""
-    return f"{ticks}{pad}{body}{pad}{ticks}"
-
-
-def _fence(text: str, lang: str = "") -> list[str]:
-    """A fenced block no line of ``text`` can close early."""
-    ticks = "`" * max(3, max((len(m) for m in re.findall(r"`+", text)), default=0) + 1)
-    return [f"{ticks}{lang}", text.rstrip(), ticks]
+# Every field shown goes through kvspec.report.escape (one escaping module).
+_md, _code_span, _fence = md_inline, code_span, fence
 
 
 def _md_table(headers: list[str], rows: list[list[str]]) -> list[str]:
@@ -602,8 +590,8 @@ def render_markdown(f: Finding, heading: str = "###", plot_path: str | None = No
         out += ["**Evidence**", ""] + [f"- {line}" for line in evidence] + [""]
     image = plot_path or f.artifacts.get("plot_png") or f.artifacts.get("plot")
     table = _sweep_table(f)
-    if image and f.sweep:
-        name = artifact_name(image)
+    if image and f.sweep and path_safe(artifact_name(image)) and artifact_name(image).endswith((".png", ".svg")):
+        name = artifact_name(image)  # a relative image file only: never a URL a reader's browser fetches
         out += [f"![Registered vs computed tokens, spec vs subject]({_md(name).replace(' ', '%20')})", "",
                 f"Plot: {_code_span(name)} (stored with the finding; a CI run uploads it with the "
                 "findings directory).", ""]

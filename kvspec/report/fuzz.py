@@ -16,7 +16,8 @@ from typing import Any
 from kvspec.model.about import SCHEMAS, versions
 from kvspec.model.outcome import Outcome
 
-from .finding import _md, impact_sentence, public_label
+from .escape import md_inline as _md
+from .finding import impact_sentence, public_label
 from .finding import render_markdown as render_finding_markdown
 
 __all__ = ["fuzz_document", "render_markdown", "verdict_line"]
@@ -92,5 +93,7 @@ def render_markdown(run) -> str:
                       f"{_md(public_label(s.result.subject['label']))} covered and did not</summary>", "",
                       _md(public_label(s.result.scope())), "", "</details>", ""]
     for f in findings:
+        if f.run.get("incomplete"):  # kept as found: its completion or storage did not finish
+            lines += [f"**INCOMPLETE finding:** {_md(public_label(str(f.run['incomplete'])))}", ""]
         lines.append(render_finding_markdown(f, heading="###", lead=False))
     return "\n".join(lines).rstrip("\n") + "\n"

@@ -35,7 +35,9 @@ def render_table(results: Iterable[TheoremResult]) -> str:
     width = max((len(r.name) for r in results), default=10)
     out = [f"{'theorem':<{width}}  {'verdict':<8} {'expected':<8} {'time':>7}  vacuity"]
     for r in results:
-        mark = "ok" if r.as_expected else "UNEXPECTED"
+        # A budget that ran out is no conclusion either way, never "unexpected".
+        mark = ("ok" if r.as_expected else "UNKNOWN (budget exhausted)" if r.status is Status.UNKNOWN
+                else "UNEXPECTED")
         vac = ""
         if r.vacuity is not None:
             if r.vacuity.not_refuted_by:

@@ -22,7 +22,8 @@ from kvspec.model.finding import Blame, Category, Finding, Ledger
 from .completion import finding_stem, store_finding
 from .findings import subject_compared
 
-__all__ = ["STATE_RULE", "stateful_finding", "complete_stateful_finding", "store_raw_stateful_finding"]
+__all__ = ["STATE_RULE", "stateful_finding", "complete_stateful_finding", "store_raw_stateful_finding",
+           "unconfirmed_crash"]
 
 STATE_RULE = "state invariants (model.state.INVARIANTS)"
 
@@ -99,6 +100,8 @@ def complete_stateful_finding(proc, result, findings_dir: Path,
     found, _ = replay_program(proc, program)
     reproduced = any(d.category is finding.category for d in found)
     finding = attrs.evolve(finding, run={**finding.run, "reproduced_on_replay": reproduced})
+    if not reproduced and finding.category is Category.SUBJECT_CRASH:
+        finding = unconfirmed_crash(finding)
     store_finding(finding, path)
     trace = proc.session({"op": "machine_trace"}) if reproduced else {}
     code = emit_stateful_test(finding, trace.get("trace"), proc.capabilities) if trace.get("ok") else None
@@ -114,6 +117,18 @@ def complete_stateful_finding(proc, result, findings_dir: Path,
             "file_name": test_path.name, "path": str(test_path), "code": code, "verified": checks})
         store_finding(finding, path)
     return finding, path
+
+
+def unconfirmed_crash(finding: Finding) -> Finding:
+    """A crash the replay on the live subject did not raise again is not
+    headlined as vLLM's: it is kept, said to be unconfirmed, for a reader to judge."""
+    label = finding.ledger.subject_label
+    return attrs.evolve(
+        finding, verdict=f"UNCONFIRMED: an exception in {label} that did not recur when its program was "
+                         "replayed (not reported as a vLLM crash)",
+        ledger=attrs.evolve(finding.ledger, blame=Blame.UNDETERMINED,
+                            note="the exception did not recur on replay: a fault of the machine or of "
+                                 "kvspec is as likely as vLLM's"))
 
 
 def store_raw_stateful_finding(result, findings_dir: Path, versions: dict[str, str]) -> tuple[Finding, Path]:

@@ -14,6 +14,8 @@ from pathlib import Path
 from kvspec.model.errors import InputError
 from kvspec.model.finding import Finding
 
+from .finding import render_markdown, render_text
+
 __all__ = ["load_findings"]
 
 MAX_BYTES = 64 << 20  # a finding is kilobytes; refuse to parse anything absurd
@@ -29,6 +31,8 @@ def load_findings(path: str) -> list[Finding]:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise InputError(f"cannot read finding {path}: {exc}") from None
+    except RecursionError:  # JSON nested deeper than the parser goes
+        raise InputError(f"cannot read finding {path}: nested too deep to be a kvspec finding") from None
     if not isinstance(doc, dict):
         raise InputError(f"{path} is not a kvspec finding or result (a JSON {type(doc).__name__})")
     schema = str(doc.get("schema", ""))
@@ -47,6 +51,12 @@ def load_findings(path: str) -> list[Finding]:
     if not raw:
         raise InputError(f"{path} holds no finding")
     try:
-        return [Finding.from_dict(d) for d in raw]
-    except (TypeError, ValueError, KeyError, AttributeError) as exc:
-        raise InputError(f"{path}: malformed finding ({exc})") from None
+        findings = [Finding.from_dict(d) for d in raw]
+        # Fields the model reads lazily are read now: what a report or a
+        # replay would trip over later is a malformed file, said once, here.
+        for finding in findings:
+            render_text(finding)
+            render_markdown(finding)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as exc:
+        raise InputError(f"{path}: malformed finding ({type(exc).__name__}: {exc})") from None
+    return findings

@@ -4,7 +4,9 @@ cached, and checked against what the operator makes every time it is used.
 A cached tree is never trusted by the existence of its marker: the mutated
 file must hold exactly what the operator makes of the release's file today,
 and every other file must be the release's (same size and modification time
-as the copy made it).  A tree that differs is rebuilt, and the rebuild says so.
+as the copy made it), and its compiled bytecode exactly what kvspec compiled
+(``provision.bytecode_digest``: the release's, and the mutated module's
+compiled here).  A tree that differs is rebuilt, and the rebuild says so.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 import shutil
 from pathlib import Path
 
-from ..provision import cache_root, ensure_release, provisioning_lock, report
+from ..provision import byte_compile, bytecode_digest, cache_root, ensure_release, provisioning_lock, report
 from .operator import MutationError, MutationOperator, MutationTargetNotFound
 
 __all__ = ["MARKER_FILE", "make_mutant_tree", "ensure_mutant_tree", "mutant_tree_differences"]
@@ -45,6 +47,7 @@ def make_mutant_tree(release_root: Path, operator: MutationOperator, dest_root: 
     target = dest_root / operator.target_file
     for stale in (target.parent / "__pycache__").glob(f"{target.stem}.*.pyc"):
         stale.unlink()
+    byte_compile(dest_root, report, only=target)  # checked-hash, as the release's (provision.byte_compile)
     (dest_root / "READY").unlink(missing_ok=True)  # the release's marker is not this tree's
     marker = {
         "operator": operator.name,
@@ -54,6 +57,7 @@ def make_mutant_tree(release_root: Path, operator: MutationOperator, dest_root: 
         "source_root": str(release_root.resolve()),
         "original_sha256": _sha256(original),
         "mutated_sha256": _sha256(mutated),
+        "bytecode_sha256": bytecode_digest(dest_root),
     }
     (dest_root / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
     return dest_root
@@ -89,6 +93,8 @@ def mutant_tree_differences(tree: Path, release_root: Path, operator: MutationOp
                and (ours[name].st_size, ours[name].st_mtime_ns) != (theirs[name].st_size, theirs[name].st_mtime_ns)]
     if changed:
         problems.append(f"{len(changed)} other file(s) changed, e.g. {sorted(changed)[0]}")
+    if marker.get("bytecode_sha256") != bytecode_digest(tree):
+        problems.append("its compiled bytecode is not what kvspec compiled")
     return problems
 
 

@@ -17,14 +17,18 @@ import subprocess
 import sys
 import time
 
+import pytest
 
 from kvspec.model.case import Case, prefill
 from kvspec.model.corpus import case as corpus_case
+from kvspec.model.domain import CoordinatorConfig, KVCacheGroup
+from kvspec.model.errors import InfrastructureError
+from kvspec.model.program import Program
 from kvspec.model.outcome import Outcome
 from kvspec.subjects.mutation import mutant
 from kvspec.subjects.process import SubjectProcess
 from kvspec.subjects.protocol import case_message
-from kvspec.subjects.provision import ensure_release
+from kvspec.subjects.provision import ensure_release, is_checked_hash
 from kvspec.subjects.subject import release, source_tree
 
 from tests.support import interruptible, mutant_tree, planted_tree
@@ -75,8 +79,9 @@ def test_a_hang_that_recurs_is_an_infrastructure_error_not_a_finding(tmp_path):
     assert "no discrepancy" not in run.stdout.replace("no discrepancy found so far", "")
 
 
-def _fuzz_until(tmp_path, trigger: str, *args) -> tuple[subprocess.CompletedProcess, dict, str]:
-    """Run `kvspec fuzz`, send it Ctrl-C (SIGINT) when ``trigger`` is printed."""
+def _fuzz_until(tmp_path, trigger: str, *args, stop: int = signal.SIGINT
+                ) -> tuple[subprocess.CompletedProcess, dict, str]:
+    """Run `kvspec fuzz`, send it ``stop`` (Ctrl-C's SIGINT by default) when ``trigger`` is printed."""
     out, markdown = tmp_path / "fuzz.json", tmp_path / "fuzz.md"
     command = [sys.executable, "-u", "-m", "kvspec", "fuzz", "--seed", "0", "--database", "",
                "--json", str(out), "--markdown", str(markdown), "--findings-dir", str(tmp_path / "f"), *args]
@@ -86,7 +91,7 @@ def _fuzz_until(tmp_path, trigger: str, *args) -> tuple[subprocess.CompletedProc
     for line in proc.stdout:
         lines.append(line)
         if trigger in line:
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(stop)
             break
     rest, _ = proc.communicate(timeout=300)
     text = "".join(lines) + rest
@@ -172,3 +177,170 @@ def test_a_tree_that_lost_a_capability_is_fuzzed_in_a_stated_reduced_scope(tmp_p
     assert doc["status"] == "REDUCED SCOPE"
     assert "lacks lookahead_block_hashes, which vLLM 0.33.0 has" in doc["subjects"][0]["scope_reduction"]
     assert "REDUCED SCOPE" in run.stdout
+
+
+_MACHINE = Program(CoordinatorConfig((KVCacheGroup("full_attention", 2),), 4, 2), 16, 64)
+
+
+def test_a_worker_killed_under_an_open_machine_is_infrastructure_not_a_vllm_crash():
+    """The fresh worker has no machine: the teardown's finish never reaches
+    it as if vLLM had raised (issue 28: "'NoneType' object has no attribute 'apply'")."""
+    with SubjectProcess(release("0.34.0")) as proc:
+        assert proc.session({"op": "open_machine", "case": _MACHINE.machine_case()})["ok"]
+        os.kill(proc.worker_pid, signal.SIGKILL)
+        _wait_dead(proc.worker_pid)
+        with pytest.raises(InfrastructureError, match="killed by SIGKILL.*nothing from here is a vLLM finding"):
+            proc.session({"op": "machine_ops", "ops": [{"do": "finish", "id": "r0"}]})
+        # A new machine on the fresh worker is fine.
+        assert proc.session({"op": "open_machine", "case": _MACHINE.machine_case()})["ok"]
+        assert proc.session({"op": "machine_ops", "ops": [{"do": "schedule"}]})["ok"]
+
+
+def _wait_dead(pid: int) -> None:
+    """Until the killed child has exited, without reaping it (its owner
+    does): a kill is delivered asynchronously, and /proc shows a dying
+    multi-threaded process as a zombie before it can be waited for."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} still alive after 60 s")
+
+
+def test_a_worker_stopped_while_importing_vllm_is_infrastructure_and_bounded():
+    proc = SubjectProcess(release("0.34.0"), wait=False, timeout=3)
+    try:
+        os.kill(proc.worker_pid, signal.SIGSTOP)
+        started = time.monotonic()
+        with pytest.raises(InfrastructureError, match="made no progress for 3 s .* while importing vLLM"):
+            proc.ready()
+        assert time.monotonic() - started < 60
+    finally:
+        proc.close()
+
+
+def test_a_worker_killed_while_importing_vllm_is_infrastructure_not_a_setup_error():
+    proc = SubjectProcess(release("0.34.0"), wait=False)
+    try:
+        os.kill(proc.worker_pid, signal.SIGKILL)
+        with pytest.raises(InfrastructureError, match="was killed by SIGKILL while importing vLLM"):
+            proc.ready()
+    finally:
+        proc.close()
+
+
+def test_a_planted_pyc_in_a_mutant_tree_is_rebuilt_not_imported(tmp_path, capsys):
+    """The release's coordinator compiled unchecked-hash into the mutant's
+    __pycache__ would run the release's code as the mutant (issue 28: exit 0,
+    "no discrepancy" on refloor_50062)."""
+    import py_compile
+
+    operator = mutant("refloor_50062")
+    tree = mutant_tree("0.33.0", operator.name)
+    target = tree / operator.target_file
+    (pyc,) = (target.parent / "__pycache__").glob(f"{target.stem}.*.pyc")
+    assert is_checked_hash(pyc)
+    py_compile.compile(str(ensure_release("0.33.0") / operator.target_file), cfile=str(pyc),
+                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    assert not is_checked_hash(pyc)
+    capsys.readouterr()
+    assert mutant_tree("0.33.0", operator.name) == tree
+    err = capsys.readouterr().err
+    assert "its compiled bytecode is not what kvspec compiled" in err and "rebuilding it" in err
+    (rebuilt,) = (target.parent / "__pycache__").glob(f"{target.stem}.*.pyc")
+    assert is_checked_hash(rebuilt)
+    assert target.read_text() == operator.apply((ensure_release("0.33.0") / operator.target_file).read_text())
+
+
+def test_a_finding_whose_storage_fails_stays_in_every_report(tmp_path, monkeypatch, capsys):
+    """--findings-dir on a full disk (issue 28: a traceback, exit 1, while the
+    JSON said COMPLETE/OK and the Markdown "no discrepancy")."""
+    import errno
+
+    from kvspec.cli import main
+    from kvspec.report import completion
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(completion, "store_finding", full)
+    out, markdown = tmp_path / "fuzz.json", tmp_path / "fuzz.md"
+    code = main(["fuzz", "--vllm-src", str(mutant_tree("0.33.0", "refloor_50062")), "--seed", "0",
+                 "--max-examples", "300", "--database", "", "--json", str(out), "--markdown", str(markdown),
+                 "--findings-dir", str(tmp_path / "f")])
+    printed = capsys.readouterr().out
+    assert code == Outcome.FINDING.exit_code, printed[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "INCOMPLETE" and "No space left on device" in doc["stopped"]
+    finding = doc["subjects"][0]["finding"]
+    assert finding["category"] == "under_registration" and "No space left" in finding["run"]["incomplete"]
+    text = markdown.read_text()
+    assert "**INCOMPLETE finding:**" in text and "No space left" in text and "no discrepancy" not in text
+    assert "NOT STORED" in printed
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as listing:
+            return [int(child) for child in listing.read().split()]
+    except OSError:
+        return []
+
+
+def test_sigterm_at_the_first_counterexample_is_an_interrupt_and_keeps_the_finding(tmp_path):
+    """Issue 28: the JSON said COMPLETE/OK, the Markdown "no discrepancy", no
+    finding stored, the worker orphaned."""
+    run, doc, markdown = _fuzz_until(tmp_path, "first counterexample",
+                                     "--vllm-src", str(mutant_tree("0.33.0", "refloor_50062")),
+                                     "--max-examples", "500", stop=signal.SIGTERM)
+    assert run.returncode == Outcome.FINDING.exit_code, run.stdout[-2000:]
+    assert doc["status"] == "INTERRUPTED" and doc["subjects"][0]["finding"] is not None
+    assert list((tmp_path / "f").glob("finding-*.json"))
+    assert "no discrepancy" not in markdown
+    heading = next(line for line in markdown.splitlines() if line.startswith("## kvspec fuzz:"))
+    assert heading.startswith("## kvspec fuzz: INTERRUPTED")
+
+
+def test_sighup_while_fuzzing_is_an_interrupt_and_leaves_no_worker(tmp_path):
+    out = tmp_path / "fuzz.json"
+    command = [sys.executable, "-u", "-m", "kvspec", "fuzz", "--vllm", "0.34.0", "--stateful", "--seed", "0",
+               "--max-examples", "300", "--database", "", "--json", str(out), "--findings-dir", str(tmp_path / "f")]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    workers: list[int] = []
+    for line in proc.stdout:
+        if "starting" in line:
+            deadline = time.monotonic() + 120
+            while not workers and time.monotonic() < deadline:
+                workers = _children(proc.pid)
+                time.sleep(0.1)
+            proc.send_signal(signal.SIGHUP)
+            break
+    rest, _ = proc.communicate(timeout=300)
+    assert workers, "no worker was seen"
+    assert proc.returncode == Outcome.INTERRUPTED.exit_code, rest[-2000:]
+    assert "interrupted by SIGHUP" in rest
+    assert json.loads(out.read_text())["status"] == "INTERRUPTED"
+    for pid in workers:  # no child outlives kvspec
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+def test_a_tree_claiming_an_older_release_than_its_code_says_its_scope_is_reduced(tmp_path):
+    """Issue 28: run COMPLETE although the known bugs and deployments kvspec
+    keys on the version were the older release's."""
+    tree = tmp_path / "claims-older"
+    shutil.copytree(ensure_release("0.34.0"), tree)
+    version = tree / "vllm" / "_version.py"
+    text = version.read_text()
+    assert text.count("'0.34.0'") == 1 and text.count("(0, 34, 0)") == 1
+    version.write_text(text.replace("'0.34.0'", "'0.28.0'").replace("(0, 34, 0)", "(0, 28, 0)"))
+    out = tmp_path / "fuzz.json"
+    run = subprocess.run([sys.executable, "-m", "kvspec", "fuzz", "--vllm-src", str(tree), "--seed", "0",
+                          "--max-examples", "10", "--database", "", "--json", str(out), "--markdown",
+                          str(tmp_path / "fuzz.md"), "--findings-dir", str(tmp_path / "f")],
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == Outcome.INCOMPLETE.exit_code, run.stdout[-2000:] + run.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "REDUCED SCOPE"
+    assert "(its _version.py) lacks" in doc["subjects"][0]["scope_reduction"]
+    assert "REDUCED SCOPE" in (tmp_path / "fuzz.md").read_text() and "REDUCED SCOPE" in run.stdout

@@ -14,6 +14,8 @@ from __future__ import annotations
 import ast
 import itertools
 import json
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -22,6 +24,8 @@ from kvspec.model.arith import INT
 from kvspec.model.spec import BoundaryInputs
 from kvspec.model.variants import WRONG, Conformance, variant
 from kvspec.model.errors import UsageError
+from kvspec.subjects import provision
+from kvspec.subjects.provision import is_checked_hash
 from kvspec.subjects.mutation import (
     COORDINATOR_FILE,
     REGISTRATION_MUTANTS as MUTANTS,
@@ -321,7 +325,9 @@ def _release(root, source: str):
     return root
 
 
-def test_make_mutant_tree(tmp_path):
+def test_make_mutant_tree(tmp_path, monkeypatch):
+    # The runtime's interpreter compiles the mutated module; this one stands in for it.
+    monkeypatch.setattr(provision, "ensure_runtime", lambda progress=None: Path(sys.executable))
     release = _release(tmp_path / "release", SHAPE_GET_NUM_CACHEABLE)
     op = mutant("refloor_50062")
     dest = make_mutant_tree(release, op, tmp_path / "mutant")
@@ -330,10 +336,12 @@ def test_make_mutant_tree(tmp_path):
     assert mutated == op.apply(SHAPE_GET_NUM_CACHEABLE) != SHAPE_GET_NUM_CACHEABLE
     assert (release / COORDINATOR_FILE).read_text(encoding="utf-8") == SHAPE_GET_NUM_CACHEABLE
     assert (dest / "vllm" / "__init__.py").read_text() == "__version__ = 'synthetic'\n"
-    # The mutated module's bytecode must go (it would run instead of the
-    # mutation); the untouched modules' bytecode comes along.
-    assert not list(dest.rglob("kv_cache_coordinator.*.pyc"))
-    assert (dest / "vllm" / "__pycache__" / "__init__.cpython-311.pyc").read_bytes() == b"kept"
+    # The mutated module's bytecode is kvspec's own compile of the mutation
+    # (the release's would run instead of it); bytecode Python would import
+    # unchecked goes (provision.byte_compile).
+    (pyc,) = dest.rglob("kv_cache_coordinator.*.pyc")
+    assert is_checked_hash(pyc) and pyc.read_bytes() != b"stale"
+    assert not (dest / "vllm" / "__pycache__" / "__init__.cpython-311.pyc").exists()
     marker = json.loads((dest / "MUTANT.json").read_text())
     assert marker["operator"] == "refloor_50062"
     assert marker["models_variant"] == "regression_50062"

@@ -50,3 +50,40 @@ def test_no_failure_anywhere():
     merged = merge_results([_result(0), _result(1)], 1.0)
     assert merged.failure is None and merged.cases_to_first_failure is None
     assert merged.as_dict()["verdict"] == "no discrepancy" and merged.as_dict()["jobs"] == 2
+
+
+def test_a_job_that_dies_does_not_discard_the_other_jobs_finding(monkeypatch):
+    """Issue 28: with --jobs 2, killing one job discarded the other's finished finding."""
+    from concurrent.futures import Future
+    from concurrent.futures.process import BrokenProcessPool
+
+    from kvspec.diff_tests import parallel
+    from kvspec.model.outcome import Outcome
+    from kvspec.subjects import subject as subjects
+
+    finished = _result(0, _failure(22), first=3)
+
+    class Pool:
+        def __init__(self, **kwargs):
+            self.futures = []
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, fn, *args):
+            future = Future()
+            if self.futures:
+                future.set_exception(BrokenProcessPool("a child process terminated abruptly"))
+            else:
+                future.set_result(finished)
+            self.futures.append(future)
+            return future
+
+    monkeypatch.setattr(parallel, "ProcessPoolExecutor", Pool)
+    monkeypatch.setattr(subjects, "resolve_subject", lambda subject: None)
+    merged = parallel.fuzz_parallel(SimpleNamespace(label="s"), 2, 20, 0)
+    assert merged.failure is finished.failure
+    assert merged.stopped is Outcome.INFRASTRUCTURE and "1 of 2 fuzzing jobs did not finish" in merged.stopped_why

@@ -153,3 +153,46 @@ def test_a_bad_database_is_a_usage_error(pytester):
     result = pytester.runpytest_subprocess("--kvspec-database", "redis://127.0.0.1:1/0", "-p", "no:cacheprovider")
     assert result.ret == 4
     result.stderr.fnmatch_lines(["*--kvspec-database: cannot reach the example database*"])
+
+
+def test_another_projects_run_has_no_kvspec_marker_or_header(pytester):
+    """Issue 28: the plugin registered `vllm` globally, so --strict-markers no
+    longer caught a misspelt marker in an unrelated project."""
+    pytester.makepyfile("""
+        import pytest
+
+        @pytest.mark.vllm
+        def test_marked():
+            pass
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--strict-markers")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*'vllm' not found in `markers` configuration option*"])
+    assert "kvspec:" not in result.stdout.str()
+
+
+def test_a_kvspec_option_brings_the_marker_and_the_header(pytester):
+    pytester.makepyfile("""
+        import pytest
+
+        @pytest.mark.vllm
+        def test_marked():
+            pass
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--strict-markers",
+                                           "--kvspec-profile", "dev")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["kvspec: profile dev; subjects *"])
+
+
+def test_a_kvspec_fixture_without_an_option_says_what_it_ran_against(pytester):
+    pytester.makeconftest(FAKE_SUBJECT)
+    pytester.makepyfile("""
+        def test_uses(kvspec_subject):
+            assert kvspec_subject.subject.label == "fake subject"
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)  # the default releases
+    lines = result.stdout.lines
+    header = [i for i, line in enumerate(lines) if line.startswith("kvspec: profile")]
+    assert header and header[0] > next(i for i, line in enumerate(lines) if "test_" in line and ".py" in line)
