@@ -25,10 +25,17 @@ import attrs
 from .case import MAX_STEPS, MAX_TOKENS, InvalidCase
 from .domain import CoordinatorConfig, GroupKind, HashScheme, KVCacheGroup
 
-__all__ = ["ToyModel", "TOY_MODELS", "toy_model", "EngineSetup", "EngineProgram", "ENGINE_OPERATIONS",
+__all__ = ["HAND_BUILT", "ENGINE_BUILT", "ToyModel", "TOY_MODELS", "toy_model", "EngineSetup", "EngineProgram", "ENGINE_OPERATIONS",
            "describe_engine_op", "derived_config", "MODELLED_STEPS"]
 
 ENGINE_OPERATIONS = ("arrive", "step", "abort", "reset")
+
+# How a finding's configuration was built, said with every finding.
+HAND_BUILT = ("hand-built: kvspec built the KVCacheConfig and KVCacheManager itself and drove it with its own "
+              "replica of the scheduler's step (hardening until reproduced through vLLM's engine: kvspec fuzz "
+              "--engine)")
+ENGINE_BUILT = ("engine-built: vLLM's own configuration code built it from the engine flags the finding names, "
+                "and vLLM's real Scheduler drove it (a user with those flags reaches the same calls)")
 # vLLM's own connectors whose scheduler side runs on a CPU: DecodeBenchConnector
 # loads synchronously, offering every prompt token but the last.
 KV_CONNECTORS = ("DecodeBenchConnector",)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import attrs
 
-from kvspec.model.engine import MODELLED_STEPS
+from kvspec.model.engine import ENGINE_BUILT, MODELLED_STEPS
 from kvspec.model.finding import Blame, Category, Finding, Ledger
 
 from .completion import finding_stem, store_finding
@@ -36,7 +36,7 @@ def engine_finding(result, versions: dict[str, str]) -> Finding:
     category = first.category
     compared = subject_compared(result.subject, versions)
     compared.update(spec_rule=ENGINE_RULE, capabilities=result.capabilities.as_dict(), scope=result.scope(),
-                    differential="engine", modelled=list(MODELLED_STEPS))
+                    differential="engine", modelled=list(MODELLED_STEPS), configuration=ENGINE_BUILT)
     label = result.subject.get("label", "the subject")
     if category is Category.SUBJECT_CRASH:
         blame, note = (Blame.IMPLEMENTATION_BUG,

@@ -472,6 +472,7 @@ def render_text(f: Finding) -> str:
         out += ["  who is affected:", *[f"    {line}" for line in affected]]
     out += [f.verdict,
             f"  compared: {f.compared.get('spec_rule')} vs {subject_line(f)} ({_versions(f)})",
+            f"  configuration: {f.compared.get('configuration') or 'not recorded (a finding from before kvspec said)'}",
             f"  category: {f.category.title}: {f.category.meaning}",
             f"  minimal case: {f.inputs.get('describe')}"]
     minimal = _minimal_line(f)
@@ -579,7 +580,8 @@ def render_markdown(f: Finding, heading: str = "###", plot_path: str | None = No
                 r[5] = f"**{r[5]}**"
         out += _md_table(headers, rows) + [""]
     out += [f"Compared: {_md(f.compared.get('spec_rule'))} vs **{_md(label(subject_line(f)))}** "
-            f"({_md(_versions(f))}); category **{f.category.title}** ({f.category.meaning}).", ""]
+            f"({_md(_versions(f))}); category **{f.category.title}** ({f.category.meaning}).", "",
+            f"Configuration: {_md(f.compared.get('configuration') or 'not recorded')}.", ""]
     evidence = []
     if f.ledger is not None:
         evidence.append(f"**Ledger verdict: {_md(f.ledger.blame.value)}** -- {_md(_ledger_line(f, label))}")

@@ -64,8 +64,10 @@ def mutant_description(subject: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def subject_compared(subject: dict[str, Any], versions: dict[str, str]) -> dict[str, Any]:
+    from kvspec.model.engine import HAND_BUILT
+
     return {"spec_rule": SPEC_RULE, "subject": subject, "versions": versions,
-            "mutant": mutant_description(subject)}
+            "mutant": mutant_description(subject), "configuration": HAND_BUILT}
 
 
 def diagnose(case, capabilities, reply: dict[str, Any]) -> tuple[str, ...]:
