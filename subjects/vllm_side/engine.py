@@ -299,22 +299,32 @@ class EngineMachine:
         self.scheduler.add_request(request)
         return {}
 
-    def _outputs(self, scheduler_output, accepted):
+    def _samples(self, scheduler_output):
+        """Per request, the tokens the model runner may sample for this step,
+        read right after its schedule() (under async scheduling a later
+        schedule() moves the request on before this output is processed):
+        none for a partial prefill, else one plus the drafts scheduled."""
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        allotted = {}
+        for req_id in scheduler_output.num_scheduled_tokens:
+            request = self.scheduler.requests.get(req_id)
+            partial = request is None or getattr(
+                request, "is_prefill_chunk",
+                request.num_computed_tokens < request.num_tokens + getattr(request, "num_output_placeholders", 0))
+            allotted[req_id] = 0 if partial else 1 + len(spec.get(req_id, ()))
+        return allotted
+
+    def _outputs(self, scheduler_output, allotted, accepted):
         """What the model runner returns for a step: one sampled token per
         request whose step completes its prompt or decodes, plus the drafts
-        accepted; nothing for a partial prefill."""
+        accepted; nothing for a partial prefill (never more than the step allotted)."""
         from vllm.v1.outputs import ModelRunnerOutput
 
         req_ids, sampled = [], []
-        spec = scheduler_output.scheduled_spec_decode_tokens
         for req_id in scheduler_output.num_scheduled_tokens:
-            request = self.scheduler.requests.get(req_id)
             req_ids.append(req_id)
-            if request is None or getattr(request, "is_prefill_chunk", False):
-                sampled.append([])
-                continue
-            drafts = len(spec.get(req_id, ()))
-            sampled.append([self._next() for _ in range(min(accepted, drafts) + 1)])
+            room = allotted.get(req_id, 0)
+            sampled.append([self._next() for _ in range(min(accepted + 1, room))])
         wanted = {"req_ids": req_ids, "req_id_to_index": {r: i for i, r in enumerate(req_ids)},
                   "sampled_token_ids": sampled}
         fields = set(inspect.signature(ModelRunnerOutput).parameters)
@@ -324,8 +334,10 @@ class EngineMachine:
         self.token += 1
         return self.token
 
-    def _process(self, scheduler_output, accepted):
-        outputs = self.scheduler.update_from_output(scheduler_output, self._outputs(scheduler_output, accepted))
+    def _process(self, scheduled, accepted):
+        scheduler_output, allotted = scheduled
+        outputs = self.scheduler.update_from_output(scheduler_output,
+                                                    self._outputs(scheduler_output, allotted, accepted))
         finished = set()
         for engine_outputs in (outputs or {}).values():
             for out in getattr(engine_outputs, "outputs", ()):
@@ -355,7 +367,7 @@ class EngineMachine:
         self.scheduled = self._answer({"scheduled": dict(so.num_scheduled_tokens), "preempted": result["preempted"]},
                                       running_before)
         self.lookups, self.handed, self.allocations = [], [], []
-        return so
+        return so, self._samples(so)
 
     def _step(self, op):
         accepted, drafts = op.get("accepted", 0), op.get("drafts", 0)
@@ -364,23 +376,22 @@ class EngineMachine:
         if self.async_queue is None:
             if not scheduler.has_requests():
                 return result
-            so = self._schedule(result)
-            result["finished"] = sorted(self._process(so, accepted))
-            if so.total_num_scheduled_tokens > 0:
-                self._drafts(so, drafts)
+            scheduled = self._schedule(result)
+            result["finished"] = sorted(self._process(scheduled, accepted))
+            if scheduled[0].total_num_scheduled_tokens > 0:
+                self._drafts(scheduled[0], drafts)
             return result
         # EngineCore.step_with_batch_queue
         queue = self.async_queue
         if scheduler.has_requests():
-            so = self._schedule(result)
-            executed = so.total_num_scheduled_tokens > 0
-            queue.insert(0, so)
+            scheduled = self._schedule(result)
+            executed = scheduled[0].total_num_scheduled_tokens > 0
+            queue.insert(0, scheduled)
             if len(queue) < self.queue_size and (executed or scheduler.has_requests()):
                 return result
         elif not queue:
             return result
-        so = queue.pop()
-        result["finished"] = sorted(self._process(so, accepted))
+        result["finished"] = sorted(self._process(queue.pop(), accepted))
         return result
 
     def _abort(self, op):
