@@ -247,8 +247,8 @@ def verification_tree(dest: Path, tests_root: Path | None, file_name: str, code:
     for name in KEPT[:3]:
         (dest / name).touch()
     if tests_root is not None:
-        for name in KEPT:
-            if name.startswith("tests/") and (tests_root / name).is_file():
+        for name in KEPT:  # the helpers (the suite is vllm_suite's to lay out)
+            if name.startswith("tests/") and name not in SUITE and (tests_root / name).is_file():
                 shutil.copyfile(tests_root / name, dest / name)
         site = tests_root / "site"
         if site.is_dir():

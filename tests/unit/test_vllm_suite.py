@@ -154,3 +154,15 @@ def test_a_proved_worst_case_is_never_printed_beside_a_finding_it_does_not_cover
     assert ("worst case (PROVED over S <= 64, which covers this finding's S = 3): over S <= 64, #50062 loses "
             "at most S_max - 2 = 62 tokens per call") in inside
     assert "62 tokens per call" not in render_markdown(_at(finding, 1120, 560, recorded))
+
+
+def test_an_emitted_test_is_laid_out_beside_the_helpers_not_the_suite(tmp_path):
+    from kvspec.report.vllm_tests import HELPER_FILE, verification_tree
+
+    root = tmp_path / "sdist"
+    for name in (HELPER_FILE, *SUITE):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("# x\n")
+    test = verification_tree(tmp_path / "out", root, "test_new.py", "def test_x():\n    pass\n")
+    assert test.read_text().startswith("def test_x") and (tmp_path / "out" / HELPER_FILE).is_file()
+    assert not any((tmp_path / "out" / name).exists() for name in SUITE)
