@@ -112,14 +112,26 @@ def lint_test(test_code: str, file_name: str, subject_spec, tests_root: Path | N
 
 
 def real_code_stage(subject) -> dict[str, Any]:
-    """The ledger's fourth leg: the subject's registration method, symbolically."""
+    """The ledger's fourth leg: the subject's registration method,
+    symbolically.  On a release or a kvspec mutant a definite verdict
+    (REFUTED, VERIFIED) is a function of the tree and kvspec's code: recorded
+    once and reused, with the date it was recorded."""
     from kvspec.subjects.symbolic import symbolic_check
 
-    verdict = symbolic_check(subject)
-    return {"status": verdict.status.value, "target": verdict.target, "detail": verdict.detail,
-            "counterexample": verdict.counterexample and {
-                k: verdict.counterexample[k] for k in ("args", "real", "spec")},
-            "seconds": verdict.seconds}
+    def check() -> dict[str, Any]:
+        verdict = symbolic_check(subject)
+        return {"status": verdict.status.value, "target": verdict.target, "detail": verdict.detail,
+                "counterexample": verdict.counterexample and {
+                    k: verdict.counterexample[k] for k in ("args", "real", "spec")},
+                "seconds": verdict.seconds}
+
+    if subject.kind not in ("release", "mutant"):
+        return check()
+    from kvspec.controls import recorded_value
+
+    value, recorded = recorded_value("symbolic", subject, {"mutant": subject.mutant}, check,
+                                     keep=lambda v: v["status"] in ("REFUTED", "VERIFIED"))
+    return {**value, "recorded": recorded} if recorded else value
 
 
 def explain_stage(result, versions: dict[str, str]) -> Finding:

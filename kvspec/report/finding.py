@@ -327,6 +327,8 @@ def _ledger_line(f: Finding, label=lambda s: s) -> str | None:
     rc = led.real_code
     if rc:
         line += f"; real code, symbolically: {rc['status']}"
+        if rc.get("recorded"):
+            line += f" (recorded {rc['recorded']} on the same tree and kvspec code, reused)"
         cx = rc.get("counterexample")
         if cx:
             line += " at " + ", ".join(f"{k}={v}" for k, v in cx["args"].items()) + \
