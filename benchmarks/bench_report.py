@@ -59,6 +59,7 @@ def end_to_end(version: str, operator: str, repeat: int, scheme: str | None) -> 
     out = []
     for index in range(repeat + 1):
         with tempfile.TemporaryDirectory() as scratch:
+            load = os.getloadavg()[0]
             started = time.perf_counter()
             run = subprocess.run(command, cwd=scratch, capture_output=True, text=True)
             seconds = time.perf_counter() - started
@@ -66,7 +67,8 @@ def end_to_end(version: str, operator: str, repeat: int, scheme: str | None) -> 
             assert (Path(scratch) / "F.md").read_text().startswith("**Impact:**")
             reused = "reused from" in run.stdout
             print(f"  {'warm-up' if index == 0 else f'run {index}'}: {seconds:.1f} s"
-                  f"{' (control reused)' if reused else ' (control fuzzed)'}", flush=True)
+                  f"{' (control reused)' if reused else ' (control fuzzed)'}, load average {load:.2f} "
+                  "at its start", flush=True)
             if index:
                 out.append(seconds)
     return out
