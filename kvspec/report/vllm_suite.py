@@ -124,7 +124,9 @@ def caught_by(subject_run: dict[str, Any], baseline: dict[str, Any] | None) -> l
     release to compare with, every test that fails on the subject)."""
     failing = [*subject_run.get("failed", ()), *subject_run.get("errors", ())]  # most telling first
     if baseline is None:
-        return failing
+        # Without a release to compare with, only a test's own failure counts
+        # (an error may be the tree's test environment, not its code).
+        return list(subject_run.get("failed", ()))
     broken_there = {*baseline.get("failed", ()), *baseline.get("errors", ())}
     if baseline.get("outcome") == "error":
         return []  # the release's run did not finish: nothing can be said to pass there
