@@ -1,4 +1,5 @@
-"""A recorded control run, reused: the unmutated release fuzzed beside its mutants.
+"""A recorded control run, reused: the unmutated release fuzzed beside its mutants
+(and, by the same rule, other runs on a release tree that depend on nothing else).
 
 ``kvspec fuzz --vllm V --mutant M`` fuzzes release V first as a control.  A
 fuzz run is a function of the release's tree, kvspec's code, the runtime,
@@ -99,10 +100,14 @@ def _path(key: dict[str, Any]) -> Path:
 
 
 def _write(path: Path, record: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    partial.write_text(json.dumps(record, indent=1, sort_keys=True))
-    os.replace(partial, path)
+    """Atomically; a record that cannot be written is only not reused later."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.partial")
+        partial.write_text(json.dumps(record, indent=1, sort_keys=True))
+        os.replace(partial, path)
+    except OSError:
+        pass
 
 
 def recall(key: dict[str, Any], state: str | None) -> tuple[Any, str] | None:

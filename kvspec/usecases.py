@@ -226,7 +226,7 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
     database = example_database(settings.database)
     in_process = jobs == 1 or any(d in PROGRAM_DIFFERENTIALS for d in settings.differentials)
     # Controls whose recorded results stand for this run start no worker.
-    controls = _controls(subjects, settings, say)
+    controls = _controls(subjects, settings)
     needs_worker = [i for i in range(len(subjects)) if not _all_reused(controls.get(i), settings)]
     launched = {needs_worker[0]: _launch(subjects[needs_worker[0]])} if needs_worker and in_process else {}
     current = None
@@ -341,7 +341,7 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
     return run
 
 
-def _controls(subjects: list, settings: FuzzSettings, say: Say) -> dict[int, dict[str, dict[str, Any]]]:
+def _controls(subjects: list, settings: FuzzSettings) -> dict[int, dict[str, dict[str, Any]]]:
     """Per control (a release fuzzed beside its mutant) and differential: its
     key, the example database's state, and the recorded result to reuse."""
     from kvspec.controls import control_key, database_state, is_control, recall, reused_sentence
@@ -356,7 +356,7 @@ def _controls(subjects: list, settings: FuzzSettings, say: Say) -> dict[int, dic
                 continue
             try:
                 key = control_key(subject, settings, differential)
-            except KvspecError:  # cannot be provisioned: the run says so when it gets there
+            except (KvspecError, OSError):  # cannot be provisioned or read: it runs, and says why then
                 continue
             found = recall(key, state)
             entry: dict[str, Any] = {"key": key, "state": state, "reused": None}
@@ -378,10 +378,13 @@ def _controls_done(controls: dict[int, dict[str, dict[str, Any]]], settings: Fuz
 
     if not controls:
         return
-    state = database_state(settings.database)
-    for per_differential in controls.values():
-        for entry in per_differential.values():
-            add_database_state(entry["key"], state)
+    try:
+        state = database_state(settings.database)
+        for per_differential in controls.values():
+            for entry in per_differential.values():
+                add_database_state(entry["key"], state)
+    except OSError:  # the records stay as they were: a later control runs again
+        pass
 
 
 def _other_results(result, differential: str) -> list[Any]:
