@@ -205,13 +205,28 @@ def _entry(d: Derivation, impact: dict[str, Any]) -> dict[str, Any]:
             "impact": impact}
 
 
-def _hitrate(finding: Finding, worst: Derivation, say: Say) -> dict[str, Any]:
-    """Hit-rate points lost on the worst profile: the subject replayed against
-    the release it was made from (a mutant), or, for a release, against the
-    model of the diagnosed rule beside the spec's ideal (both modelled)."""
-    from kvspec.model.workload import Workload
+def _replayed_rate(subject, live, config, workload) -> float:
+    """The workload's hit rate on ``subject``: on the live worker when it is
+    that subject's, else in a worker of its own."""
     from kvspec.subjects.drivers.hitrate import SubjectCache, replay
     from kvspec.subjects.process import SubjectProcess
+
+    if live is not None and getattr(live, "subject", None) == subject:
+        return replay(workload, SubjectCache(live, config, workload)).hit_rate
+    with SubjectProcess(subject) as proc:
+        return replay(workload, SubjectCache(proc, config, workload)).hit_rate
+
+
+def _hitrate(finding: Finding, worst: Derivation, say: Say, proc=None) -> dict[str, Any]:
+    """Hit-rate points lost on the worst profile: the subject replayed against
+    the release it was made from (a mutant), or, for a release, against the
+    model of the diagnosed rule beside the spec's ideal (both modelled).  The
+    release's replay depends only on its tree, the configuration, the
+    workload and kvspec's code: recorded once and reused (said so)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kvspec.controls import recorded_value
+    from kvspec.model.workload import Workload
     from kvspec.subjects.subject import mutant_subject, release
 
     subject = finding.compared.get("subject") or {}
@@ -219,14 +234,19 @@ def _hitrate(finding: Finding, worst: Derivation, say: Say) -> dict[str, Any]:
     workload = Workload()
     if subject.get("kind") == "mutant":
         say(f"  reach: hit-rate replay of {subject['label']} and vLLM {subject['version']} on {worst.profile}")
-        rates = []
-        for replayed in (mutant_subject(subject["version"], subject["mutant"]), release(subject["version"])):
-            with SubjectProcess(replayed) as proc:
-                rates.append(replay(workload, SubjectCache(proc, config, workload)).hit_rate)
-        return {"profile": worst.profile, "subject_hit_rate": round(rates[0], 6),
-                "reference": f"vllm {subject['version']}", "reference_hit_rate": round(rates[1], 6),
-                "points": round(100 * (rates[0] - rates[1]), 2),
-                "how": "measured: both replayed on real vLLM (kvspec hitrate's default workload)"}
+        base = release(subject["version"])
+        with ThreadPoolExecutor(max_workers=1) as pool:  # the release's replay beside the mutant's
+            reference = pool.submit(recorded_value, "hitrate", base,
+                                    {"config": config.describe(), "workload": repr(workload)},
+                                    lambda: _replayed_rate(base, proc, config, workload))
+            rate = _replayed_rate(mutant_subject(subject["version"], subject["mutant"]), proc, config, workload)
+            reference_rate, recorded = reference.result()
+        how = "measured: both replayed on real vLLM (kvspec hitrate's default workload)"
+        if recorded:
+            how += f"; the release's replay recorded {recorded} and reused (same tree, configuration, workload)"
+        return {"profile": worst.profile, "subject_hit_rate": round(rate, 6),
+                "reference": f"vllm {subject['version']}", "reference_hit_rate": round(reference_rate, 6),
+                "points": round(100 * (rate - reference_rate), 2), "how": how}
     diagnosis = finding.explanation.diagnosis if finding.explanation else None
     if diagnosis is None or subject.get("kind") != "release":
         return {"profile": worst.profile, "points": None,
@@ -313,7 +333,7 @@ def _assess(finding: Finding, *, proc=None, hitrate: bool = True,
                  "fraction_of_lengths": w["impact"].get("fraction_of_lengths")}
         if hitrate and os.environ.get("KVSPEC_REACH_HITRATE", "1") != "0" and rule is not None:
             try:
-                worst["hitrate"] = _hitrate(finding, reached[best], say)
+                worst["hitrate"] = _hitrate(finding, reached[best], say, proc)
             except Exception as exc:  # the replay is extra evidence; its failure is said, not fatal
                 worst["hitrate"] = {"profile": w["profile"], "points": None,
                                     "how": f"not measured: {type(exc).__name__}: {exc}"}

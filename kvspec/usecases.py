@@ -143,6 +143,9 @@ class SubjectRun:
     differential: str = "registration"
     # The stateful differential's other distinct failures, each a finding of its own.
     others: list[tuple[Any, Path]] = attrs.Factory(list)
+    # A control run's recorded result reused instead of fuzzing again: the
+    # sentence every output says it with (kvspec.controls; None: it ran).
+    reused: str | None = None
 
 
 @attrs.define
@@ -222,12 +225,23 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
     # is a setup error now.  Parallel jobs open it again from its location.
     database = example_database(settings.database)
     in_process = jobs == 1 or any(d in PROGRAM_DIFFERENTIALS for d in settings.differentials)
-    launched = {0: _launch(subjects[0])} if subjects and in_process else {}
+    # Controls whose recorded results stand for this run start no worker.
+    controls = _controls(subjects, settings)
+    needs_worker = [i for i in range(len(subjects)) if not _all_reused(controls.get(i), settings)]
+    launched = {needs_worker[0]: _launch(subjects[needs_worker[0]])} if needs_worker and in_process else {}
     current = None
     try:
         for index, subject in enumerate(subjects):
             current = subject.label
             in_parallel = f", {jobs} jobs" if jobs > 1 else ""
+            if index not in needs_worker:
+                for differential in settings.differentials:
+                    result, sentence = controls[index][differential]["reused"]
+                    entry = SubjectRun(result, differential=differential, reused=sentence)
+                    run.subjects.append(entry)
+                    on_update(run)
+                    _say_result(entry, say, in_parallel)
+                continue
             say(f"{subject.label}: starting (seed {settings.seed}, up to {settings.max_examples} "
                 f"examples{in_parallel}; {', '.join(settings.differentials)})")
             proc = None
@@ -237,8 +251,9 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
                     raise proc
                 if proc is not None:
                     proc.ready()
-                if in_process and index + 1 < len(subjects):
-                    launched[index + 1] = _launch(subjects[index + 1])
+                ahead = next((i for i in needs_worker if i > index), None)
+                if in_process and ahead is not None:
+                    launched[ahead] = _launch(subjects[ahead])
                 for differential in settings.differentials:
                     if differential not in PROGRAM_DIFFERENTIALS and jobs > 1:
                         result = fuzz_parallel(subject, jobs, settings.max_examples, settings.seed,
@@ -258,6 +273,11 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
                                            lookup=differential == "lookup")
                     entry = SubjectRun(result, differential=differential)
                     failed_completion: Exception | None = None
+                    control = controls.get(index, {}).get(differential)
+                    if control is not None:  # recorded if clean and complete (kvspec.controls.remember)
+                        from kvspec.controls import remember
+
+                        remember(control["key"], control["state"], result)
                     if result.failure is not None and result.stopped is None:
                         say(f"{subject.label}: DISCREPANCY ({result.failure.category.value}, {differential} "
                             f"differential) after {result.first_failure()} ({result.seconds_to_first_failure:.2f} s "
@@ -335,7 +355,54 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
         for proc in launched.values():  # started ahead, never reached (an interrupt)
             if not isinstance(proc, Exception):
                 proc.close()
+        _controls_done(controls, settings)
     return run
+
+
+def _controls(subjects: list, settings: FuzzSettings) -> dict[int, dict[str, dict[str, Any]]]:
+    """Per control (a release fuzzed beside its mutant) and differential: its
+    key, the example database's state, and the recorded result to reuse."""
+    from kvspec.controls import control_key, database_state, is_control, recall, reused_sentence
+
+    out: dict[int, dict[str, dict[str, Any]]] = {}
+    state = database_state(settings.database)
+    for index, subject in enumerate(subjects):
+        if not is_control(subject, subjects):
+            continue
+        for differential in settings.differentials:
+            if differential in PROGRAM_DIFFERENTIALS:
+                continue
+            try:
+                key = control_key(subject, settings, differential)
+            except (KvspecError, OSError):  # cannot be provisioned or read: it runs, and says why then
+                continue
+            found = recall(key, state)
+            entry: dict[str, Any] = {"key": key, "state": state, "reused": None}
+            if found is not None:
+                result, recorded = found
+                entry["reused"] = (result, reused_sentence(subject.label, recorded))
+            out.setdefault(index, {})[differential] = entry
+    return out
+
+
+def _all_reused(control: dict[str, dict[str, Any]] | None, settings: FuzzSettings) -> bool:
+    return control is not None and all(
+        control.get(d) is not None and control[d]["reused"] is not None for d in settings.differentials)
+
+
+def _controls_done(controls: dict[int, dict[str, dict[str, Any]]], settings: FuzzSettings) -> None:
+    """Each control's record learns the database as this command leaves it."""
+    from kvspec.controls import add_database_state, database_state
+
+    if not controls:
+        return
+    try:
+        state = database_state(settings.database)
+        for per_differential in controls.values():
+            for entry in per_differential.values():
+                add_database_state(entry["key"], state)
+    except OSError:  # the records stay as they were: a later control runs again
+        pass
 
 
 def _other_results(result, differential: str) -> list[Any]:
@@ -420,7 +487,10 @@ def _say_result(entry: SubjectRun, say: Say, in_parallel: str) -> None:
                 f"not vLLM's): {result.restarts[0]}" if result.restarts else "")
     if finding is None and result.stopped is None and result.scope_reduction:
         say(f"{label}: REDUCED SCOPE: {result.scope_reduction}")
-    if finding is None and result.stopped is None:
+    if entry.reused:
+        say(f"{label}: {result.verdict} in {result.coverage()}; {entry.reused} (it took {result.seconds:.1f} s "
+            "then)")
+    elif finding is None and result.stopped is None:
         say(f"{label}: {result.verdict} in {result.coverage()} ({result.seconds:.1f} s, "
             f"{rate:.0f} {result.units}/s{in_parallel}){restarts}")
         if entry.differential in PROGRAM_DIFFERENTIALS:

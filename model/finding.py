@@ -245,6 +245,12 @@ class Explanation:
     loss_predicted: int | None = None  # the proved formula at this finding's inputs
     loss_observed: int | None = None  # spec minus subject at this call
     worst_case: str | None = None
+    # The bounds the worst case was proved over ("S <= 64"), whether they cover
+    # this finding, and (when not) what the closed form gives at it instead.
+    # Findings stored before these were recorded leave them None.
+    worst_case_bounds: str | None = None
+    worst_case_covers: bool | None = None
+    worst_case_here: str | None = None
     reachability: str | None = None
     reachable_here: bool | None = None  # the condition evaluated at this finding's inputs
     theorems: tuple[TheoremRef, ...] = attrs.field(default=(), converter=tuple)
@@ -288,7 +294,10 @@ class Finding:
     detail: str = ""
     traceback: str | None = None
     replay: str | None = None
-    regression_test: dict[str, Any] | None = None  # code, file name, verification
+    regression_test: dict[str, Any] | None = None  # code, file name, verification, whether proposed
+    # The release's own tests run on the subject first (kvspec.report.vllm_suite):
+    # files, each side's outcome, the tests that catch the finding (None: not asked).
+    vllm_tests: dict[str, Any] | None = None
     sweep: dict[str, Any] | None = None  # registered vs n over a range (for the plot)
     observations: dict[str, Any] | None = None  # the subject's raw record (or its traceback)
     artifacts: dict[str, str] = attrs.field(factory=dict)  # stored files: finding, plot, test

@@ -22,7 +22,7 @@ from .lookup_catalog import LOOKUP_THEOREMS
 from .theorem import Target, Theorem
 from .verdict import Status
 
-__all__ = ["CATALOG", "theorem", "names"]
+__all__ = ["CATALOG", "WORST_CASE_S_MAX", "theorem", "names"]
 
 
 def _rule(name: str) -> Target:

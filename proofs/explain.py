@@ -20,11 +20,11 @@ from kvspec.model.spec import reprefillable_tokens, inputs_for_group
 from kvspec.model.arith import INT
 from kvspec.model.variants import variant
 
-from .catalog import theorem
+from .catalog import WORST_CASE_S_MAX, theorem
 from .concrete import group_vars
 from .runner import run_theorem
 
-__all__ = ["ExplanationSpec", "EXPLAINED", "explain", "intended_drops"]
+__all__ = ["ExplanationSpec", "EXPLAINED", "WorstCaseScope", "explain", "intended_drops", "worst_case_scope"]
 
 
 @attrs.frozen
@@ -36,6 +36,8 @@ class ExplanationSpec:
     block_reachability: str | None = None
     loss: str | None = None  # closed form of spec - variant
     worst_case: str | None = None
+    # The declared bound on S the worst case was proved under (None: unbounded).
+    worst_case_s_max: int | None = None
 
 
 # The deployment knobs of a finding are not written here per rule: they are
@@ -50,8 +52,35 @@ EXPLAINED: dict[str, ExplanationSpec] = {
         block_reachability="reachability.regression_blocks",
         loss="loss.regression_closed_form",
         worst_case="loss.regression_worst_case",
+        worst_case_s_max=WORST_CASE_S_MAX,
     ),
 }
+
+
+@attrs.frozen
+class WorstCaseScope:
+    """Whether a proved worst case covers a finding's geometry."""
+
+    bounds: str  # what it was proved over, e.g. "S <= 64"
+    covers: bool
+    # Outside the bounds: what the proved closed form (n - R) mod S - B, over
+    # unbounded integers, gives at the finding's S and B instead.
+    here: str | None = None
+
+
+def worst_case_scope(diagnosis: str | None, S: int, B: int) -> WorstCaseScope | None:
+    """The bounds of ``diagnosis``'s proved worst case against a finding at
+    scheduler block ``S`` and group block ``B`` (None: no bounded worst case)."""
+    spec = EXPLAINED.get(diagnosis or "")
+    if spec is None or spec.worst_case is None or spec.worst_case_s_max is None:
+        return None
+    bounds = f"S <= {spec.worst_case_s_max}"
+    if S <= spec.worst_case_s_max:
+        return WorstCaseScope(bounds, True)
+    # (n - R) mod S is at most S - 1, so the closed form is at most S - 1 - B.
+    here = (f"at this finding's S = {S} and B = {B} the proved closed form (n - R) mod S - B "
+            f"is at most S - 1 - B = {max(0, S - 1 - B)} tokens per call")
+    return WorstCaseScope(bounds, False, here)
 
 
 def _ref(name: str, known: dict[str, Any] | None) -> TheoremRef:
@@ -135,12 +164,16 @@ def explain(
         loss_formula = f"{loss.target.name} tokens per call where reachable, 0 elsewhere"
         loss_predicted = int(loss.target.fn(INT, v))
         theorems.append(_ref(spec.loss, known))
+    scope = None
     if spec.worst_case:
         worst = theorem(spec.worst_case).statement
         theorems.append(_ref(spec.worst_case, known))
+        scope = worst_case_scope(diagnosis, config.scheduler_block_size, row.block_size)
     return Explanation(
         diagnosis, summary, nature,
         loss_formula=loss_formula, loss_predicted=loss_predicted, loss_observed=row.token_gap,
-        worst_case=worst, reachability=reach_text, reachable_here=reachable,
+        worst_case=worst, worst_case_bounds=scope and scope.bounds,
+        worst_case_covers=scope and scope.covers, worst_case_here=scope and scope.here,
+        reachability=reach_text, reachable_here=reachable,
         theorems=tuple(theorems), intended_drop=drops,
     )

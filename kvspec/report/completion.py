@@ -3,11 +3,13 @@
 While the subject is still live: sweep registered-vs-computed tokens for the
 plot and emit the regression test; meanwhile, overlapping that and one
 another, the proofs explain the failure (Z3, in a thread), the subject's
-registration code is checked symbolically and the emitted test runs where
-it must fail (the subject) and, for a kvspec mutant, where it must pass (the
-release it was made from) -- each of those three in its own process.  The
-test is also linted with that release's ruff configuration when ruff is
-installed.  The finding (JSON) is stored as soon as it exists and again
+registration code is checked symbolically and, on a mutant or a tree, the
+release's own tests run on it (``vllm_suite``).  If one of those already
+fails there, the emitted test is kept as an artifact but not proposed (it
+would duplicate vLLM's); otherwise it runs where it must fail (the subject)
+and, for a kvspec mutant, where it must pass (the release it was made from),
+each in its own process, and is linted with that release's ruff
+configuration when ruff is installed.  The finding (JSON) is stored as soon as it exists and again
 after each step, so an error or an interrupt during completion never loses
 it.  How long each stage took is kept in ``run["completion_seconds"]``.
 """
@@ -27,11 +29,12 @@ import attrs
 from kvspec.model.finding import Category, Finding
 
 __all__ = ["complete_finding", "store_finding", "store_raw_finding", "verify_test", "lint_test",
-           "explain_stage", "sweep_stage", "plot_stage", "real_code_stage", "emit_stage", "STAGES"]
+           "explain_stage", "sweep_stage", "plot_stage", "real_code_stage", "emit_stage", "vllm_tests_stage",
+           "STAGES"]
 
 _SWEPT = (Category.UNDER_REGISTRATION, Category.OVER_REGISTRATION, Category.BLOCK_MISMATCH)
 # The stages of completion, in order (``bench_report.py`` times each).
-STAGES = ("explain", "sweep", "plot", "emit", "symbolic leg", "test on the subject",
+STAGES = ("explain", "sweep", "plot", "emit", "symbolic leg", "vLLM's own tests", "test on the subject",
           "test on the release", "ruff")
 
 
@@ -109,14 +112,26 @@ def lint_test(test_code: str, file_name: str, subject_spec, tests_root: Path | N
 
 
 def real_code_stage(subject) -> dict[str, Any]:
-    """The ledger's fourth leg: the subject's registration method, symbolically."""
+    """The ledger's fourth leg: the subject's registration method,
+    symbolically.  On a release or a kvspec mutant a definite verdict
+    (REFUTED, VERIFIED) is a function of the tree and kvspec's code: recorded
+    once and reused, with the date it was recorded."""
     from kvspec.subjects.symbolic import symbolic_check
 
-    verdict = symbolic_check(subject)
-    return {"status": verdict.status.value, "target": verdict.target, "detail": verdict.detail,
-            "counterexample": verdict.counterexample and {
-                k: verdict.counterexample[k] for k in ("args", "real", "spec")},
-            "seconds": verdict.seconds}
+    def check() -> dict[str, Any]:
+        verdict = symbolic_check(subject)
+        return {"status": verdict.status.value, "target": verdict.target, "detail": verdict.detail,
+                "counterexample": verdict.counterexample and {
+                    k: verdict.counterexample[k] for k in ("args", "real", "spec")},
+                "seconds": verdict.seconds}
+
+    if subject.kind not in ("release", "mutant"):
+        return check()
+    from kvspec.controls import recorded_value
+
+    value, recorded = recorded_value("symbolic", subject, {"mutant": subject.mutant}, check,
+                                     keep=lambda v: v["status"] in ("REFUTED", "VERIFIED"))
+    return {**value, "recorded": recorded} if recorded else value
 
 
 def explain_stage(result, versions: dict[str, str]) -> Finding:
@@ -151,6 +166,13 @@ def emit_stage(finding: Finding, capabilities, idiom) -> tuple[str | None, str |
     return code, (emit_test(finding, capabilities, idiom, xfail=True) if code else None)
 
 
+def vllm_tests_stage(subject, tests_root: Path | None) -> dict[str, Any] | None:
+    """The release's own tests on the subject (and its release), first."""
+    from kvspec.report.vllm_suite import ask_vllm_tests
+
+    return ask_vllm_tests(subject, tests_root)
+
+
 def _timed(seconds: dict[str, float], stage: str, fn: Callable, *args) -> Any:
     started = time.perf_counter()
     try:
@@ -167,11 +189,23 @@ def complete_finding(proc, result, findings_dir: Path, versions: dict[str, str],
     rest and one another; the finding is stored after each step."""
     from kvspec.report.findings import fuzz_finding
     from kvspec.report.regression_test import pytest_command, test_file_name, test_name
+    from kvspec.report.vllm_suite import covering_module
     from kvspec.report.vllm_tests import idiom_of, tests_root_of
 
     seconds: dict[str, float] = {}
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    with ThreadPoolExecutor(max_workers=5) as pool:
         explained = pool.submit(_timed, seconds, "explain", explain_stage, result, versions)
+        tests_root = None
+        try:
+            tests_root = tests_root_of(proc.subject)
+        except Exception as exc:  # no network, no sdist: the test builds its own manager
+            from kvspec.subjects.provision import report
+
+            report(f"vLLM's test helpers are not available ({exc}); the emitted test builds its own manager")
+        # vLLM's own tests first, beside everything else: if one already
+        # fails on the subject, kvspec proposes no test of its own.
+        asked = pool.submit(_timed, seconds, "vLLM's own tests", vllm_tests_stage, proc.subject, tests_root) \
+            if result.failure.category in _SWEPT else None
         # Everything but the explanation, at once: the sweep, the plot and the
         # test need only the case and the per-group values.
         finding = fuzz_finding(result, versions, explain=False)
@@ -194,15 +228,13 @@ def complete_finding(proc, result, findings_dir: Path, versions: dict[str, str],
             finding = attrs.evolve(finding, sweep=_timed(seconds, "sweep", sweep_stage, proc, result, finding))
             artifacts.update(_timed(seconds, "plot", plot_stage, finding, findings_dir / stem))
             finding = save(finding)
-        tests_root = None
-        try:
-            tests_root = tests_root_of(proc.subject)
-        except Exception as exc:  # no network, no sdist: the test builds its own manager
-            from kvspec.subjects.provision import report
-
-            report(f"vLLM's test helpers are not available ({exc}); the emitted test builds its own manager")
         idiom = idiom_of(tests_root)
         code, xfail_code = _timed(seconds, "emit", emit_stage, finding, proc.capabilities, idiom)
+        vllm_tests = asked.result() if asked is not None else None
+        if vllm_tests is not None:
+            finding = save(attrs.evolve(finding, vllm_tests=vllm_tests))
+        # Already caught by a test of vLLM's own: kvspec's would duplicate it.
+        proposed = not (vllm_tests and vllm_tests["caught_by"])
         if code is not None:
             file_name = test_file_name(finding)
             test_dir = findings_dir / stem
@@ -214,7 +246,7 @@ def complete_finding(proc, result, findings_dir: Path, versions: dict[str, str],
             artifacts["regression_test_xfail"] = str(test_dir / "xfail" / file_name)
             checks: list[dict[str, Any]] = []
             lint = None
-            if verify:
+            if verify and proposed:
                 checks = verify_test(code, file_name, proc.subject, tests_root, pool)
                 for check in checks:
                     seconds["test on the subject" if check["must"] == "failed" else "test on the release"] = \
@@ -226,7 +258,10 @@ def complete_finding(proc, result, findings_dir: Path, versions: dict[str, str],
                 "file_name": file_name, "path": str(test_path), "code": code,
                 "test_name": test_name(finding, proc.capabilities),
                 "command": pytest_command(finding, proc.capabilities),
-                "idiom": idiom.as_dict(), "verified": checks, "lint": lint})
+                "idiom": idiom.as_dict(), "verified": checks, "lint": lint, "proposed": proposed,
+                # Where it belongs in vLLM: the release's module that already covers the area.
+                "module": covering_module(tests_root, "get_computed_blocks" if finding.category.value in
+                                          ("lookup_contract", "hit_mismatch") else "cache_blocks")})
         full = explained.result()
         finding = attrs.evolve(finding, explanation=full.explanation)
         if real_code is not None:

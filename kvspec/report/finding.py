@@ -22,7 +22,7 @@ from kvspec.model.finding import Category, Finding, GroupRow
 from .escape import code_span, fence, md_inline, path_safe, terminal
 
 __all__ = ["group_table", "derivation_table", "subject_line", "impact_sentence", "affected_lines",
-           "sweep_lines", "run_line", "glossary", "public_label", "artifact_name", "render_text",
+           "sweep_lines", "vllm_tests_lines", "caught_by", "proposes_test", "run_line", "glossary", "public_label", "artifact_name", "render_text",
            "render_markdown"]
 
 _LOCAL_PATH = re.compile(r"(?<![\w.:/-])(?:~|/)[^\s,;()`'\"]*")
@@ -246,9 +246,47 @@ def _loss_lines(f: Finding) -> list[str]:
         out.append(f"loss: {_tokens(e.loss_observed)} at this call, which a request ending here leaves "
                    "unregistered (no closed form in the catalog)")
     if e.worst_case:
-        worst = next((t.status for t in e.theorems if "worst_case" in t.name), "?")
-        out.append(f"worst case ({worst}): {e.worst_case}")
+        out.append(_worst_case_line(f))
     return out
+
+
+def _finding_geometry(f: Finding) -> tuple[int, int] | None:
+    """The finding's scheduler block S and its first differing group's block B."""
+    config = f.inputs.get("config") if isinstance(f.inputs, dict) else None
+    S = config.get("scheduler_block_size") if isinstance(config, dict) else None
+    differing = f.differing_groups
+    if not isinstance(S, int) or not differing:
+        return None
+    return S, differing[0].block_size
+
+
+def _worst_case_scope(f: Finding) -> tuple[str | None, bool | None, str | None, str]:
+    """The worst case's bounds, whether they cover the finding, what the
+    closed form gives instead, and the finding's S in words."""
+    e = f.explanation
+    geometry = _finding_geometry(f)
+    bounds, covers, here = e.worst_case_bounds, e.worst_case_covers, e.worst_case_here
+    if bounds is None and geometry is not None:  # stored before the bounds were recorded
+        from kvspec.proofs.explain import worst_case_scope
+
+        scope = worst_case_scope(e.diagnosis, *geometry)
+        if scope is not None:
+            bounds, covers, here = scope.bounds, scope.covers, scope.here
+    return bounds, covers, here, (f"this finding's S = {geometry[0]}" if geometry else "this finding's S")
+
+
+def _worst_case_line(f: Finding) -> str:
+    """A proved worst case with the bounds it was proved over; one that does
+    not cover the finding's S is not printed as if it did."""
+    e = f.explanation
+    status = next((t.status for t in e.theorems if "worst_case" in t.name), "?")
+    bounds, covers, here, S = _worst_case_scope(f)
+    if bounds is None:
+        return f"worst case ({status}): {e.worst_case}"
+    if covers:
+        return f"worst case ({status} over {bounds}, which covers {S}): {e.worst_case}"
+    return (f"worst case ({status}) covers only {bounds}; {S} is outside it, so its figure does not apply "
+            f"here" + (f"; instead, {here}" if here else ""))
 
 
 def _explanation_lines(f: Finding) -> list[str]:
@@ -290,6 +328,8 @@ def _ledger_line(f: Finding, label=lambda s: s) -> str | None:
     rc = led.real_code
     if rc:
         line += f"; real code, symbolically: {rc['status']}"
+        if rc.get("recorded"):
+            line += f" (recorded {rc['recorded']} on the same tree and kvspec code, reused)"
         cx = rc.get("counterexample")
         if cx:
             line += " at " + ", ".join(f"{k}={v}" for k, v in cx["args"].items()) + \
@@ -331,6 +371,63 @@ def sweep_lines(f: Finding) -> list[str]:
     return out
 
 
+# A pytest node id of vLLM's tests, as kvspec prints it (a finding may come
+# from a file kvspec did not write: anything else is not shown as a test).
+_TEST_FILE = re.compile(r"tests/[\w/.-]+\.py")
+_NODE_ID = re.compile(_TEST_FILE.pattern + r"(?:::[\w.-]+)+(?:\[[\w.,=+-]*\])?")
+
+
+def caught_by(f: Finding) -> list[str]:
+    """vLLM's own tests that fail on the subject and pass on its release."""
+    asked = f.vllm_tests if isinstance(f.vllm_tests, dict) else {}
+    nodes = asked.get("caught_by")
+    return [n for n in nodes if isinstance(n, str) and _NODE_ID.fullmatch(n)] if isinstance(nodes, list) else []
+
+
+def proposes_test(f: Finding) -> bool:
+    """Whether the report offers kvspec's test (not when vLLM's already catch it)."""
+    return bool(f.regression_test) and f.regression_test.get("proposed", True) is not False and not caught_by(f)
+
+
+def _side(run: Any) -> str:
+    if not isinstance(run, dict):
+        return "not run"
+    failing = len(run.get("failed") or ()) + len(run.get("errors") or ())
+    words = f"{run.get('passed', '?')} of {run.get('tests', '?')} pass"
+    if run.get("outcome") == "error":
+        words += f", the run did not finish ({run.get('summary', '')})"
+    elif failing:
+        words += f", {failing} fail"
+    if run.get("reused"):
+        words += f" (recorded {run.get('recorded', '?')}, reused: same tree, tests and runtime)"
+    elif isinstance(run.get("seconds"), (int, float)):
+        words += f" ({float(run['seconds']):.0f} s)"
+    return words
+
+
+def vllm_tests_lines(f: Finding, label=lambda s: s) -> list[str]:
+    """What vLLM's own tests said about the subject, first among the tests."""
+    asked = f.vllm_tests
+    if not isinstance(asked, dict):
+        return []
+    files = [n for n in asked.get("files") or () if isinstance(n, str) and _TEST_FILE.fullmatch(n)]
+    subject, baseline = asked.get("subject"), asked.get("baseline")
+    line = (f"asked first, vLLM's own tests ({', '.join(files)}): on "
+            f"{label(str((subject or {}).get('against', 'the subject')))} {_side(subject)}")
+    if baseline is not None:
+        line += f"; on {label(str((baseline or {}).get('against', 'the release')))} {_side(baseline)}"
+    caught = caught_by(f)
+    if caught:
+        more = f" (and {len(caught) - 1} more: {', '.join(caught[1:])})" if len(caught) > 1 else ""
+        return [line, f"already caught by {caught[0]}{more}: it fails on the subject"
+                + (" and passes on the release" if baseline is not None else "")
+                + "; kvspec proposes no test of its own"]
+    if isinstance(subject, dict) and subject.get("outcome") == "passed":
+        return [line, f"not caught by vLLM's tests: its {subject.get('tests', '?')} CPU tests of these files "
+                      "pass on it"]
+    return [line]
+
+
 def _test_lines(f: Finding, label=lambda s: s) -> list[str]:
     t = f.regression_test
     if not t:
@@ -338,6 +435,12 @@ def _test_lines(f: Finding, label=lambda s: s) -> list[str]:
     from .regression_test import FILE_NAME
 
     where = f"tests/v1/core/{FILE_NAME}"
+    if not proposes_test(f):
+        return [f"the test kvspec emitted for {where}: not proposed (vLLM's own test above already catches "
+                "the finding); stored with the finding as an artifact only, not run"]
+    module = t.get("module")
+    if isinstance(module, str) and _TEST_FILE.fullmatch(module):
+        where += f", to merge into {module} (the release's module that already covers this)"
     checks = []
     for c in t.get("verified", ()):
         outcome = c["outcome"]
@@ -408,7 +511,10 @@ def _reproduce(f: Finding, path=lambda p: p) -> list[str]:
             out.append(f"{command}{differential} --seed {seed}")
         elif subject.get("kind") == "source":
             out.append(f"kvspec fuzz --vllm-src YOUR_VLLM_TREE{differential} --seed {seed}")
-    if f.source == "fuzz" and f.regression_test:
+    caught = caught_by(f)
+    if caught:
+        out.append(f"pytest '{caught[0]}'   # vLLM's own test, failing on the subject's tree")
+    elif f.source == "fuzz" and f.regression_test:
         from .regression_test import pytest_command
 
         try:
@@ -483,7 +589,7 @@ def render_text(f: Finding) -> str:
         out.append("  derivation:")
         out += _aligned(*derivation_table(f), indent="    ")
     evidence = [line for line in (_ledger_line(f),) if line] + _explanation_lines(f) + sweep_lines(f) \
-        + _test_lines(f) + _theorem_lines(f)
+        + vllm_tests_lines(f) + _test_lines(f) + _theorem_lines(f)
     if evidence:
         out.append("  evidence:")
         out += [f"    {line}" for line in evidence]
@@ -587,7 +693,7 @@ def render_markdown(f: Finding, heading: str = "###", plot_path: str | None = No
         evidence.append(f"**Ledger verdict: {_md(f.ledger.blame.value)}** -- {_md(_ledger_line(f, label))}")
     evidence += [_md(_sentence(line)) for line in _explanation_lines(f)]
     evidence += [_md(_sentence(line)) for line in sweep_lines(f)]
-    evidence += [_md(_sentence(line)) for line in _test_lines(f, label)]
+    evidence += [_md(_sentence(line)) for line in vllm_tests_lines(f, label) + _test_lines(f, label)]
     if evidence:
         out += ["**Evidence**", ""] + [f"- {line}" for line in evidence] + [""]
     image = plot_path or f.artifacts.get("plot_png") or f.artifacts.get("plot")
@@ -604,7 +710,7 @@ def render_markdown(f: Finding, heading: str = "###", plot_path: str | None = No
     if f.groups:
         headers, rows = derivation_table(f)
         out += _fold("Derivation (spec and subject)", _md_table(headers, [[_md(c) for c in r] for r in rows]))
-    code = _regression_test_code(f) if f.source == "fuzz" else None
+    code = _regression_test_code(f) if f.source == "fuzz" and proposes_test(f) else None
     if code is not None:
         t = f.regression_test or {}
         from .regression_test import FILE_NAME, xfail_decorator
@@ -621,9 +727,13 @@ def render_markdown(f: Finding, heading: str = "###", plot_path: str | None = No
     if reproduce:
         out += ["**Reproduce**", "", *_fence("\n".join(reproduce), "bash"), ""]
     if f.explanation is not None and f.explanation.theorems:
+        bounds, covers, _, S = _worst_case_scope(f) if f.explanation.worst_case else (None, None, None, "")
+        outside = f" (proved over {bounds} only: {S} is outside it)" if bounds and covers is False else ""
         out += _fold("Theorems behind the explanation", [
             f"- {_code_span(t.name)}: {_md(t.status)}{'' if t.as_expected else ' (NOT as expected)'} "
-            f"({float(t.seconds):.2f} s): {_md(t.statement)}" for t in f.explanation.theorems])
+            f"({float(t.seconds):.2f} s): "
+            + (f"{_md(bounds)}: not stated here{_md(outside)}" if outside and "worst_case" in t.name
+               else _md(t.statement)) for t in f.explanation.theorems])
     if f.detail and not f.groups:
         out += [f"Detail: {_md(label(f.detail))}", ""]
     if f.traceback:

@@ -33,7 +33,8 @@ def fuzz_document(run) -> dict[str, Any]:
         "stopped": run.why or None,
         "planned_subjects": list(run.planned),
         "settings": run.settings.as_dict(),
-        "subjects": [{**s.result.as_dict(), "finding": None if s.finding is None else s.finding.to_dict(),
+        "subjects": [{**s.result.as_dict(), "control_reused": s.reused,
+                      "finding": None if s.finding is None else s.finding.to_dict(),
                       "other_findings": [{"finding": f.to_dict(), "path": str(p)} for f, p in s.others]}
                      for s in run.subjects],
         "errors": run.errors,
@@ -75,8 +76,9 @@ def render_markdown(run) -> str:
         if subj.get("git_commit"):
             version += f" @ {subj['git_commit'][:12]}"
         first = s.result.first_failure() or "-"
+        verdict = s.result.verdict + (" (reused control, below)" if s.reused else "")
         lines.append(f"| {_md(public_label(subj['label']))} | {_md(version)} | {s.differential} | "
-                     f"{_md(s.result.verdict)} | {s.result.examples} | {s.result.cases} {s.result.units} | "
+                     f"{_md(verdict)} | {s.result.examples} | {s.result.cases} {s.result.units} | "
                      f"{first} | {s.result.seconds:.1f} |")
     for e in run.errors:
         lines.append(f"| {_md(public_label(e['subject']['label']))} | | | error: "
@@ -86,6 +88,8 @@ def render_markdown(run) -> str:
         if label not in covered:
             lines.append(f"| {_md(public_label(label))} | | | not run | | | | |")
     lines.append("")
+    lines += [f"{_md(public_label(s.reused))}." for s in run.subjects if s.reused]
+    lines += [""] if any(s.reused for s in run.subjects) else []
     # What a program differential's verdict covers and leaves out, said in every format.
     for s in run.subjects:
         if s.differential in ("stateful", "engine"):

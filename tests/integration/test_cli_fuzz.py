@@ -101,10 +101,13 @@ def test_usage_errors(args, message, capsys):
 def test_mutant_option_finding_report_replay_and_regression_test(tmp_path, capsys):
     """The acceptance run: `kvspec fuzz --vllm 0.33.0 --mutant refloor_50062`
     fuzzes the release as the control (clean), then the #50062 mutant; the
-    finding carries its explanation, ledger, plot and a regression test in
-    vLLM's idiom that fails on the mutant (on its assertion), passes on the
-    release and passes ruff with the release's configuration; the Markdown
-    leads with the impact and shows no local path; replay tells them apart."""
+    finding carries its explanation, ledger, plot and what vLLM's own tests
+    say: 0.33.0's test of #50062 already fails on the mutant and passes on
+    the release, so the report names it and proposes no test of its own; the
+    test kvspec emitted (stored, in vLLM's idiom) still fails on the mutant
+    (on its assertion), passes on the release and passes ruff with the
+    release's configuration; the Markdown leads with the impact and shows no
+    local path; replay tells them apart."""
     import re
 
     from kvspec.model.about import SCHEMAS
@@ -146,20 +149,36 @@ def test_mutant_option_finding_report_replay_and_regression_test(tmp_path, capsy
     assert test["idiom"]["header"] and test["code"].startswith(test["idiom"]["header"][0] + "\n")
     assert "from tests.v1.core.test_prefix_caching import make_kv_cache_manager" in test["code"]
     assert not re.search(r"kvspec|refloor|mutant", test["code"], re.IGNORECASE)
-    checks = {c["must"]: c for c in test["verified"]}
+    # vLLM's own tests were asked first: 0.33.0 already has #50062's test.
+    asked = finding["vllm_tests"]
+    catcher = ("tests/v1/core/prefix_cache/test_partial_prefix_cache_hits.py::"
+               "test_eagle_group_registers_unaligned_tail_under_partial_hash_hits")
+    assert asked["caught_by"][0] == catcher, asked["caught_by"]
+    assert asked["baseline"]["outcome"] == "passed" and asked["subject"]["tests"] == asked["baseline"]["tests"]
+    assert test["proposed"] is False and test["verified"] == [] and test["lint"] is None
+    # The stored test is right all the same: it fails on the mutant on its
+    # assertion, passes on 0.33.0 and passes ruff with 0.33.0's configuration.
+    from kvspec.report.completion import lint_test, verify_test
+    from kvspec.report.vllm_tests import tests_root_of
+    from kvspec.subjects.subject import mutant_subject
+
+    mutant = mutant_subject("0.33.0", "refloor_50062")
+    checks = {c["must"]: c for c in verify_test(test["code"], test["file_name"], mutant, tests_root_of(mutant))}
     assert checks["failed"]["as_expected"] and checks["passed"]["as_expected"], checks
     assert f"AssertionError: {ASSERT_MESSAGE}" in checks["failed"]["output"]
-    assert test["lint"]["outcome"] == "passed", test["lint"]["output"]
+    lint = lint_test(test["code"], test["file_name"], mutant, tests_root_of(mutant))
+    assert lint["outcome"] == "passed", lint["output"]
     assert test["command"].startswith("pytest tests/v1/core/test_prefix_cache_registration.py::test_")
     text = markdown.read_text()
     # The impact sentence is the reach's: who is affected, the worst profile.
     assert text.startswith("**Impact:** On vLLM 0.33.0, regression_50062 reaches 1 of 18 deployment profiles")
     assert "\n## kvspec fuzz: DISCREPANCY (implementation bug)" in text
     for expected in ("**Ledger verdict: implementation bug**", "(n-R) mod S - B",
-                     "Reachability (PROVED)", "kvspec replay ", f"def {test['test_name']}(monkeypatch):",
-                     "failed on its assertion on vllm 0.33.0 + refloor_50062", "passed on unmutated",
-                     test["command"], "xfail(strict=True", "<summary>Glossary</summary>"):
+                     "Reachability (PROVED)", "kvspec replay ", f"Already caught by {catcher}",
+                     f"pytest '{catcher}'", "not proposed", "<summary>Glossary</summary>"):
         assert expected in text, expected
+    # No duplicate offered: neither kvspec's test nor its pytest command.
+    assert f"def {test['test_name']}" not in text and test["command"] not in text
     assert str(tmp_path) not in text and not re.findall(r"(?<![\w.:/<)-])(?:/|~/)[\w.-]+/\S*", text)
     stored = tmp_path / "findings"
     (finding_file,) = stored.glob("finding-*.json")

@@ -71,7 +71,17 @@ def test_a_variant_without_closed_form_still_reports_its_refutation_and_loss():
 def test_the_stored_fixture_round_trips():
     data = json.loads(FIXTURE.read_text())
     finding = Finding.from_dict(data)
-    assert finding.to_dict() == data
+    written = finding.to_dict()
+    # Fields added since the fixture was stored (vLLM's own tests, the worst
+    # case's bounds) are written as None; nothing the file held changes.
+    added = {"vllm_tests"}
+    added_explanation = {"worst_case_bounds", "worst_case_covers", "worst_case_here"}
+    assert all(written[k] is None for k in added) and all(written["explanation"][k] is None
+                                                          for k in added_explanation)
+    written = {k: v for k, v in written.items() if k not in added}
+    written["explanation"] = {k: v for k, v in written["explanation"].items() if k not in added_explanation}
+    assert written == data
+    assert Finding.from_dict(finding.to_dict()) == finding
 
 
 def test_a_finding_of_another_schema_is_refused():
