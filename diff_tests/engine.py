@@ -23,7 +23,6 @@ from typing import Any, Callable
 import attrs
 from hypothesis import Phase, reject, strategies as st
 from hypothesis.database import ExampleDatabase
-from hypothesis.errors import Flaky
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from kvspec.model.engine import (MODELLED_STEPS, TOY_MODELS, EngineProgram, EngineSetup, derived_config,
@@ -31,16 +30,14 @@ from kvspec.model.engine import (MODELLED_STEPS, TOY_MODELS, EngineProgram, Engi
 from kvspec.model.errors import InfrastructureError, KvspecError, SetupError
 from kvspec.model.finding import Category
 from kvspec.model.known import KnownBug, known_bugs, recognise
-from kvspec.model.outcome import Outcome
 from kvspec.model.state import scope_text
 from kvspec.oracles.registration import Discrepancy
 from kvspec.oracles.state import StateOracle
 from kvspec.subjects.process import SubjectProcess
 
-from .fuzz import _Abort, interrupt_behind
+from .fuzz import _Abort
 from .property import Failure
-from .seeding import fixed_constant_pool
-from .stateful import StatefulResult, StateViolation, _ExceptionGroup, _machine_test, _split, _violation
+from .stateful import StatefulResult, _machine_test, _violation, run_machine_test
 
 __all__ = ["EngineResult", "fuzz_engine", "replay_engine_program", "engine_setups", "engine_draw_scope",
            "engine_database_key"]
@@ -404,37 +401,7 @@ def fuzz_engine(proc: SubjectProcess, max_examples: int, seed: int, database: Ex
         phases.append(Phase.shrink)
     test = _machine_test(Counted, proc, max_examples, seed, steps, database, phases, multiple=Phase.shrink in phases,
                          key=engine_database_key(proc.subject.label))
-    try:
-        with fixed_constant_pool():
-            test()
-    except StateViolation:
-        result.failure = failures[-1]
-    except Flaky:
-        result.failure = attrs.evolve(failures[-1], flaky=True) if failures else None
-    except _Abort as abort:
-        result.stopped, result.stopped_why = abort.error.outcome, str(abort.error)
-        result.failure = failures[-1] if failures else None
-    except KeyboardInterrupt:
-        result.stopped, result.stopped_why = Outcome.INTERRUPTED, "interrupted"
-        result.failure = failures[-1] if failures else None
-    except _ExceptionGroup as group:
-        found, aborts, other = _split(group)
-        if any(interrupt_behind(e) for e in other):
-            result.stopped, result.stopped_why = Outcome.INTERRUPTED, "interrupted"
-            other = [e for e in other if not interrupt_behind(e)]
-        if other or not (found or aborts or result.stopped):
-            raise
-        if aborts:
-            result.stopped, result.stopped_why = aborts[0].error.outcome, str(aborts[0].error)
-        if found:
-            result.failure, result.other_failures = found[0], tuple(found[1:])
-        elif failures:
-            result.failure = failures[-1]
-    except Exception as error:
-        if not interrupt_behind(error):
-            raise
-        result.stopped, result.stopped_why = Outcome.INTERRUPTED, "interrupted"
-        result.failure = failures[-1] if failures else None
+    run_machine_test(test, result, failures)
     result.seconds = time.perf_counter() - start
     result.restarts = tuple(proc.restarts[restarts_before:])
     return result

@@ -50,7 +50,7 @@ if sys.version_info >= (3, 11):
 else:  # the backport Hypothesis itself depends on before 3.11
     from exceptiongroup import BaseExceptionGroup as _ExceptionGroup
 
-__all__ = ["StatefulResult", "StatefulTally", "StateViolation", "fuzz_stateful", "replay_program",
+__all__ = ["StatefulResult", "StatefulTally", "StateViolation", "fuzz_stateful", "replay_program", "run_machine_test",
            "programs_database_key", "state_machine", "geometries", "drive_unchecked", "STEPS_PER_PROGRAM"]
 
 STEPS_PER_PROGRAM = 40  # Hypothesis's stateful_step_count: rules after the manager opens
@@ -549,6 +549,23 @@ def fuzz_stateful(
     # searched (found within its own budget after the first: not a complete list).
     test = _machine_test(Counted, proc, max_examples, seed, steps, database, phases,
                          multiple=Phase.shrink in phases)
+    run_machine_test(test, result, failures)
+    if result.failure is not None and Phase.shrink in phases and result.stopped is None:
+        try:
+            result.failure = _reduced(proc, result.failure)
+            result.other_failures = tuple(_reduced(proc, f) for f in result.other_failures)
+        except KeyboardInterrupt:  # the failures found stay, unreduced
+            result.stopped, result.stopped_why = Outcome.INTERRUPTED, "interrupted while reducing the program"
+    result.seconds = time.perf_counter() - start
+    result.restarts = tuple(proc.restarts[restarts_before:])
+    result.not_exercised = tuple(sorted(not_exercised))
+    return result
+
+
+def run_machine_test(test: Callable[[], None], result: StatefulResult, failures: list[Failure]) -> None:
+    """Run a state machine's Hypothesis test and put its outcome in
+    ``result``: the minimal failure (and the other distinct ones), or why it
+    stopped.  ``failures`` holds every failure the machine met, in order."""
     try:
         with fixed_constant_pool():  # a seed draws the same programs whatever was imported before
             test()
@@ -585,16 +602,6 @@ def fuzz_stateful(
             raise
         result.stopped, result.stopped_why = Outcome.INTERRUPTED, "interrupted"
         result.failure = failures[-1] if failures else None
-    if result.failure is not None and Phase.shrink in phases and result.stopped is None:
-        try:
-            result.failure = _reduced(proc, result.failure)
-            result.other_failures = tuple(_reduced(proc, f) for f in result.other_failures)
-        except KeyboardInterrupt:  # the failures found stay, unreduced
-            result.stopped, result.stopped_why = Outcome.INTERRUPTED, "interrupted while reducing the program"
-    result.seconds = time.perf_counter() - start
-    result.restarts = tuple(proc.restarts[restarts_before:])
-    result.not_exercised = tuple(sorted(not_exercised))
-    return result
 
 
 def _split(group: _ExceptionGroup) -> tuple[list[Failure], list[_Abort], list[BaseException]]:

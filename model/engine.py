@@ -22,8 +22,9 @@ from typing import Any
 
 import attrs
 
-from .case import MAX_STEPS, MAX_TOKENS, InvalidCase
+from .case import InvalidCase
 from .domain import CoordinatorConfig, GroupKind, HashScheme, KVCacheGroup
+from .program import validated_ops
 
 __all__ = ["HAND_BUILT", "ENGINE_BUILT", "ToyModel", "TOY_MODELS", "toy_model", "EngineSetup", "EngineProgram", "ENGINE_OPERATIONS",
            "describe_engine_op", "derived_config", "MODELLED_STEPS"]
@@ -213,23 +214,7 @@ class EngineSetup:
 
 
 def _engine_ops(value: Any) -> tuple[dict[str, Any], ...]:
-    ops = tuple(dict(op) for op in value)
-    if len(ops) > MAX_STEPS:
-        raise InvalidCase(f"a program runs at most {MAX_STEPS} operations, got {len(ops)}")
-    for op in ops:
-        if op.get("do") not in ENGINE_OPERATIONS:
-            raise InvalidCase(f"unknown engine operation {op.get('do')!r}; known: {', '.join(ENGINE_OPERATIONS)}")
-        tokens = op.get("tokens", [])
-        if not isinstance(tokens, list) or len(tokens) > MAX_TOKENS or not all(
-                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in tokens):
-            raise InvalidCase(f"an operation's tokens must be a list of at most {MAX_TOKENS} token ids")
-        for key in ("max_tokens", "drafts", "accepted"):
-            if key in op and (isinstance(op[key], bool) or not isinstance(op[key], int)
-                              or not 0 <= op[key] <= MAX_TOKENS):
-                raise InvalidCase(f"an operation's {key} must be a whole number from 0 to {MAX_TOKENS}")
-        if "id" in op and not (isinstance(op["id"], str) and op["id"].isidentifier()):
-            raise InvalidCase(f"a request id must be a plain name, got {op['id']!r}")
-    return ops
+    return validated_ops(value, ENGINE_OPERATIONS, ("max_tokens", "drafts", "accepted"), what="engine operation")
 
 
 @attrs.frozen

@@ -18,29 +18,38 @@ import attrs
 from .case import MAX_STEPS, MAX_TOKENS, InvalidCase
 from .domain import CoordinatorConfig, KVCacheGroup
 
-__all__ = ["Program", "OPERATIONS", "describe_op"]
+__all__ = ["Program", "OPERATIONS", "describe_op", "validated_ops"]
 
 OPERATIONS = ("arrive", "schedule", "finish", "preempt", "reset", "evict")
 
 
-def _ops(value: Any) -> tuple[dict[str, Any], ...]:
+def validated_ops(value: Any, operations: tuple[str, ...], counts: tuple[str, ...],
+                  what: str = "operation") -> tuple[dict[str, Any], ...]:
+    """A program's operations, checked: known kinds, token lists of token ids,
+    whole-number ``counts`` fields, plain request ids (a stored program is
+    untrusted input)."""
     ops = tuple(dict(op) for op in value)
     if len(ops) > MAX_STEPS:
         raise InvalidCase(f"a program runs at most {MAX_STEPS} operations, got {len(ops)}")
     for op in ops:
-        if op.get("do") not in OPERATIONS:
-            raise InvalidCase(f"unknown operation {op.get('do')!r}; known: {', '.join(OPERATIONS)}")
+        if op.get("do") not in operations:
+            raise InvalidCase(f"unknown {what} {op.get('do')!r}; known: {', '.join(operations)}")
         tokens = op.get("tokens", [])
         if not isinstance(tokens, list) or len(tokens) > MAX_TOKENS or not all(
                 isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in tokens):
             raise InvalidCase(f"an operation's tokens must be a list of at most {MAX_TOKENS} token ids")
-        for key in ("budget", "drafts", "accepted", "from_block", "external"):
+        for key in counts:
             if key in op and (isinstance(op[key], bool) or not isinstance(op[key], int)
                               or not 0 <= op[key] <= MAX_TOKENS):
                 raise InvalidCase(f"an operation's {key} must be a whole number from 0 to {MAX_TOKENS}")
         if "id" in op and not (isinstance(op["id"], str) and op["id"].isidentifier()):
             raise InvalidCase(f"a request id must be a plain name, got {op['id']!r}")
     return ops
+
+
+def _ops(value: Any) -> tuple[dict[str, Any], ...]:
+    return validated_ops(value, OPERATIONS, ("budget", "drafts", "accepted", "from_block", "external"),
+                         what="operation")
 
 
 @attrs.frozen

@@ -72,7 +72,8 @@ os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 from kvspec.subjects.worker import use_subject_tree  # noqa: E402
 from kvspec.subjects.vllm_side.platform import PLATFORM_NOTE, install_sm90_platform, preimport  # noqa: E402
 from kvspec.subjects.vllm_side import planning  # noqa: E402
-from kvspec.subjects.vllm_side.planning import Unsupported, attention_spec, mamba_spec, mixer_class  # noqa: E402
+from kvspec.subjects.vllm_side.planning import (Unsupported, attention_spec, mamba_spec, mixer_class,  # noqa: E402
+                                                spec_kind)
 
 use_subject_tree()
 
@@ -154,17 +155,6 @@ def _spec_summary(spec):
             "is_draft": getattr(spec, "is_draft", None),
             "page_size_bytes": spec.page_size_bytes,
             "num_prefill_checkpoint_blocks": getattr(spec, "num_prefill_checkpoint_blocks", None)}
-
-
-def _kind(spec):
-    name = type(spec).__name__
-    if "Mamba" in name:
-        return "mamba_" + str(getattr(spec, "mamba_cache_mode", "align"))
-    if "SlidingWindow" in name:
-        return "sliding_window"
-    if "FullAttention" in name or "MLAAttention" in name:
-        return "full_attention"
-    return name
 
 
 def derive(profile, legacy_hashes):
@@ -251,7 +241,7 @@ def derive(profile, legacy_hashes):
                    "is_draft": True})
     groups, sched_config = planning.scheduler_groups(vc, specs, backend)
     _called(steps, "groups", planning.GROUPS_SOURCE, [
-        {"kind": _kind(g.kv_cache_spec), "block_size": g.kv_cache_spec.block_size,
+        {"kind": spec_kind(g.kv_cache_spec), "block_size": g.kv_cache_spec.block_size,
          "layers": len(g.layer_names), "is_eagle_group": bool(getattr(g, "is_eagle_group", False)),
          "sliding_window": getattr(g.kv_cache_spec, "sliding_window", None) or 0,
          "dcp_sharded": getattr(g.kv_cache_spec, "dcp_sharded", None)} for g in groups])

@@ -20,8 +20,9 @@ import attrs
 from kvspec.model.engine import ENGINE_BUILT, MODELLED_STEPS
 from kvspec.model.finding import Blame, Category, Finding, Ledger
 
-from .completion import finding_stem, store_finding
+from .completion import store_finding
 from .findings import subject_compared
+from .stateful import store_new
 
 __all__ = ["ENGINE_RULE", "engine_finding", "complete_engine_finding", "store_raw_engine_finding"]
 
@@ -65,20 +66,11 @@ def engine_finding(result, versions: dict[str, str]) -> Finding:
         traceback=failure.reply.get("traceback"), observations={"error": failure.reply.get("error")}, run=run)
 
 
-def _store_new(finding: Finding, findings_dir: Path, stopped: str | None = None) -> tuple[Finding, Path]:
-    findings_dir.mkdir(parents=True, exist_ok=True)
-    path = findings_dir / f"{finding_stem(finding)}.json"
-    run = finding.run if stopped is None else {**finding.run, "stopped": stopped}
-    finding = attrs.evolve(finding, replay=f"kvspec replay {path}", artifacts={"finding": str(path)}, run=run)
-    store_finding(finding, path)
-    return finding, path
-
-
 def complete_engine_finding(proc, result, findings_dir: Path, versions: dict[str, str]) -> tuple[Finding, Path]:
     """Store the finding, then replay its program once more on a fresh engine."""
     from kvspec.diff_tests.engine import replay_engine_program
 
-    finding, path = _store_new(engine_finding(result, versions), findings_dir)
+    finding, path = store_new(engine_finding(result, versions), findings_dir)
     found, _ = replay_engine_program(proc, result.failure.case)
     reproduced = any(d.category is finding.category for d in found)
     finding = attrs.evolve(finding, run={**finding.run, "reproduced_on_replay": reproduced})
@@ -91,4 +83,4 @@ def complete_engine_finding(proc, result, findings_dir: Path, versions: dict[str
 
 def store_raw_engine_finding(result, findings_dir: Path, versions: dict[str, str]) -> tuple[Finding, Path]:
     """A failure from a run that stopped early, stored as found (unshrunk)."""
-    return _store_new(engine_finding(result, versions), findings_dir, stopped=result.stopped_why)
+    return store_new(engine_finding(result, versions), findings_dir, stopped=result.stopped_why)

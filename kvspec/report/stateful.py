@@ -22,7 +22,7 @@ from kvspec.model.finding import Blame, Category, Finding, Ledger
 from .completion import finding_stem, store_finding
 from .findings import subject_compared
 
-__all__ = ["STATE_RULE", "stateful_finding", "complete_stateful_finding", "store_raw_stateful_finding",
+__all__ = ["STATE_RULE", "stateful_finding", "store_new", "complete_stateful_finding", "store_raw_stateful_finding",
            "unconfirmed_crash"]
 
 STATE_RULE = "state invariants (model.state.INVARIANTS)"
@@ -80,7 +80,8 @@ def _trimmed(reply: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _store_new(finding: Finding, findings_dir: Path, stopped: str | None = None) -> tuple[Finding, Path]:
+def store_new(finding: Finding, findings_dir: Path, stopped: str | None = None) -> tuple[Finding, Path]:
+    """Store a new program finding as found, with its replay line (``stopped``: why the run stopped early)."""
     findings_dir.mkdir(parents=True, exist_ok=True)
     path = findings_dir / f"{finding_stem(finding)}.json"
     run = finding.run if stopped is None else {**finding.run, "stopped": stopped}
@@ -95,7 +96,7 @@ def complete_stateful_finding(proc, result, findings_dir: Path,
 
     from .stateful_test import emit_stateful_test, expected_failure, verify_stateful_test
 
-    finding, path = _store_new(stateful_finding(result, versions), findings_dir)
+    finding, path = store_new(stateful_finding(result, versions), findings_dir)
     program = result.failure.case
     found, _ = replay_program(proc, program)
     reproduced = any(d.category is finding.category for d in found)
@@ -133,4 +134,4 @@ def unconfirmed_crash(finding: Finding) -> Finding:
 
 def store_raw_stateful_finding(result, findings_dir: Path, versions: dict[str, str]) -> tuple[Finding, Path]:
     """A failure from a run that stopped early, stored as found (unshrunk)."""
-    return _store_new(stateful_finding(result, versions), findings_dir, stopped=result.stopped_why)
+    return store_new(stateful_finding(result, versions), findings_dir, stopped=result.stopped_why)

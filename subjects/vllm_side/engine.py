@@ -36,7 +36,7 @@ import json
 import os
 import tempfile
 
-from .planning import Unsupported, attention_spec, mamba_spec, mixer_class, scheduler_groups
+from .planning import Unsupported, attention_spec, mamba_spec, mixer_class, scheduler_groups, spec_kind
 from .platform import install_sm90_platform, preimport
 from .state_reader import StateReader
 
@@ -92,17 +92,6 @@ def _engine_args(setup, target_dir, draft_dir):
     if dropped:
         raise Unsupported(f"EngineArgs of this release takes no {', '.join(dropped)}")
     return EngineArgs(**kwargs)
-
-
-def _kind(spec):
-    name = type(spec).__name__
-    if "Mamba" in name:
-        return "mamba_" + str(getattr(spec, "mamba_cache_mode", "align"))
-    if "SlidingWindow" in name:
-        return "sliding_window"
-    if "FullAttention" in name or "MLAAttention" in name:
-        return "full_attention"
-    return name
 
 
 def build_engine(setup):
@@ -180,7 +169,7 @@ def build_engine(setup):
     derived = {
         "vllm_version": vllm.__version__,
         "scheduler_class": type(scheduler).__name__,
-        "groups": [{"kind": _kind(g.kv_cache_spec), "block_size": g.kv_cache_spec.block_size,
+        "groups": [{"kind": spec_kind(g.kv_cache_spec), "block_size": g.kv_cache_spec.block_size,
                     "eagle": bool(getattr(g, "is_eagle_group", False)),
                     "sliding_window": getattr(g.kv_cache_spec, "sliding_window", None) or 0,
                     "layers": len(g.layer_names)}

@@ -6,7 +6,8 @@ Shared by the deployment probe and the engine driver (stdlib + vLLM only)."""
 import dataclasses
 import types
 
-__all__ = ["Unsupported", "attention_spec", "mixer_class", "mamba_spec", "scheduler_groups", "GROUPS_SOURCE"]
+__all__ = ["Unsupported", "attention_spec", "mixer_class", "mamba_spec", "scheduler_groups", "spec_kind",
+           "GROUPS_SOURCE"]
 
 
 class Unsupported(Exception):
@@ -67,6 +68,18 @@ def mamba_spec(vc, model_cls, mixer_cls):
     layer.get_state_dtype = lambda: model_cls.get_mamba_state_dtype_from_config(vc)
     layer._checkpoint_alignment = None  # FlashInfer GDN prefill is not active on the stand-in
     return mixer_cls.get_kv_cache_spec(layer, vc)
+
+
+def spec_kind(spec):
+    """A KV-cache spec in kvspec's group kinds (model.domain.GroupKind), or its class name."""
+    name = type(spec).__name__
+    if "Mamba" in name:
+        return "mamba_" + str(getattr(spec, "mamba_cache_mode", "align"))
+    if "SlidingWindow" in name:
+        return "sliding_window"
+    if "FullAttention" in name or "MLAAttention" in name:
+        return "full_attention"
+    return name
 
 
 GROUPS_SOURCE = ""
