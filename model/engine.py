@@ -255,7 +255,11 @@ def describe_engine_op(op: dict[str, Any]) -> str:
 
 def derived_config(derived: dict[str, Any]) -> CoordinatorConfig:
     """The coordinator geometry vLLM's configuration code built (the worker's
-    ``open_engine`` answer), in kvspec's terms, for the state invariants."""
+    ``open_engine`` answer), in kvspec's terms, for the state invariants.  A
+    group is EAGLE here where its manager drops the EAGLE block as the
+    scheduler built it (the state rules need whether the drop runs, which the
+    release's scheduler decides: 0.28 for every group of an EAGLE drafter,
+    0.33+ not under lookahead hashes)."""
     groups = []
     for g in derived["groups"]:
         kind = g["kind"]

@@ -169,11 +169,15 @@ def build_engine(setup):
     derived = {
         "vllm_version": vllm.__version__,
         "scheduler_class": type(scheduler).__name__,
+        # "eagle": whether the group's manager drops the EAGLE block, as the
+        # scheduler built it (0.28 passes use_eagle for every group, 0.33+ turns
+        # it off under lookahead hashes); "eagle_group": the group's own flag.
         "groups": [{"kind": spec_kind(g.kv_cache_spec), "block_size": g.kv_cache_spec.block_size,
-                    "eagle": bool(getattr(g, "is_eagle_group", False)),
+                    "eagle": bool(getattr(m, "use_eagle", False)),
+                    "eagle_group": bool(getattr(g, "is_eagle_group", False)),
                     "sliding_window": getattr(g.kv_cache_spec, "sliding_window", None) or 0,
                     "layers": len(g.layer_names)}
-                   for g in groups],
+                   for g, m in zip(groups, coordinator.single_type_managers)],
         "scheduler_block_size": S, "hash_block_size": H,
         "num_blocks": config.num_blocks,
         "enable_caching": bool(cc.enable_prefix_caching),
@@ -190,7 +194,7 @@ def build_engine(setup):
         "max_model_len": mc.max_model_len,
         "speculative_method": getattr(sc, "method", None),
         "num_speculative_tokens": getattr(sc, "num_speculative_tokens", 0) or 0,
-        "use_eagle_block_drop": bool(getattr(scheduler, "use_eagle_block_drop", False)),
+        "use_eagle_block_drop": bool(getattr(manager, "use_eagle", False)),
         "mamba_cache_mode": getattr(cc, "mamba_cache_mode", None),
         "kv_connector": None if scheduler.connector is None else type(scheduler.connector).__name__,
     }
