@@ -78,6 +78,7 @@ class Category(str, enum.Enum):
     STATE_ZEROING = "state_zeroing"
     STATE_ZEROING_MISSED = "state_zeroing_missed"
     STATE_BLOCK_ESTIMATE = "state_block_estimate"
+    STATE_EVICTED_FINDABLE = "state_evicted_findable"
 
     @property
     def is_state(self) -> bool:
@@ -122,6 +123,8 @@ _MEANINGS = {
     Category.STATE_BLOCK_ESTIMATE: "an allocation took more free blocks than the groups' estimates the scheduler checked",
     Category.STATE_ZEROING: "a block handed out for zeroing is not one the operation placed",
     Category.STATE_ZEROING_MISSED: "a fresh attention block on a layout vLLM zeroes was not handed out for zeroing",
+    Category.STATE_EVICTED_FINDABLE: "a block evict_blocks evicted (a failed KV load) is still findable by a lookup: "
+                                     "it owns a key, or the hash map names it",
 }
 
 

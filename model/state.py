@@ -166,6 +166,9 @@ class Transition:
     # Each allocate_slots the operation made (the engine driver observes them):
     # the groups' last block estimates, and the free blocks before and after.
     allocations: tuple["Allocation", ...] = ()
+    # The block ids the manager's evict_blocks was given during the operation
+    # (the engine driver observes the calls: a failed KV load).
+    evicted: tuple[int, ...] = ()
 
 
 @attrs.frozen
@@ -498,6 +501,29 @@ def _block_estimate(t: Transition) -> list[str]:
     return out[:3]
 
 
+def _evicted_findable(t: Transition) -> list[str]:
+    # vLLM's contract (BlockPool.evict_blocks, the same on every release
+    # 0.22-0.34): each named block loses every hash it is cached under, in use
+    # or free, so no later lookup can find the KV that failed to load.  The
+    # scheduler calls it from _handle_invalid_blocks, for synchronously loaded
+    # blocks from the first failing one on, under kv_load_failure_policy
+    # "fail" (the default).  Nothing between that call and the operation's end
+    # registers blocks (registration runs in the next schedule()).
+    if not t.evicted:
+        return []
+    s = t.after
+    named = {block for _, block in s.hash_map}
+    out = []
+    for block_id in sorted(set(t.evicted)):
+        keys = s.blocks[block_id].keys if 0 <= block_id < len(s.blocks) else ()
+        if keys or block_id in named:
+            where = [f"owns {len(keys)} key(s)"] if keys else []
+            where += ["the hash map names it"] if block_id in named else []
+            out.append(f"block {block_id} was evicted (evict_blocks, after a failed KV load) yet "
+                       f"{' and '.join(where)}: a later lookup can still hit it")
+    return out[:3]
+
+
 # A step looks requests up before it allocates, so a broken lookup is the
 # earlier event: its rules come first, and a finding names it.
 INVARIANTS: tuple[Invariant, ...] = (
@@ -556,6 +582,10 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("block_estimate", Category.STATE_BLOCK_ESTIMATE,
               "an allocation takes no more free blocks than the groups' block estimates the scheduler checked "
               "against the free pool (observed where the engine driver makes the allocations)", _block_estimate),
+    Invariant("evicted_unfindable", Category.STATE_EVICTED_FINDABLE,
+              "after an operation in which the manager's evict_blocks ran (a failed KV load), no block it named "
+              "owns a key or is named by the hash map, in use or not (observed where the engine driver runs a "
+              "connector whose loads fail)", _evicted_findable),
 )
 
 # What the state model does not decide, said with every verdict that uses it.

@@ -56,7 +56,7 @@ class StateOracle:
             op=_OPS.get(op["do"], op["do"]), request=op.get("id"), before=self.state, after=after, config=self.config,
             regime=self.regime, capabilities=self.capabilities, running=self.running, lookups=lookups, gone=gone,
             reset_succeeded=result.get("reset"), handed_for_zeroing=tuple(answer.get("handed_for_zeroing", ())),
-            allocations=allocations)
+            allocations=allocations, evicted=tuple(result.get("evicted", ())))
         found = check_transition(transition, before_checked=self.state_checked)
         self.state, self.state_checked = after, not found
         return [Discrepancy(invariant.category, None, None,

@@ -333,3 +333,21 @@ def test_the_stateful_scope_names_what_the_draw_reaches():
     scope = draw_scope()
     assert "full attention three times in five, else sliding window or Mamba" in scope
     assert "prefix caching off in one attention-only program in eight" in scope
+
+
+def test_a_block_evict_blocks_named_must_not_stay_findable():
+    """evict_blocks (a failed KV load): every named block, in use or free,
+    loses its keys and leaves the map (hand-made transitions)."""
+    # Legal: block 2 (held by r0) and block 5 (free, never keyed) evicted; block 2's key gone both ways.
+    evicted = _state(blocks=_state().blocks[:2] + (Block(2, 1),) + _state().blocks[3:], hash_map=(("k1", 1),))
+    assert check_transition(_transition(evicted, evicted=(2, 5))) == []
+    # Broken: block 2 named by evict_blocks keeps its key in the map and on the block.
+    broken = _broken(_transition(_state(), evicted=(2,)))
+    assert broken == {Category.STATE_EVICTED_FINDABLE}
+    # Broken one way only: the block forgot its key, the map still names it (the
+    # map rule sees the disagreement too; the eviction rule names the evicted block).
+    half = _state(blocks=evicted.blocks)
+    found = {(i.name, m.split(" was")[0]) for i, m in check_transition(_transition(half, evicted=(2,)))}
+    assert ("evicted_unfindable", "block 2") in found
+    # Without an evict_blocks call the rule says nothing of keyed blocks.
+    assert Category.STATE_EVICTED_FINDABLE not in _broken(_transition(_state()))
