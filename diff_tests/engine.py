@@ -25,8 +25,8 @@ from hypothesis import Phase, reject, strategies as st
 from hypothesis.database import ExampleDatabase
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from kvspec.model.engine import (MODELLED_STEPS, TOY_MODELS, EngineProgram, EngineSetup, derived_config,
-                                 describe_engine_op)
+from kvspec.model.engine import (MODELLED_STEPS, OWN_CONNECTOR, TOY_MODELS, EngineProgram, EngineSetup,
+                                 derived_config, describe_engine_op)
 from kvspec.model.errors import InfrastructureError, KvspecError, SetupError
 from kvspec.model.finding import Category
 from kvspec.model.known import KnownBug, known_bugs, recognise
@@ -55,7 +55,16 @@ def engine_draw_scope() -> str:
             f"are drawn half the time and otherwise left to the release); prompts of up to 3 blocks of shared "
             f"prefix from {FAMILIES} families plus a suffix, resends, at most {MAX_IN_FLIGHT} requests in flight, "
             f"1-8 output tokens each, engine steps, aborts, cache resets; a pool from about one to two longest "
-            f"requests (--num-gpu-blocks-override); vLLM's DecodeBenchConnector (synchronous loads of every prompt token but the last) in one program in four; EAGLE3 speculative decoding with the toy Llama's drafter in one Llama program in three (drafts proposed and accepted drawn per step), under the release's default hashes or legacy ones; no asynchronous or failing KV loads, no KV connector of kvspec's own, no structured output "
+            f"requests (--num-gpu-blocks-override); vLLM's DecodeBenchConnector (synchronous loads of every prompt token but the last) in one program in four; "
+            f"kvspec's own connector ({OWN_CONNECTOR}, against vLLM's public KVConnectorBase_V1, passed by "
+            f"kv_connector_module_path) in one program in four: each request offered a drawn number of external "
+            f"prompt tokens, loaded synchronously or asynchronously (finished 0-3 executed steps later), one load "
+            f"plan in three failing from a drawn loaded block (invalid_block_ids; reported only on one-group layouts, "
+            f"the only ones where vLLM maps failed blocks back to requests: a hybrid layout's loads succeed), under "
+            f"kv_load_failure_policy 'fail' (the release's default: vLLM evicts the failed blocks and fails the "
+            f"requests) or 'recompute'; not drawn: failed_recving (request-level failures, 0.34), the connector's "
+            f"lookahead block hashes and partial-tail offloads, connectors that send (request_finished delays no "
+            f"free); EAGLE3 speculative decoding with the toy Llama's drafter in one Llama program in three (drafts proposed and accepted drawn per step), under the release's default hashes or legacy ones; no structured output "
             f"(not drawn yet); at most {STEPS_PER_PROGRAM} rules a program. Modelled: " + "; ".join(MODELLED_STEPS))
 
 
@@ -69,7 +78,7 @@ class EngineResult(StatefulResult):
 
     def note_settings(self, derived: dict[str, Any]) -> None:
         for key in ("scheduler_class", "retention_interval", "async_scheduling", "reserve_full_isl",
-                    "chunked_prefill", "partial_hash_hits", "kv_connector", "speculative_method",
+                    "chunked_prefill", "partial_hash_hits", "kv_connector", "kv_load_failure_policy", "speculative_method",
                     "use_eagle_block_drop", "num_hash_lookahead_tokens"):
             value = str(derived.get(key))
             self.settings.setdefault(key, {})
@@ -138,8 +147,28 @@ def engine_setups(draw) -> EngineSetup:
         retention_interval=draw(st.sampled_from((None, None, None, 0, 64))) if toy.hybrid or "sliding" in
         "".join(toy.layers) else None,
         async_scheduling=draw(_MAYBE_BOOL), reserve_full_isl=draw(_MAYBE_BOOL),
-        kv_connector=draw(st.sampled_from((None, None, None, "DecodeBenchConnector"))),
-        **_speculative(draw, toy))
+        **_connector(draw), **_speculative(draw, toy))
+
+
+def _connector(draw) -> dict[str, Any]:
+    """vLLM's DecodeBenchConnector in one program in four, kvspec's own in
+    one in four (each request's load plan drawn as it arrives), under the
+    release's default failure policy ("fail": failed blocks evicted, the
+    requests failed) or "recompute"."""
+    connector = draw(st.sampled_from((None, None, None, None, "DecodeBenchConnector", "DecodeBenchConnector",
+                                      OWN_CONNECTOR, OWN_CONNECTOR)))
+    if connector != OWN_CONNECTOR:
+        return {"kv_connector": connector}
+    return {"kv_connector": connector, "kv_load_failure_policy": draw(st.sampled_from((None, None, "recompute")))}
+
+
+# A request's load plan for kvspec's connector (None: it offers nothing):
+# whole blocks and extra tokens the store holds, asynchronous or not, the
+# executed steps an asynchronous load takes, and the loaded block that fails
+# (one plan in three fails; the connector reports it only where vLLM maps
+# invalid_block_ids back to requests: one KV-cache group).
+_LOAD = st.one_of(st.none(), st.tuples(st.integers(0, 4), st.sampled_from((0, 1, 3, 15)), st.booleans(),
+                                       st.integers(0, 3), st.sampled_from((None, None, 0, 1, 2))))
 
 
 def _speculative(draw, toy) -> dict[str, Any]:
@@ -195,8 +224,8 @@ def engine_machine(proc: SubjectProcess, on_program: Callable[..., None],
         # The first arrivals come with the engine: Hypothesis's swarm testing
         # switches some rules off for a whole program, and a program of steps
         # on an empty engine would check nothing.
-        @initialize(setup=engine_setups(), first=st.lists(_ARRIVAL, min_size=1, max_size=3))
-        def open(self, setup: EngineSetup, first: list[tuple[int, int, int, int, int, int]]) -> None:
+        @initialize(setup=engine_setups(), first=st.lists(st.tuples(_ARRIVAL, _LOAD), min_size=1, max_size=3))
+        def open(self, setup: EngineSetup, first: list[tuple[tuple[int, int, int, int, int, int], Any]]) -> None:
             try:
                 opened = proc.session({"op": "open_engine", "setup": setup.message()})
             except KvspecError as error:
@@ -224,8 +253,8 @@ def engine_machine(proc: SubjectProcess, on_program: Callable[..., None],
             self.block = config.scheduler_block_size
             self.oracle = StateOracle(self.program, proc.capabilities, opened, config=config)
             on_program(self)
-            for arrival in first:
-                self._arrive_drawn(arrival)
+            for arrival, load in first:
+                self._arrive_drawn(arrival, load)
 
         def _fail(self, found: list[Discrepancy], reply: dict[str, Any]) -> None:
             failure = Failure(self.taken(), tuple(found), reply)
@@ -272,27 +301,40 @@ def engine_machine(proc: SubjectProcess, on_program: Callable[..., None],
                 self.ops.append(ops[failed])
                 self._fail([_crash(ops[failed], reply)], reply)
 
-        def _arrive(self, tokens: list[int], max_tokens: int) -> None:
+        def _arrive(self, tokens: list[int], max_tokens: int, load: Any = None) -> None:
             name = f"r{self.serial}"
             self.serial += 1
             self.prompts.append(tokens)
             self.live.append(name)
-            self._apply({"do": "arrive", "id": name, "tokens": tokens, "max_tokens": max_tokens})
+            op: dict[str, Any] = {"do": "arrive", "id": name, "tokens": tokens, "max_tokens": max_tokens}
+            plan = self._plan(load)
+            if plan is not None:
+                op["load"] = plan
+            self._apply(op)
 
-        def _arrive_drawn(self, arrival: tuple[int, int, int, int, int, int]) -> None:
+        def _plan(self, load: Any) -> dict[str, Any] | None:
+            """The drawn load plan, recorded in the arrival (so a replay
+            gives the connector the same), where kvspec's connector runs."""
+            if load is None or self.program is None or self.program.setup.kv_connector != OWN_CONNECTOR:
+                return None
+            blocks, extra, load_async, delay, fail = load
+            return {"offer": blocks * self.block + extra, "async": load_async, "delay": delay if load_async else 0,
+                    "fail": fail}
+
+        def _arrive_drawn(self, arrival: tuple[int, int, int, int, int, int], load: Any = None) -> None:
             family, shared_blocks, extra, suffix, seed, max_tokens = arrival
             tokens = _prompt(family, shared_blocks * self.block + extra, suffix, seed)
-            self._arrive(tokens or [family * 1000], max_tokens)
+            self._arrive(tokens or [family * 1000], max_tokens, load)
 
         @precondition(lambda self: len(self.live) < MAX_IN_FLIGHT)
-        @rule(arrival=_ARRIVAL)
-        def arrive(self, arrival: tuple[int, int, int, int, int, int]) -> None:
-            self._arrive_drawn(arrival)
+        @rule(arrival=_ARRIVAL, load=_LOAD)
+        def arrive(self, arrival: tuple[int, int, int, int, int, int], load: Any) -> None:
+            self._arrive_drawn(arrival, load)
 
         @precondition(lambda self: self.prompts and len(self.live) < MAX_IN_FLIGHT)
-        @rule(which=st.integers(0, 2**16), max_tokens=st.integers(1, 8))
-        def resend(self, which: int, max_tokens: int) -> None:
-            self._arrive(list(self.prompts[which % len(self.prompts)]), max_tokens)
+        @rule(which=st.integers(0, 2**16), max_tokens=st.integers(1, 8), load=_LOAD)
+        def resend(self, which: int, max_tokens: int, load: Any) -> None:
+            self._arrive(list(self.prompts[which % len(self.prompts)]), max_tokens, load)
 
         @rule(steps=st.integers(1, 4), drafts=st.integers(0, 3), accepted=st.integers(0, 3))
         def step(self, steps: int, drafts: int, accepted: int) -> None:

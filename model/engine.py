@@ -26,7 +26,7 @@ from .case import InvalidCase
 from .domain import CoordinatorConfig, GroupKind, HashScheme, KVCacheGroup
 from .program import validated_ops
 
-__all__ = ["HAND_BUILT", "ENGINE_BUILT", "ToyModel", "TOY_MODELS", "toy_model", "EngineSetup", "EngineProgram", "ENGINE_OPERATIONS",
+__all__ = ["HAND_BUILT", "ENGINE_BUILT", "OWN_CONNECTOR", "LOAD_FIELDS", "FAILURE_POLICIES", "ToyModel", "TOY_MODELS", "toy_model", "EngineSetup", "EngineProgram", "ENGINE_OPERATIONS",
            "describe_engine_op", "derived_config", "MODELLED_STEPS"]
 
 ENGINE_OPERATIONS = ("arrive", "step", "abort", "reset")
@@ -37,9 +37,19 @@ HAND_BUILT = ("hand-built: kvspec built the KVCacheConfig and KVCacheManager its
               "--engine)")
 ENGINE_BUILT = ("engine-built: vLLM's own configuration code built it from the engine flags the finding names, "
                 "and vLLM's real Scheduler drove it (a user with those flags reaches the same calls)")
-# vLLM's own connectors whose scheduler side runs on a CPU: DecodeBenchConnector
-# loads synchronously, offering every prompt token but the last.
-KV_CONNECTORS = ("DecodeBenchConnector",)
+# KV connectors whose scheduler side runs on a CPU: vLLM's DecodeBenchConnector
+# loads synchronously, offering every prompt token but the last; kvspec's own
+# (subjects/vllm_side/connector.py, against vLLM's public KVConnectorBase_V1)
+# serves each request's drawn load plan (LOAD_FIELDS).
+OWN_CONNECTOR = "KvspecConnector"
+OWN_CONNECTOR_MODULE = "kvspec.subjects.vllm_side.connector"
+KV_CONNECTORS = ("DecodeBenchConnector", OWN_CONNECTOR)
+# kv_load_failure_policy (KVTransferConfig, every release 0.22+; unset: "fail").
+FAILURE_POLICIES = ("fail", "recompute")
+# A request's load plan for kvspec's connector: leading prompt tokens the
+# external store holds, asynchronous or not, executed steps before an
+# asynchronous load finishes, and which loaded block fails (None: none).
+LOAD_FIELDS = ("offer", "async", "delay", "fail")
 
 # What the engine driver does not take from vLLM's code, said with every verdict.
 MODELLED_STEPS = (
@@ -47,6 +57,9 @@ MODELLED_STEPS = (
     "config fields by kvspec; a server builds it from the model class",
     "the GPU platform is vLLM's CudaPlatformBase reporting SM90 with FlashAttention (a CPU reports no GPU)",
     "the forward pass: each step's sampled tokens (one, plus the drafts accepted) and drafts are drawn",
+    "the worker side of kvspec's own KV connector: when an asynchronous load finishes and which loaded block "
+    "fails are drawn per request and reported in the step's KVConnectorOutput (finished_recving, "
+    "invalid_block_ids) as a worker would",
 )
 
 
@@ -145,6 +158,9 @@ class EngineSetup:
     # A KV connector of vLLM's own that runs on a CPU (scheduler side): None for none.
     kv_connector: str | None = attrs.field(default=None, validator=attrs.validators.optional(
         attrs.validators.in_(KV_CONNECTORS)))
+    # --kv-transfer-config's kv_load_failure_policy, for kvspec's own connector (None: the release's default).
+    kv_load_failure_policy: str | None = attrs.field(default=None, validator=attrs.validators.optional(
+        attrs.validators.in_(FAILURE_POLICIES)))
     # EAGLE3 speculative decoding with the toy's drafter: the drafts per step (None: none).
     num_speculative_tokens: int | None = attrs.field(default=None, validator=_optional_count(1, 8))
     # --speculative-config's disable_lookahead_block_hashes (0.33+): legacy hashes, the EAGLE drop live.
@@ -155,6 +171,8 @@ class EngineSetup:
             raise InvalidCase(f"{self.model} has no drafter: no speculative decoding on it")
         if self.legacy_hashes is not None and self.num_speculative_tokens is None:
             raise InvalidCase("legacy_hashes is a speculative-config setting: it needs num_speculative_tokens")
+        if self.kv_load_failure_policy is not None and self.kv_connector != OWN_CONNECTOR:
+            raise InvalidCase(f"kv_load_failure_policy is drawn for {OWN_CONNECTOR} only")
 
     @property
     def toy(self) -> ToyModel:
@@ -169,7 +187,12 @@ class EngineSetup:
                  "reserve_full_isl": "scheduler_reserve_full_isl"}
         args = {flag: getattr(self, field) for field, flag in names.items() if getattr(self, field) is not None}
         if self.kv_connector is not None:
-            args["kv_transfer_config"] = {"kv_connector": self.kv_connector, "kv_role": "kv_both"}
+            transfer = {"kv_connector": self.kv_connector, "kv_role": "kv_both"}
+            if self.kv_connector == OWN_CONNECTOR:  # out of tree: vLLM imports it from its module path
+                transfer["kv_connector_module_path"] = OWN_CONNECTOR_MODULE
+            if self.kv_load_failure_policy is not None:
+                transfer["kv_load_failure_policy"] = self.kv_load_failure_policy
+            args["kv_transfer_config"] = transfer
         if self.num_speculative_tokens is not None:
             spec: dict[str, Any] = {"method": "eagle3", "num_speculative_tokens": self.num_speculative_tokens}
             if self.legacy_hashes:
@@ -214,7 +237,25 @@ class EngineSetup:
 
 
 def _engine_ops(value: Any) -> tuple[dict[str, Any], ...]:
-    return validated_ops(value, ENGINE_OPERATIONS, ("max_tokens", "drafts", "accepted"), what="engine operation")
+    ops = validated_ops(value, ENGINE_OPERATIONS, ("max_tokens", "drafts", "accepted"), what="engine operation")
+    for op in ops:
+        if "load" in op:
+            _check_load(op["load"])
+    return ops
+
+
+def _check_load(plan: Any) -> None:
+    """A stored load plan is untrusted input: known fields, small whole numbers."""
+    if not isinstance(plan, dict) or set(plan) - set(LOAD_FIELDS):
+        raise InvalidCase(f"a load plan is a mapping of {', '.join(LOAD_FIELDS)}, got {plan!r}")
+    for key in ("offer", "delay", "fail"):
+        value = plan.get(key)
+        if value is None and key == "fail":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1 << 16:
+            raise InvalidCase(f"a load plan's {key} must be a whole number from 0 to {1 << 16}, got {value!r}")
+    if not isinstance(plan.get("async"), bool):
+        raise InvalidCase(f"a load plan's async must be true or false, got {plan.get('async')!r}")
 
 
 @attrs.frozen
@@ -244,7 +285,14 @@ class EngineProgram:
 def describe_engine_op(op: dict[str, Any]) -> str:
     kind = op["do"]
     if kind == "arrive":
-        return f"add_request {op['id']} ({len(op['tokens'])} prompt tokens, max_tokens {op.get('max_tokens', 16)})"
+        load = op.get("load")
+        plan = ""
+        if load:
+            fail = "" if load.get("fail") is None else f", loaded block {load['fail']} fails"
+            mode = f"asynchronously, done after {load['delay']} step(s)" if load["async"] else "synchronously"
+            plan = f", the connector offers {load['offer']} prompt tokens loaded {mode}{fail}"
+        return (f"add_request {op['id']} ({len(op['tokens'])} prompt tokens, max_tokens {op.get('max_tokens', 16)}"
+                f"{plan})")
     if kind == "step":
         extra = f", {op['drafts']} drafts, {op.get('accepted', 0)} accepted" if op.get("drafts") else ""
         return f"engine step{extra}"

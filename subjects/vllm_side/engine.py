@@ -197,6 +197,8 @@ def build_engine(setup):
         "use_eagle_block_drop": bool(getattr(manager, "use_eagle", False)),
         "mamba_cache_mode": getattr(cc, "mamba_cache_mode", None),
         "kv_connector": None if scheduler.connector is None else type(scheduler.connector).__name__,
+        "kv_load_failure_policy": getattr(vc.kv_transfer_config, "kv_load_failure_policy", None)
+        if scheduler.connector is not None else None,
     }
     return scheduler, hasher, derived
 
@@ -223,6 +225,10 @@ class EngineMachine:
         self.scheduled = None
         self.handed = []
         self.allocations = []
+        self.evicted = []  # block ids each evict_blocks call named, this operation
+        # kvspec's connector's loads the "worker" runs: asynchronous ones
+        # pending (steps left before finished_recving), in start order.
+        self.pending_loads = []
         self._observe()
 
     # -- observation points: instance-level wrappers, forwarding everything ----
@@ -280,12 +286,42 @@ class EngineMachine:
             return out
 
         manager.allocate_slots = allocate_slots
+        connector = self.scheduler.connector
+        if connector is not None:
+            offer = connector.get_num_new_matched_tokens
+
+            def get_num_new_matched_tokens(request, *args, **kwargs):
+                # The connector tokens a lookup's request is given (the state
+                # rules leave such requests' zeroing to the load): asked right
+                # after that request's lookup, so the latest lookup is its.
+                out = offer(request, *args, **kwargs)
+                for entry in reversed(self.lookups):
+                    if entry["request"] == request.request_id:
+                        entry["external"] = int(out[0] or 0)
+                        break
+                return out
+
+            connector.get_num_new_matched_tokens = get_num_new_matched_tokens
+        evict = getattr(manager, "evict_blocks", None)
+        if evict is not None:
+            def evict_blocks(block_ids, *args, **kwargs):
+                self.evicted.append(sorted(int(b) for b in block_ids))
+                return evict(block_ids, *args, **kwargs)
+
+            manager.evict_blocks = evict_blocks
 
     # -- operations -------------------------------------------------------------
     def _arrive(self, op):
+        params = {"max_tokens": op.get("max_tokens", 16), "ignore_eos": True}
+        if op.get("load"):
+            # The plan rides in the request's kv_transfer_params, as a client's
+            # per-request connector parameters do (kvspec's connector reads it).
+            from .connector import PLAN_KEY
+
+            params["extra_args"] = {"kv_transfer_params": {PLAN_KEY: dict(op["load"])}}
         wanted = {
             "request_id": op["id"], "prompt_token_ids": list(op["tokens"]),
-            "sampling_params": self.SamplingParams(max_tokens=op.get("max_tokens", 16), ignore_eos=True),
+            "sampling_params": self.SamplingParams(**params),
             "pooling_params": None, "block_hasher": self.hasher, "eos_token_id": None, "arrival_time": 0.0,
         }
         request = self.Request(**{k: v for k, v in wanted.items() if k in self.request_params})
@@ -307,10 +343,42 @@ class EngineMachine:
             allotted[req_id] = 0 if partial else 1 + len(spec.get(req_id, ()))
         return allotted
 
-    def _outputs(self, scheduler_output, allotted, accepted):
+    def _transfers(self, scheduler_output):
+        """What the worker side of kvspec's connector reports for a step it
+        executes (read at its schedule(): the worker runs the step then):
+        the loads the step's metadata starts begin; a synchronous one that
+        fails reports its failing block in this step's ``invalid_block_ids``;
+        an asynchronous one finishes (``finished_recving``, with its failing
+        block if any) in the output of the step its drawn delay names."""
+        from .connector import KvspecConnectorMetadata
+
+        meta = getattr(scheduler_output, "kv_connector_metadata", None)
+        if not isinstance(meta, KvspecConnectorMetadata) and not self.pending_loads:
+            return None
+        invalid, finished = set(), set()
+        for load in getattr(meta, "loads", ()):
+            if load["async"]:
+                self.pending_loads.append(dict(load, remaining=load["delay"]))
+            elif load["failing"] is not None:
+                invalid.add(load["failing"])
+        still = []
+        for load in self.pending_loads:
+            if load["remaining"] > 0:
+                still.append(dict(load, remaining=load["remaining"] - 1))
+                continue
+            finished.add(load["request"])
+            if load["failing"] is not None:
+                invalid.add(load["failing"])
+        self.pending_loads = still
+        if not invalid and not finished:
+            return None
+        return {"invalid_block_ids": invalid, "finished_recving": finished}
+
+    def _outputs(self, scheduler_output, allotted, accepted, transfers=None):
         """What the model runner returns for a step: one sampled token per
         request whose step completes its prompt or decodes, plus the drafts
-        accepted; nothing for a partial prefill (never more than the step allotted)."""
+        accepted; nothing for a partial prefill (never more than the step
+        allotted); and what kvspec's connector's worker side reports."""
         from vllm.v1.outputs import ModelRunnerOutput
 
         req_ids, sampled = [], []
@@ -321,6 +389,12 @@ class EngineMachine:
         wanted = {"req_ids": req_ids, "req_id_to_index": {r: i for i, r in enumerate(req_ids)},
                   "sampled_token_ids": sampled}
         fields = set(inspect.signature(ModelRunnerOutput).parameters)
+        if transfers:
+            from vllm.v1.outputs import KVConnectorOutput
+
+            if "kv_connector_output" not in fields:
+                raise Unsupported("this release's ModelRunnerOutput carries no kv_connector_output")
+            wanted["kv_connector_output"] = KVConnectorOutput(**transfers)
         return ModelRunnerOutput(**{k: v for k, v in wanted.items() if k in fields})
 
     def _next(self):
@@ -328,9 +402,9 @@ class EngineMachine:
         return self.token
 
     def _process(self, scheduled, accepted):
-        scheduler_output, allotted = scheduled
+        scheduler_output, allotted, transfers = scheduled
         outputs = self.scheduler.update_from_output(scheduler_output,
-                                                    self._outputs(scheduler_output, allotted, accepted))
+                                                    self._outputs(scheduler_output, allotted, accepted, transfers))
         finished = set()
         for engine_outputs in (outputs or {}).values():
             for out in getattr(engine_outputs, "outputs", ()):
@@ -360,7 +434,7 @@ class EngineMachine:
         self.scheduled = self._answer({"scheduled": dict(so.num_scheduled_tokens), "preempted": result["preempted"]},
                                       running_before)
         self.lookups, self.handed, self.allocations = [], [], []
-        return so, self._samples(so)
+        return so, self._samples(so), self._transfers(so)
 
     def _step(self, op):
         accepted, drafts = op.get("accepted", 0), op.get("drafts", 0)
@@ -400,6 +474,8 @@ class EngineMachine:
             return {"result": {}, "running": running, "waiting": [], "state": None}
         result["lookups"] = self.lookups
         result["allocations"] = self.allocations
+        if self.evicted:
+            result["evicted"] = sorted({b for call in self.evicted for b in call})
         # Requests whose blocks the scheduler gave back (gone from its
         # requests, or preempted): no table may stay.  A finished request a
         # connector still reads keeps its blocks until the transfer ends.
@@ -419,7 +495,7 @@ class EngineMachine:
         for its ``schedule()`` alone, read before its outputs were processed.
         ``observe`` off (the benchmark's unchecked baseline only): no state read."""
         self.observe = observe
-        self.lookups, self.handed, self.allocations = [], [], []
+        self.lookups, self.handed, self.allocations, self.evicted = [], [], [], []
         self.scheduled = None
         kind = op["do"]
         running_before = {r.request_id for r in self.scheduler.running}
