@@ -81,6 +81,18 @@ def _free_cached_block_misses(src: Source) -> tuple[str, list[Edit]]:
     return where, [src.replace(test, "not block or block.ref_cnt == 0")]
 
 
+def _evict_skips_held_blocks(src: Source) -> tuple[str, list[Edit]]:
+    where, method = _method(src, "BlockPool", "evict_blocks")
+    call = exactly_one(
+        [n.value for n in walk(method.body)
+         if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
+         and is_attr(n.value.func, "_maybe_evict_cached_block", "self")],
+        f"`self._maybe_evict_cached_block(block)` in {where}")
+    # Only free blocks lose their hash: a failed load's block still held by its
+    # request stays cached, and stays findable once the request frees it.
+    return where, [src.replace(call, f"block.ref_cnt == 0 and {src.segment(call)}")]
+
+
 def _trim_first_group_only(src: Source) -> tuple[str, list[Edit]]:
     where, method = _method(src, "HybridKVCacheCoordinator", "find_longest_cache_hit")
     loop = exactly_one(
@@ -181,6 +193,12 @@ STATE_MUTANTS: tuple[MutationOperator, ...] = (
         "BlockPool.get_cached_block misses a cached block no request holds (in the free queue): the cache "
         "serves only prefixes shared by requests running together, and hit rate falls silently",
         "", _free_cached_block_misses, BLOCK_POOL_FILE, side="state"),
+    MutationOperator(
+        "evict_skips_held_blocks",
+        "BlockPool.evict_blocks evicts only free blocks: a failed KV load's blocks still held by a request "
+        "keep their hash, so a later request hits KV that never loaded (killed through the engine, where "
+        "kvspec's connector fails loads)",
+        "", _evict_skips_held_blocks, BLOCK_POOL_FILE, side="state"),
     MutationOperator(
         "trim_first_group_only",
         "HybridKVCacheCoordinator.find_longest_cache_hit trims only the first full-attention group to the "
