@@ -218,7 +218,7 @@ def engine_machine(proc: SubjectProcess, on_program: Callable[..., None],
             self.failed = False
             self.inert = False  # a known bug was met: the rest of the program sends nothing
             self.last_reset = 0
-            self.lookups = self.hits = self.preemptions = self.resets = 0
+            self.lookups = self.hits = self.preemptions = self.resets = self.evictions = 0
             self.derived: dict[str, Any] = {}
 
         # The first arrivals come with the engine: Hypothesis's swarm testing
@@ -296,6 +296,7 @@ def engine_machine(proc: SubjectProcess, on_program: Callable[..., None],
                     self.hits += sum(lk["hit"] > 0 for lk in result.get("lookups", ()))
                     self.preemptions += len(result.get("preempted", ()))
                     self.resets += bool(result.get("reset"))
+                    self.evictions += len(result.get("evicted", ()))  # blocks a failed KV load invalidated
             if not reply.get("ok"):  # vLLM raised on the operation after the last answer
                 failed = reply.get("index", len(reply.get("answers", ())))
                 self.ops.append(ops[failed])
@@ -437,6 +438,7 @@ def fuzz_engine(proc: SubjectProcess, max_examples: int, seed: int, database: Ex
                 t.nonzero_hits += self.hits
                 t.preemptions += self.preemptions
                 t.resets += self.resets
+                t.evictions += self.evictions
 
     phases = [Phase.explicit, Phase.reuse, Phase.generate]
     if not stop_at_first:

@@ -98,3 +98,22 @@ def test_the_eagle_drop_is_in_the_hit_length_rule_only_under_legacy_hashes():
         assert rule.check(t) == [], scheme
         wrong = attrs.evolve(t, lookups=(attrs.evolve(lookup, hit=64 - right),))
         assert rule.check(wrong), scheme
+
+
+def test_kvspecs_connector_is_passed_by_its_module_path_and_its_plans_are_checked():
+    setup = EngineSetup(model="toy-llama", num_gpu_blocks=30, kv_connector="KvspecConnector",
+                        kv_load_failure_policy="recompute")
+    assert setup.engine_args()["kv_transfer_config"] == {
+        "kv_connector": "KvspecConnector", "kv_role": "kv_both",
+        "kv_connector_module_path": "kvspec.subjects.vllm_side.connector", "kv_load_failure_policy": "recompute"}
+    with pytest.raises(InvalidCase):  # the policy is drawn for kvspec's connector only
+        EngineSetup(model="toy-llama", num_gpu_blocks=30, kv_connector="DecodeBenchConnector",
+                    kv_load_failure_policy="fail")
+    plan = {"offer": 20, "async": True, "delay": 2, "fail": None}
+    program = EngineProgram(setup, [{"do": "arrive", "id": "a", "tokens": [1, 2, 3], "load": plan}])
+    assert EngineProgram.from_dict(program.as_dict()) == program  # the plan is recorded, so replay reproduces it
+    assert "offers 20 prompt tokens loaded asynchronously" in program.describe()
+    for bad in ({"offer": -1, "async": False, "delay": 0, "fail": None}, {"offer": 1, "async": "no", "delay": 0},
+                {"offer": 1, "async": False, "delay": 0, "fail": None, "extra": 1}, [1, 2]):
+        with pytest.raises(InvalidCase):
+            EngineProgram(setup, [{"do": "arrive", "id": "a", "tokens": [1], "load": bad}])
