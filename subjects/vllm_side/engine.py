@@ -64,6 +64,14 @@ def _platform():
         import types
 
         sys.modules.setdefault("vllm._C_stable_libtorch", types.ModuleType("vllm._C_stable_libtorch"))
+        try:
+            import vllm.platforms.cuda  # noqa: F401
+        except ModuleNotFoundError as exc:
+            # Up to 0.23 the CUDA platform module imports the compiled ops
+            # themselves at import time; the scheduler calls none of them.
+            if exc.name != "vllm._C":
+                raise
+            sys.modules["vllm._C"] = types.ModuleType("vllm._C")
         preimport(PREIMPORT)
         _PLATFORM = install_sm90_platform()
     return _PLATFORM
@@ -463,7 +471,8 @@ class EngineMachine:
 
     def _abort(self, op):
         aborted = self.scheduler.finish_requests(op["id"], self.RequestStatus.FINISHED_ABORTED)
-        return {"finished": [r.request_id for r in (aborted or ())]}
+        # Requests (0.24+) or (request id, client index) pairs (0.23).
+        return {"finished": [r[0] if isinstance(r, tuple) else r.request_id for r in (aborted or ())]}
 
     def _reset(self, op):
         return {"reset": bool(self.scheduler.reset_prefix_cache())}
