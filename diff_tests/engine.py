@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import attrs
 from hypothesis import Phase, reject, strategies as st
@@ -455,26 +455,53 @@ def fuzz_engine(proc: SubjectProcess, max_examples: int, seed: int, database: Ex
     return result
 
 
-def replay_engine_program(proc: SubjectProcess, program: EngineProgram) -> tuple[list[Discrepancy], dict[str, Any]]:
+@attrs.frozen
+class EngineStepRecord:
+    """One operation of a recorded engine program as it ran: what vLLM
+    answered and what broke (nothing: every rule held)."""
+
+    op: dict[str, Any]
+    answer: dict[str, Any]
+    found: tuple[Discrepancy, ...]
+
+
+def drive_engine_program(proc: SubjectProcess, program: EngineProgram) -> Iterator[EngineStepRecord]:
     """Run a recorded engine program on ``proc``, checking every operation:
-    the discrepancies of the first that has any (none: it passes here)."""
+    first the engine's build (op ``open``, answering what vLLM derived), then
+    one record per operation up to the first that broke a rule (or vLLM
+    raised); a subject that cannot build the engine raises."""
     opened = proc.session({"op": "open_engine", "setup": program.setup.message()})
-    if not opened.get("ok"):
+    if opened.get("ok"):
+        yield EngineStepRecord({"do": "open"}, opened, ())
+    else:
         if opened.get("environment"):
             raise SetupError(f"the vLLM runtime cannot import what the engine needs ({opened.get('error')})")
         if opened.get("unsupported") or opened.get("origin") == "kvspec":
             raise InfrastructureError(f"this subject cannot build the engine: {opened.get('error')}")
-        return [StateOracle.refused(opened)], opened
+        yield EngineStepRecord({"do": "open"}, opened, (StateOracle.refused(opened),))
+        return
     oracle = StateOracle(program, proc.capabilities, opened, config=derived_config(opened["derived"]))
     reply = proc.session({"op": "engine_ops", "ops": [dict(op) for op in program.ops]})
     for op, answer in zip(program.ops, reply.get("answers", ())):
-        found = check_answer(oracle, op, answer)
+        found = tuple(check_answer(oracle, op, answer))
+        yield EngineStepRecord(op, answer, found)
         if found:
-            return found, answer
+            return
     if not reply.get("ok"):
         if reply.get("kvspec_error"):
             raise InfrastructureError(f"the engine program cannot run on this subject: {reply['kvspec_error']}")
         index = reply.get("index")
         op = program.ops[index] if index is not None and index < len(program.ops) else None
-        return [_crash(op, reply)] if op else [StateOracle.crash(None, reply)], reply
-    return [], reply
+        yield EngineStepRecord(op or {"do": "unknown"}, reply,
+                               (_crash(op, reply) if op else StateOracle.crash(None, reply),))
+
+
+def replay_engine_program(proc: SubjectProcess, program: EngineProgram) -> tuple[list[Discrepancy], dict[str, Any]]:
+    """Run a recorded engine program on ``proc``, checking every operation:
+    the discrepancies of the first that has any (none: it passes here)."""
+    last: dict[str, Any] = {}
+    for record in drive_engine_program(proc, program):
+        if record.found:
+            return list(record.found), record.answer
+        last = record.answer
+    return [], last

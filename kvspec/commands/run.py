@@ -11,9 +11,13 @@ chose, and under which hash scheme the run holds.  The hash scheme is the
 release's default unless ``--hash-scheme`` says otherwise: lookahead block
 hashes on 0.33+ (the scheduler then builds the manager with
 ``use_eagle=False``, so the EAGLE branch of the bound is not live), legacy
-hashes before.
+hashes before.  ``--engine-program`` runs one engine program (a stored
+engine finding's, or one written by hand) through vLLM's real ``Scheduler``,
+built by the release's own configuration code, and prints every operation
+with what vLLM answered and what the state invariants said of it.
 
-Exit codes: 0 vLLM agrees with the spec, 1 it differs, 2 usage or setup error.
+Exit codes: 0 vLLM agrees with the spec, 1 it differs, 2 usage or setup error,
+4 an engine program stopped before its last operation.
 """
 
 from __future__ import annotations
@@ -43,6 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--profiles", action="store_true",
                       help="print every deployment profile's derivation on the release (called and modelled "
                            "steps) and run nothing")
+    what.add_argument("--engine-program", metavar="JSON",
+                      help="an engine program (a stored engine finding, or its inputs' engine_program, inline "
+                           "or a file): built by the release's own configuration code and driven through vLLM's "
+                           "real Scheduler, every operation printed with what vLLM answered and checked")
     parser.add_argument("--prompt", type=positive_int, default=None, metavar="N",
                         help="with --profile: the request's prompt (default 2.5 scheduler blocks)")
     parser.add_argument("--hash-scheme", choices=("lookahead", "legacy"), default=None,
@@ -65,6 +73,20 @@ def _subject(args: argparse.Namespace):
     return release(args.vllm) if args.vllm else source_tree(args.vllm_src)
 
 
+def _json_argument(text: str, option: str) -> Any:
+    """Inline JSON, or the JSON of the file it names."""
+    if not text.lstrip().startswith(("{", "[")):  # not inline JSON: a file name
+        try:
+            text = Path(text).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"{option} {text}: neither inline JSON nor a file kvspec can read "
+                             f"({exc.strerror or exc})") from None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"{option}: not JSON ({exc})") from None
+
+
 def _case(args: argparse.Namespace):
     """The case to run and what the corpus says of it (None for --config)."""
     from kvspec.model.case import Case, prefill
@@ -76,17 +98,7 @@ def _case(args: argparse.Namespace):
             raise UsageError(f"no corpus case {args.case!r}; known: {', '.join(named)}")
         entry = named[args.case]
         return Case(entry.config, entry.n, (prefill(entry.n),)), entry
-    text = args.config
-    if not text.lstrip().startswith(("{", "[")):  # not inline JSON: a file name
-        try:
-            text = Path(text).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise UsageError(f"--config {args.config}: neither inline JSON nor a file kvspec can read "
-                             f"({exc.strerror or exc})") from None
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise UsageError(f"--config: not JSON ({exc})") from None
+    data = _json_argument(args.config, "--config")
     if not isinstance(data, dict):
         raise UsageError("--config: expected a JSON object with config, prompt_len and steps")
     return Case.from_dict(data), None
@@ -158,6 +170,101 @@ def _scheme_text(case, regime) -> str:
             "disable_lookahead_block_hashes gets")
 
 
+def _engine_program(text: str):
+    """The engine program of ``--engine-program``: a program object, a stored
+    engine finding, or a one-finding list as ``--findings-dir`` and ``--json`` keep them."""
+    from kvspec.model.case import InvalidCase
+    from kvspec.model.engine import EngineProgram
+
+    data = _json_argument(text, "--engine-program")
+    if isinstance(data, list) and len(data) == 1:
+        data = data[0]
+    if isinstance(data, dict) and isinstance(data.get("inputs"), dict):
+        data = data["inputs"].get("engine_program")
+    if not isinstance(data, dict):
+        raise UsageError("--engine-program: expected an engine program (setup and ops) or an engine finding")
+    try:
+        return EngineProgram.from_dict(data)
+    except (InvalidCase, KeyError, TypeError, ValueError) as exc:
+        raise UsageError(f"--engine-program: not a valid engine program ({exc})") from None
+
+
+def _step_line(record) -> str:
+    """What one operation did, in vLLM's terms, from its checked answer."""
+    from kvspec.model.engine import describe_engine_op
+
+    answer = record.answer
+    parts = [describe_engine_op(record.op) if record.op.get("do") in ("arrive", "step", "abort", "reset")
+             else record.op.get("do", "?")]
+    # A step answers its schedule() apart (``scheduled``) from its output.
+    schedule = (answer.get("scheduled") or {}).get("result") or {}
+    result = answer.get("result") or {}
+    tokens = schedule.get("scheduled")
+    if tokens:
+        parts.append("scheduled " + ", ".join(f"{r}: {n}" for r, n in sorted(tokens.items())))
+    lookups = list(schedule.get("lookups") or ()) + list(result.get("lookups") or ())
+    if lookups:
+        parts.append("lookups " + ", ".join(f"{lk['request']} hit {lk['hit']}" for lk in lookups))
+    for key, part in (("preempted", schedule), ("finished", result)):
+        if part.get(key):
+            parts.append(f"{key} {', '.join(map(str, part[key]))}")
+    state = answer.get("state") or {}
+    if "num_free" in state:
+        parts.append(f"{state['num_free']} free blocks")
+    if answer.get("running"):
+        parts.append("computed " + ", ".join(f"{r}: {n}" for r, n in sorted(answer["running"].items())))
+    return "; ".join(parts)
+
+
+def _run_engine_program(subject, text: str, json_path) -> Outcome:
+    from kvspec.diff_tests.engine import drive_engine_program
+    from kvspec.model.engine import ENGINE_BUILT, MODELLED_STEPS
+    from kvspec.model.state import scope_text
+    from kvspec.report.files import write_text
+    from kvspec.subjects.process import SubjectProcess
+
+    program = _engine_program(text)
+    with SubjectProcess(subject) as proc:
+        records = list(drive_engine_program(proc, program))
+        version = proc.identity.get("vllm_version")
+    print(f"kvspec run: {subject.label} (vLLM {version}), one engine program through vLLM's real Scheduler")
+    print(f"  {program.setup.model} with `{program.setup.cli_flags() or 'the release defaults'}`; {ENGINE_BUILT}")
+    print(f"  modelled: {'; '.join(MODELLED_STEPS)}")
+    derived: dict[str, Any] = {}
+    if records and records[0].op["do"] == "open" and not records[0].found:
+        derived = records[0].answer.get("derived") or {}
+        print("  engine settings vLLM built and ran: "
+              + "; ".join(f"{k}: {v}" for k, v in sorted(derived.items()) if not isinstance(v, (dict, list)))
+              + "; groups: " + ", ".join(f"{g.get('kind')}[{g.get('block_size')}]" for g in derived.get("groups", ())))
+        records = records[1:]
+    broken = None
+    for number, record in enumerate(records, 1):
+        print(f"{number:3d}. {_step_line(record)}")
+        if record.found:
+            broken = record
+            for d in record.found:
+                print(f"     BROKEN {d.category.value}: {d.summary()}")
+    checked = len(records) - (broken is not None)
+    if broken is None and len(records) == len(program.ops):
+        print(f"RESULT: no state invariant broken after any of the {len(records)} operations ({scope_text()})")
+        outcome = Outcome.OK
+    elif broken is None:
+        print(f"RESULT: INCOMPLETE: {len(records)} of {len(program.ops)} operations ran and were checked")
+        outcome = Outcome.INCOMPLETE
+    else:
+        print(f"RESULT: DISCREPANCY at operation {len(records)} ({checked} before it held every rule)")
+        outcome = Outcome.FINDING
+    if json_path is not None:
+        write_text(json_path, json.dumps({
+            "subject": subject.label, "vllm_version": version, "engine_program": program.as_dict(),
+            "engine_settings": derived,
+            "operations": [{"op": r.op, "answer": r.answer,
+                            "broken": [{"category": d.category.value, "detail": d.summary()} for d in r.found]}
+                           for r in records],
+            "outcome": outcome.name}, indent=2, sort_keys=True) + "\n")
+    return outcome
+
+
 def run(args: argparse.Namespace) -> Outcome:
     from kvspec.model.capabilities import expected_regime
     from kvspec.oracles.registration import compare, expected_calls
@@ -167,6 +274,8 @@ def run(args: argparse.Namespace) -> Outcome:
 
     json_path = writable(args.json, "--json")
     subject = _subject(args)
+    if args.engine_program:
+        return _run_engine_program(subject, args.engine_program, json_path)
     derived = None
     if args.profiles or args.profile:
         version = subject.version

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvspec.diff_tests.engine import replay_engine_program
+from kvspec.diff_tests.engine import drive_engine_program, replay_engine_program
 from kvspec.model.engine import EngineProgram, EngineSetup
 from kvspec.model.finding import Category
 from kvspec.subjects.process import SubjectProcess
@@ -33,8 +33,9 @@ def _program(policy: str | None, load_async: bool, fail: int | None) -> EnginePr
 def _run(version: str, program: EngineProgram):
     with SubjectProcess(release(version)) as proc:
         opened = proc.session({"op": "open_engine", "setup": program.setup.message()})
-        found, reply = replay_engine_program(proc, program)
-    return opened, found, reply
+        records = list(drive_engine_program(proc, program))
+    found = [d for r in records for d in r.found]
+    return opened, found, {"answers": [r.answer for r in records if r.op["do"] != "open"]}
 
 
 def _lookups(reply, request):
