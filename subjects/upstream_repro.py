@@ -164,7 +164,7 @@ def repro_script(program: EngineProgram, settings: dict[str, Any] | None, kind: 
     }
     # The toy model's config.json is kvspec's own constant, chosen by a validated name.
     model_config = setup.toy.hf_config
-    code = _TEMPLATE
+    code = _TEMPLATE.replace("(vLLM @VERSION@)", f"(vLLM {version})")  # version: checked X.Y.Z above
     for key, value in values.items():
         code = code.replace(f"@{key}@", repr(value))
     code = code.replace("@MODEL_CONFIG@", repr(model_config)).replace("@FAMILY@", repr(setup.toy.family))
@@ -211,7 +211,10 @@ def run_repro(script: ReproScript, crash_type: str | None, timeout: float = 600)
         except subprocess.TimeoutExpired:
             return ReproRun(False, None, f"timed out after {timeout:.0f} s", time.perf_counter() - start,
                             f"python repro.py on vLLM {script.version}")
-    lines = (out.stdout + out.stderr).strip().splitlines()
+    # No machine-local path in a report: vLLM's files by their path in the
+    # package, the script by its name.
+    text = (out.stdout + out.stderr).replace(f"{tree}{os.sep}", "").replace(f"{path.parent}{os.sep}", "")
+    lines = text.strip().splitlines()
     last = lines[-1] if lines else ""
     if script.kind is Category.STATE_BLOCK_ESTIMATE:
         reproduced = out.returncode != 0 and last.startswith(script.marker)

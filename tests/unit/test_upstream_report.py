@@ -49,6 +49,13 @@ def test_the_script_carries_the_findings_settings_and_inputs_and_nothing_of_kvsp
     assert "engine's KV-cache planning" in script.code  # the hand-built KVCacheConfig is said
 
 
+def test_a_crash_script_lets_schedules_exception_end_it():
+    finding = attrs.evolve(_finding(), category=Category.SUBJECT_CRASH)
+    script = _script(finding)
+    assert "CHECK_ESTIMATE = False" in script.code and "(vLLM 0.34.0)" in script.code
+    assert _script(_finding()).code.count("CHECK_ESTIMATE = True") == 1
+
+
 def test_no_string_of_the_file_reaches_the_script():
     doc = _doc()
     doc["detail"] = HOSTILE
