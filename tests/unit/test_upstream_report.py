@@ -153,3 +153,16 @@ def test_the_fixture_is_a_small_engine_finding():
     doc = copy.deepcopy(_doc())
     assert doc["category"] == "state_block_estimate" and doc["run"]["engine_settings"]["vllm_version"] == "0.34.0"
     assert FIXTURE.stat().st_size < 16_000
+
+
+@pytest.mark.parametrize("subject", [{"kind": "mutant", "version": "0.34.0", "mutant": "refloor_50062"},
+                                     {"kind": "source", "version": "0.35.0.dev1", "path": "vllm"}])
+def test_only_a_published_release_gets_an_upstream_report(tmp_path, capsys, subject):
+    from kvspec.cli import main
+
+    doc = _doc()
+    doc["compared"]["subject"] = {**doc["compared"]["subject"], **subject}
+    path = tmp_path / "f.json"
+    path.write_text(json.dumps(doc))
+    assert main(["report", "--upstream", str(path)]) == Outcome.USAGE.exit_code
+    assert "published release" in capsys.readouterr().err
