@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import textwrap
 import subprocess
 import tempfile
 from pathlib import Path
@@ -116,6 +117,37 @@ def _ops(program: EngineProgram) -> list[tuple]:
     return ops
 
 
+def _dict_call(config: dict[str, Any]) -> str:
+    """A config.json kvspec holds (its keys are plain names) as ``dict(...)``, wrapped."""
+    body = ", ".join(f"{k}={v!r}" for k, v in config.items())
+    return "dict(\n" + textwrap.fill(body, 110, initial_indent="    ", subsequent_indent="    ",
+                                      break_long_words=False, break_on_hyphens=False) + "\n)"
+
+
+def _tokens(tokens: list[int]) -> str:
+    # A run of consecutive ids reads as a range (the fuzzer's prompts mostly are).
+    if len(tokens) > 3 and tokens == list(range(tokens[0], tokens[0] + len(tokens))):
+        return f"list(range({tokens[0]}, {tokens[0] + len(tokens)}))"
+    return repr(tokens)
+
+
+def _ops_literal(ops: list[tuple]) -> str:
+    """The inputs as a Python list, one per line, each said in vLLM's terms."""
+    lines = []
+    for op in ops:
+        if op[0] == "arrive":
+            _, rid, tokens, max_tokens = op
+            lines.append(f"    ({'arrive'!r}, {rid!r}, {_tokens(tokens)}, {max_tokens}),"
+                         f"  # add_request: {len(tokens)} prompt tokens, max_tokens {max_tokens}")
+        elif op[0] == "abort":
+            lines.append(f"    ('abort', {op[1]!r}),  # finish_requests(FINISHED_ABORTED)")
+        elif op[0] == "reset":
+            lines.append("    ('reset',),  # reset_prefix_cache()")
+        else:
+            lines.append("    ('step',),  # one engine step, as EngineCore.step / step_with_batch_queue")
+    return "[\n" + "\n".join(lines) + "\n]"
+
+
 def repro_script(program: EngineProgram, settings: dict[str, Any] | None, kind: Category,
                  version: str) -> ReproScript:
     """The standalone script for an engine finding of ``kind``, or
@@ -158,17 +190,19 @@ def repro_script(program: EngineProgram, settings: dict[str, Any] | None, kind: 
         "MAMBA_MODE": mode or "none",
         "RETENTION": retention,
         "CONNECTOR": connector,
-        "GROUPS": groups,
-        "OPS": _ops(program),
         "CHECK_ESTIMATE": kind is Category.STATE_BLOCK_ESTIMATE,
     }
     # The toy model's config.json is kvspec's own constant, chosen by a validated name.
     model_config = setup.toy.hf_config
-    code = _TEMPLATE.replace("(vLLM @VERSION@)", f"(vLLM {version})")  # version: checked X.Y.Z above
+    code = _TEMPLATE.replace("vLLM @VERSION@", f"vLLM {version}")  # version: checked X.Y.Z above
     for key, value in values.items():
         code = code.replace(f"@{key}@", repr(value))
-    code = code.replace("@MODEL_CONFIG@", repr(model_config)).replace("@FAMILY@", repr(setup.toy.family))
+    code = code.replace("@GROUPS@", "[\n" + "".join(f"    {g!r},\n" for g in groups) + "]")
+    code = code.replace("@OPS@", _ops_literal(_ops(program)))
+    code = code.replace("@MODEL_CONFIG@", _dict_call(model_config)).replace("@FAMILY@", repr(setup.toy.family))
     code = code.replace("@INSTALL@", install_line(version))
+    # kvspec's own rendering of validated fields (numbers, known names): one line.
+    code = code.replace("@FLAGS@", setup.cli_flags().replace("\n", " "))
     hand_built = ("the KVCacheConfig (its groups, block sizes and pool size as vLLM derived them for the finding's "
                   "flags) and the scheduler's configuration objects are built by the script from vLLM's public "
                   "config classes, not by the engine's KV-cache planning (which needs a GPU); the layers' state "
@@ -254,8 +288,10 @@ from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-# What vLLM derived for the engine flags of the finding (vLLM @VERSION@).
+# The toy model's config.json the engine was built from.
 MODEL_CONFIG = @MODEL_CONFIG@
+# The finding's engine flags: vllm serve MODEL @FLAGS@
+# What vLLM @VERSION@ derived for them (other settings: the release's defaults).
 ASYNC_SCHEDULING = @ASYNC@
 MAX_CONCURRENT_BATCHES = @QUEUE@
 ENABLE_PREFIX_CACHING = @CACHING@
@@ -270,7 +306,8 @@ HASH_BLOCK_SIZE = @H@
 MAMBA_CACHE_MODE = @MAMBA_MODE@
 RETENTION_INTERVAL = @RETENTION@
 KV_CONNECTOR = @CONNECTOR@
-GROUPS = @GROUPS@  # (kind, block size, sliding window, layers)
+# (kind, block size, sliding window, layers)
+GROUPS = @GROUPS@
 # The engine inputs, in order.
 OPS = @OPS@
 CHECK_ESTIMATE = @CHECK_ESTIMATE@

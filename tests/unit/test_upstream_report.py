@@ -44,7 +44,10 @@ def test_the_script_carries_the_findings_settings_and_inputs_and_nothing_of_kvsp
     assert "kvspec" not in script.code.split('"""', 2)[2]  # the docstring may say who wrote it; the code imports none
     assert "NUM_BLOCKS = 22" in script.code and "ASYNC_SCHEDULING = True" in script.code
     assert "('mamba_align', 64, 0, 1)" in script.code
-    assert "OPS = [('arrive', 'r0', [0, 1, 2," in script.code and "('step',)]" in script.code
+    assert "('arrive', 'r0', list(range(0, 65)), 1),  # add_request: 65 prompt tokens" in script.code
+    assert "('step',),  # one engine step" in script.code
+    assert "# The finding's engine flags: vllm serve MODEL --num-gpu-blocks-override 22 --max-model-len 256" \
+        in script.code
     assert "pip install vllm==0.34.0 && python repro.py" in script.code
     assert "engine's KV-cache planning" in script.code  # the hand-built KVCacheConfig is said
 
@@ -52,7 +55,7 @@ def test_the_script_carries_the_findings_settings_and_inputs_and_nothing_of_kvsp
 def test_a_crash_script_lets_schedules_exception_end_it():
     finding = attrs.evolve(_finding(), category=Category.SUBJECT_CRASH)
     script = _script(finding)
-    assert "CHECK_ESTIMATE = False" in script.code and "(vLLM 0.34.0)" in script.code
+    assert "CHECK_ESTIMATE = False" in script.code and "What vLLM 0.34.0 derived" in script.code
     assert _script(_finding()).code.count("CHECK_ESTIMATE = True") == 1
 
 
