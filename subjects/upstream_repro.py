@@ -199,14 +199,14 @@ def repro_script(program: EngineProgram, settings: dict[str, Any] | None, kind: 
         code = code.replace(f"@{key}@", repr(value))
     code = code.replace("@GROUPS@", "[\n" + "".join(f"    {g!r},\n" for g in groups) + "]")
     code = code.replace("@OPS@", _ops_literal(_ops(program)))
-    code = code.replace("@MODEL_CONFIG@", _dict_call(model_config)).replace("@FAMILY@", repr(setup.toy.family))
+    code = code.replace("@MODEL_CONFIG@", _dict_call(model_config)).replace("@FAMILY@", setup.toy.family)
     code = code.replace("@INSTALL@", install_line(version))
     # kvspec's own rendering of validated fields (numbers, known names): one line.
     code = code.replace("@FLAGS@", setup.cli_flags().replace("\n", " "))
     hand_built = ("the KVCacheConfig (its groups, block sizes and pool size as vLLM derived them for the finding's "
                   "flags) and the scheduler's configuration objects are built by the script from vLLM's public "
-                  "config classes, not by the engine's KV-cache planning (which needs a GPU); the layers' state "
-                  "shapes are placeholders the scheduler does not read")
+                  "config classes, not by the engine's KV-cache planning (which runs in the GPU worker); the "
+                  "layers' state shapes are placeholders the scheduler does not read")
     marker = "AssertionError: block estimate below allocation" if values["CHECK_ESTIMATE"] else ""
     return ReproScript(code, version, kind, marker, hand_built)
 
@@ -346,8 +346,8 @@ def make_scheduler(model_dir):
         kv_transfer_config=transfer,
     )
     vllm_config.cache_config.num_gpu_blocks = NUM_BLOCKS
-    # Built here rather than by the engine's KV-cache planning (which needs a
-    # GPU): the groups, block sizes and pool vLLM derived for these flags.
+    # Built here rather than by the engine's KV-cache planning (which runs in
+    # the GPU worker): the groups, block sizes and pool vLLM derived for these flags.
     groups, index = [], 0
     for kind, block, window, layers in GROUPS:
         names = [f"model.layers.{index + i}" for i in range(layers)]
