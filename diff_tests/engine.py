@@ -261,7 +261,10 @@ def engine_machine(proc: SubjectProcess, on_program: Callable[..., None],
                 self._arrive_drawn(arrival, load)
 
         def _fail(self, found: list[Discrepancy], reply: dict[str, Any]) -> None:
-            failure = Failure(self.taken(), tuple(found), reply)
+            # What vLLM derived for this engine goes with the failure: the
+            # finding records it (run["engine_settings"]) for the reader and
+            # for an upstream reproduction's hand-built KVCacheConfig.
+            failure = Failure(self.taken(), tuple(found), {**reply, "derived": self.derived})
             bug = recognise(known, found)
             if bug is not None:  # a known vLLM bug again: said, and the search goes on
                 self.inert = True

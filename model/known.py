@@ -47,6 +47,10 @@ class KnownBug:
     also_shows: tuple[tuple[Category, str], ...] = ()
     # A standalone reproduction through vLLM's public classes (tests/fixtures).
     reproduction: str = ""
+    # The fix upstream has for it, if one is named (an upstream report says it).
+    fix: str = ""
+    # An upstream bug report's title (empty: the category's meaning).
+    title: str = ""
 
     def matches(self, summary: str, category: Category | None = None) -> bool:
         """Whether a discrepancy's summary (of ``category``, if given) is this bug showing."""
@@ -114,7 +118,11 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
              "block_estimate:", name="mamba_estimate_below_allocation_after_connector_load",
              also_shows=((Category.SUBJECT_CRASH, "free blocks from the pool"),),
              needs="a KV connector that loads synchronously (e.g. DecodeBenchConnector) on a Mamba hybrid",
-             reproduction="tests/fixtures/repro_mamba_estimate_after_connector_load.py"),
+             reproduction="tests/fixtures/repro_mamba_estimate_after_connector_load.py",
+             title="Mamba group's block estimate is below what allocate_slots takes after a synchronous KV "
+                   "connector load (schedule() can raise 'Cannot get N free blocks from the pool')",
+             fix="vLLM PR #46892 (open upstream) addresses this mechanism: the Mamba group's estimate after a "
+                 "synchronous connector load must count every block allocate_slots then takes"),
     KnownBug(Category.SUBJECT_CRASH, "0.33.0", None,
              "SlidingWindowManager.find_longest_cache_hit raises IndexError (block_hashes[i]) on a request's "
              "first lookup when a sliding-window group is an EAGLE group, no group is full attention (the "

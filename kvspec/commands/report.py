@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(PNG when FILE ends in .png, else SVG)")
     parser.add_argument("--emit-test", metavar="FILE.py",
                         help="write the regression test for tests/v1/core/")
+    parser.add_argument("--upstream", action="store_true",
+                        help="an engine finding on a published release as a vLLM bug report (Markdown): a "
+                             "standalone reproduction script, run first in a fresh process on the release")
 
 
 def run(args: argparse.Namespace) -> Outcome:
@@ -39,6 +42,8 @@ def run(args: argparse.Namespace) -> Outcome:
     from kvspec.report.stored import load_findings
 
     output = writable(args.output, "--output")
+    if args.upstream:
+        return _upstream(args, output)
     plot = writable(args.plot, "--plot")
     emit = writable(args.emit_test, "--emit-test")
     findings = load_findings(args.finding)
@@ -72,3 +77,22 @@ def run(args: argparse.Namespace) -> Outcome:
     if emit is not None:
         write_text(emit, code)
     return Outcome.OK
+
+
+def _upstream(args: argparse.Namespace, output) -> Outcome:
+    from kvspec.report.files import write_text
+    from kvspec.report.stored import load_findings
+    from kvspec.usecases import upstream_report
+
+    if args.plot or args.emit_test or args.format != "text":
+        raise UsageError("--upstream writes a Markdown bug report on its own: no --plot, --emit-test or --format")
+    findings = load_findings(args.finding)
+    if len(findings) != 1:
+        raise UsageError(f"--upstream reports one finding; {args.finding} holds {len(findings)}")
+    # Progress on stderr: stdout may be the report itself.
+    report = upstream_report(findings[0], say=lambda line: print(line, file=sys.stderr, flush=True))
+    if output is not None:
+        write_text(output, report.markdown)
+    else:
+        sys.stdout.write(report.markdown)
+    return report.outcome

@@ -1,0 +1,459 @@
+"""A standalone reproduction of an engine finding, for a vLLM bug report,
+and its run in a fresh process on the release.
+
+The script is written by kvspec from validated fields only: the engine
+program (``model.engine.EngineProgram``: a toy model kvspec knows by name,
+numbers, booleans, known connector names) and the settings vLLM derived for
+it, each checked here to be a number, a boolean or a known word.  No string
+of the finding file reaches the script.  It imports vLLM and the standard
+library only (and torch, which vLLM needs): a vLLM maintainer runs it as it
+is.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import textwrap
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from kvspec.model.engine import EngineProgram
+from kvspec.model.errors import UsageError
+from kvspec.model.finding import Category
+
+__all__ = ["UPSTREAM_KINDS", "ReproScript", "Unscriptable", "repro_script", "run_repro", "ReproRun",
+           "install_line", "MAX_TAIL_LINES"]
+
+# The finding kinds a script is written for: schedule() raising, and a
+# group's block estimate below what allocate_slots takes.
+UPSTREAM_KINDS = (Category.SUBJECT_CRASH, Category.STATE_BLOCK_ESTIMATE)
+# Group kinds the script can build a spec for (what kvspec's state model knows).
+_SPEC_KINDS = ("full_attention", "sliding_window", "mamba_align")
+# The connectors a user has without kvspec (kvspec's own one is not vLLM's).
+_STANDALONE_CONNECTORS = ("DecodeBenchConnector",)
+MAX_TAIL_LINES = 15
+
+
+class Unscriptable(UsageError):
+    """No upstream script for this finding (exit 2)."""
+
+
+@attrs.frozen
+class ReproScript:
+    code: str
+    version: str
+    kind: Category
+    marker: str  # what the script's last output line starts with when it reproduces
+    hand_built: str  # what the script builds itself rather than through vLLM's planning
+
+
+def install_line(version: str, name: str = "repro.py") -> str:
+    """How to get a CPU environment and run the script, in one line (the
+    script sets VLLM_TARGET_DEVICE=empty and HF_HUB_OFFLINE=1 itself)."""
+    return f"pip install vllm=={version} && python {name}"
+
+
+def _int(settings: dict[str, Any], key: str, low: int = 0, high: int = 1 << 20) -> int:
+    value = settings.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise Unscriptable(f"the finding's engine settings have no valid {key} (a whole number from {low} to "
+                           f"{high}): no upstream script")
+    return value
+
+
+def _bool(settings: dict[str, Any], key: str) -> bool:
+    value = settings.get(key)
+    if not isinstance(value, bool):
+        raise Unscriptable(f"the finding's engine settings have no valid {key} (true or false): no upstream script")
+    return value
+
+
+def _groups(settings: dict[str, Any]) -> list[tuple[str, int, int, int]]:
+    raw = settings.get("groups")
+    if not isinstance(raw, list) or not 1 <= len(raw) <= 16:
+        raise Unscriptable("the finding's engine settings list no KV-cache groups: no upstream script")
+    groups = []
+    for g in raw:
+        if not isinstance(g, dict) or g.get("kind") not in _SPEC_KINDS:
+            raise Unscriptable("the finding's engine settings name a KV-cache group kind the upstream script "
+                               "cannot build: no upstream script")
+        if g.get("eagle") or g.get("eagle_group"):
+            raise Unscriptable("no upstream script for EAGLE groups yet")
+        groups.append((_SPEC_KINDS[_SPEC_KINDS.index(g["kind"])], _int(g, "block_size", 1, 1 << 12),
+                       _int(g, "sliding_window", 0, 1 << 20), _int(g, "layers", 1, 64)))
+    return groups
+
+
+def _ops(program: EngineProgram) -> list[tuple]:
+    """The engine inputs as plain tuples of validated values."""
+    ops: list[tuple] = []
+    for op in program.ops:
+        kind = op["do"]
+        if kind == "arrive":
+            if op.get("load"):
+                raise Unscriptable("no upstream script for kvspec's own KV connector's load plans yet "
+                                   "(its connector is not vLLM's)")
+            rid = op["id"]
+            if not isinstance(rid, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", rid):
+                raise Unscriptable("a request id of the finding is not a plain name: no upstream script")
+            tokens = [int(t) for t in op["tokens"]]
+            ops.append(("arrive", rid, tokens, int(op.get("max_tokens", 16))))
+        elif kind == "step":
+            if op.get("drafts"):
+                raise Unscriptable("no upstream script for speculative decoding yet")
+            ops.append(("step",))
+        elif kind == "abort":
+            rid = op["id"]
+            if not isinstance(rid, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", rid):
+                raise Unscriptable("a request id of the finding is not a plain name: no upstream script")
+            ops.append(("abort", rid))
+        else:
+            ops.append(("reset",))
+    return ops
+
+
+def _dict_call(config: dict[str, Any]) -> str:
+    """A config.json kvspec holds (its keys are plain names) as ``dict(...)``, wrapped."""
+    body = ", ".join(f"{k}={v!r}" for k, v in config.items())
+    return "dict(\n" + textwrap.fill(body, 110, initial_indent="    ", subsequent_indent="    ",
+                                      break_long_words=False, break_on_hyphens=False) + "\n)"
+
+
+def _tokens(tokens: list[int]) -> str:
+    # A run of consecutive ids reads as a range (the fuzzer's prompts mostly are).
+    if len(tokens) > 3 and tokens == list(range(tokens[0], tokens[0] + len(tokens))):
+        return f"list(range({tokens[0]}, {tokens[0] + len(tokens)}))"
+    return repr(tokens)
+
+
+def _ops_literal(ops: list[tuple]) -> str:
+    """The inputs as a Python list, one per line, each said in vLLM's terms."""
+    lines = []
+    for op in ops:
+        if op[0] == "arrive":
+            _, rid, tokens, max_tokens = op
+            lines.append(f"    ({'arrive'!r}, {rid!r}, {_tokens(tokens)}, {max_tokens}),"
+                         f"  # add_request: {len(tokens)} prompt tokens, max_tokens {max_tokens}")
+        elif op[0] == "abort":
+            lines.append(f"    ('abort', {op[1]!r}),  # finish_requests(FINISHED_ABORTED)")
+        elif op[0] == "reset":
+            lines.append("    ('reset',),  # reset_prefix_cache()")
+        else:
+            lines.append("    ('step',),  # one engine step, as EngineCore.step / step_with_batch_queue")
+    return "[\n" + "\n".join(lines) + "\n]"
+
+
+def repro_script(program: EngineProgram, settings: dict[str, Any] | None, kind: Category,
+                 version: str) -> ReproScript:
+    """The standalone script for an engine finding of ``kind``, or
+    ``Unscriptable`` saying why there is none."""
+    if kind not in UPSTREAM_KINDS:
+        raise Unscriptable(f"no upstream reproduction script is available for {kind.value} findings yet "
+                           f"(supported: {', '.join(k.value for k in UPSTREAM_KINDS)})")
+    if not re.fullmatch(r"\d+\.\d+\.\d+", version or ""):
+        raise Unscriptable("an upstream report is for a published release (X.Y.Z): this finding's subject is not one")
+    if not isinstance(settings, dict):
+        raise Unscriptable("this finding records no engine settings (what vLLM derived): rerun `kvspec fuzz "
+                           "--engine` to record them; no upstream script")
+    setup = program.setup
+    if setup.num_speculative_tokens is not None or _int(settings, "num_hash_lookahead_tokens", 0, 0) \
+            or _int(settings, "num_speculative_tokens", 0, 0):
+        raise Unscriptable("no upstream script for speculative decoding yet")
+    connector = settings.get("kv_connector")
+    if connector is not None and connector not in _STANDALONE_CONNECTORS:
+        raise Unscriptable("no upstream script for kvspec's own KV connector yet (a user has vLLM's only)")
+    mode = settings.get("mamba_cache_mode")
+    if mode not in (None, "none", "align", "all"):
+        raise Unscriptable("the finding's engine settings name an unknown mamba_cache_mode: no upstream script")
+    retention = settings.get("retention_interval")
+    if retention is not None:
+        retention = _int(settings, "retention_interval", 0, 1 << 20)
+    groups = _groups(settings)
+    values = {
+        "VERSION": version,
+        "ASYNC": _bool(settings, "async_scheduling"),
+        "QUEUE": _int(settings, "max_concurrent_batches", 1, 16),
+        "CACHING": _bool(settings, "enable_caching"),
+        "CHUNKED": _bool(settings, "chunked_prefill"),
+        "RESERVE_FULL_ISL": _bool(settings, "reserve_full_isl"),
+        "MAX_BATCHED": _int(settings, "max_num_batched_tokens", 1, 1 << 20),
+        "MAX_SEQS": _int(settings, "max_num_seqs", 1, 4096),
+        "MAX_MODEL_LEN": _int(settings, "max_model_len", 1, 1 << 20),
+        "NUM_BLOCKS": _int(settings, "num_blocks", 1, 1 << 20),
+        "S": _int(settings, "scheduler_block_size", 1, 1 << 12),
+        "H": _int(settings, "hash_block_size", 1, 1 << 12),
+        "MAMBA_MODE": mode or "none",
+        "RETENTION": retention,
+        "CONNECTOR": connector,
+        "CHECK_ESTIMATE": kind is Category.STATE_BLOCK_ESTIMATE,
+    }
+    # The toy model's config.json is kvspec's own constant, chosen by a validated name.
+    model_config = setup.toy.hf_config
+    code = _TEMPLATE.replace("vLLM @VERSION@", f"vLLM {version}")  # version: checked X.Y.Z above
+    for key, value in values.items():
+        code = code.replace(f"@{key}@", repr(value))
+    code = code.replace("@GROUPS@", "[\n" + "".join(f"    {g!r},\n" for g in groups) + "]")
+    code = code.replace("@OPS@", _ops_literal(_ops(program)))
+    code = code.replace("@MODEL_CONFIG@", _dict_call(model_config)).replace("@FAMILY@", setup.toy.family)
+    code = code.replace("@INSTALL@", install_line(version))
+    # kvspec's own rendering of validated fields (numbers, known names): one line.
+    code = code.replace("@FLAGS@", setup.cli_flags().replace("\n", " "))
+    hand_built = ("the KVCacheConfig (its groups, block sizes and pool size as vLLM derived them for the finding's "
+                  "flags) and the scheduler's configuration objects are built by the script from vLLM's public "
+                  "config classes, not by the engine's KV-cache planning (which runs in the GPU worker); the "
+                  "layers' state shapes are placeholders the scheduler does not read")
+    marker = "AssertionError: block estimate below allocation" if values["CHECK_ESTIMATE"] else ""
+    return ReproScript(code, version, kind, marker, hand_built)
+
+
+@attrs.frozen
+class ReproRun:
+    reproduced: bool
+    returncode: int | None
+    tail: str  # the last lines of its output
+    seconds: float
+    how: str  # how it was run
+
+
+def run_repro(script: ReproScript, crash_type: str | None, timeout: float = 600) -> ReproRun:
+    """Run the script in a fresh process on the release's runtime (kvspec's
+    CPU runtime with the release's own Python tree first on the path, as a
+    ``pip install vllm==X`` gives) and judge whether it reproduced: a
+    non-zero exit whose last line is the assertion (estimate) or the
+    exception the finding recorded (crash)."""
+    import time
+
+    from .provision import ensure_release, ensure_runtime
+
+    python, tree = ensure_runtime(), ensure_release(script.version)
+    # A clean environment: nothing of kvspec's, vLLM's settings as the script sets them.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("VLLM_", "KVSPEC_", "PYTHON")) and k not in ("HF_HUB_OFFLINE",)}
+    env["PYTHONPATH"] = str(tree)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="kvspec-repro-") as tmp:
+        path = Path(tmp) / "repro.py"
+        path.write_text(script.code, encoding="utf-8")
+        try:
+            out = subprocess.run([str(python), str(path)], capture_output=True, text=True, env=env, cwd=tmp,
+                                 timeout=timeout, start_new_session=True)
+        except subprocess.TimeoutExpired:
+            return ReproRun(False, None, f"timed out after {timeout:.0f} s", time.perf_counter() - start,
+                            f"python repro.py on vLLM {script.version}")
+    # No machine-local path in a report: vLLM's files by their path in the
+    # package, the script by its name.
+    text = (out.stdout + out.stderr).replace(f"{tree}{os.sep}", "").replace(f"{path.parent}{os.sep}", "")
+    lines = text.strip().splitlines()
+    last = lines[-1] if lines else ""
+    if script.kind is Category.STATE_BLOCK_ESTIMATE:
+        reproduced = out.returncode != 0 and last.startswith(script.marker)
+    else:
+        reproduced = out.returncode != 0 and bool(crash_type) and last.startswith(f"{crash_type}:") \
+            and "in schedule" in (out.stderr or "")
+    return ReproRun(reproduced, out.returncode, "\n".join(lines[-MAX_TAIL_LINES:]), time.perf_counter() - start,
+                    f"python repro.py in a fresh process on vLLM {script.version} (CPU runtime, PYTHONPATH = the "
+                    f"release's own Python tree)")
+
+
+_TEMPLATE = '''\
+"""Reproduction through vLLM's real Scheduler, on CPU (no GPU needed).
+
+Generated by kvspec from an engine finding on a toy model of the @FAMILY@
+family.  Run: @INSTALL@
+(the script sets VLLM_TARGET_DEVICE=empty and HF_HUB_OFFLINE=1 itself).
+"""
+import inspect
+import json
+import os
+import tempfile
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "empty")  # the scheduler needs no GPU
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,  # noqa: E402
+                         SchedulerConfig, VllmConfig)
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.utils.hashing import get_hash_fn_by_name  # noqa: E402
+from vllm.v1.core import kv_cache_utils  # noqa: E402
+from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,  # noqa: E402
+                                        MambaSpec, SlidingWindowSpec)
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request, RequestStatus  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+# The toy model's config.json the engine was built from.
+MODEL_CONFIG = @MODEL_CONFIG@
+# The finding's engine flags: vllm serve MODEL @FLAGS@
+# What vLLM @VERSION@ derived for them (other settings: the release's defaults).
+ASYNC_SCHEDULING = @ASYNC@
+MAX_CONCURRENT_BATCHES = @QUEUE@
+ENABLE_PREFIX_CACHING = @CACHING@
+MAX_NUM_BATCHED_TOKENS = @MAX_BATCHED@
+MAX_NUM_SEQS = @MAX_SEQS@
+MAX_MODEL_LEN = @MAX_MODEL_LEN@
+CHUNKED_PREFILL = @CHUNKED@
+RESERVE_FULL_ISL = @RESERVE_FULL_ISL@
+NUM_BLOCKS = @NUM_BLOCKS@
+SCHEDULER_BLOCK_SIZE = @S@
+HASH_BLOCK_SIZE = @H@
+MAMBA_CACHE_MODE = @MAMBA_MODE@
+RETENTION_INTERVAL = @RETENTION@
+KV_CONNECTOR = @CONNECTOR@
+# (kind, block size, sliding window, layers)
+GROUPS = @GROUPS@
+# The engine inputs, in order.
+OPS = @OPS@
+CHECK_ESTIMATE = @CHECK_ESTIMATE@
+
+
+def accepted(cls, **kwargs):
+    """The keywords this release's ``cls`` takes (constructors gain keywords over releases)."""
+    names = set(inspect.signature(cls).parameters)
+    return cls(**{k: v for k, v in kwargs.items() if k in names})
+
+
+def spec(kind, block_size, window):
+    if kind == "mamba_align":
+        return MambaSpec(block_size=block_size, shapes=((4, 4),), dtypes=(torch.float16,),
+                         mamba_cache_mode="align")
+    if kind == "sliding_window":
+        return SlidingWindowSpec(block_size=block_size, num_kv_heads=1, head_size=8, dtype=torch.float16,
+                                 sliding_window=window)
+    return FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=8, dtype=torch.float16)
+
+
+def make_scheduler(model_dir):
+    transfer = None
+    if KV_CONNECTOR is not None:
+        transfer = KVTransferConfig(kv_connector=KV_CONNECTOR, kv_role="kv_both")
+    cache_block = min(block for _, block, _, _ in GROUPS)
+    vllm_config = VllmConfig(
+        model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True, max_model_len=MAX_MODEL_LEN),
+        cache_config=accepted(CacheConfig, block_size=cache_block, enable_prefix_caching=ENABLE_PREFIX_CACHING,
+                              mamba_cache_mode=MAMBA_CACHE_MODE),
+        scheduler_config=accepted(SchedulerConfig, max_num_seqs=MAX_NUM_SEQS,
+                                  max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, max_model_len=MAX_MODEL_LEN,
+                                  enable_chunked_prefill=CHUNKED_PREFILL, async_scheduling=ASYNC_SCHEDULING,
+                                  scheduler_reserve_full_isl=RESERVE_FULL_ISL, is_encoder_decoder=False),
+        device_config=DeviceConfig(device="cpu"),
+        kv_transfer_config=transfer,
+    )
+    vllm_config.cache_config.num_gpu_blocks = NUM_BLOCKS
+    # Built here rather than by the engine's KV-cache planning (which runs in
+    # the GPU worker): the groups, block sizes and pool vLLM derived for these flags.
+    groups, index = [], 0
+    for kind, block, window, layers in GROUPS:
+        names = [f"model.layers.{index + i}" for i in range(layers)]
+        index += layers
+        groups.append(KVCacheGroupSpec(names, spec(kind, block, window)))
+    kv_cache_config = accepted(KVCacheConfig, num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups,
+                               prefix_cache_retention_interval=RETENTION_INTERVAL, hash_block_size=HASH_BLOCK_SIZE)
+    cls = vllm_config.scheduler_config.get_scheduler_cls()
+    # AsyncScheduler takes *args, **kwargs: its keywords are the first named ones in its MRO.
+    named = next(c.__init__ for c in cls.__mro__ if "vllm_config" in inspect.signature(c.__init__).parameters)
+    wanted = dict(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+                  structured_output_manager=StructuredOutputManager(vllm_config),
+                  block_size=SCHEDULER_BLOCK_SIZE, hash_block_size=HASH_BLOCK_SIZE, log_stats=False)
+    names = set(inspect.signature(named).parameters)
+    return cls(**{k: v for k, v in wanted.items() if k in names})
+
+
+def watch_estimates(scheduler):
+    """Each allocate_slots: the blocks each group estimated (the figure the
+    scheduler checks against the free pool) against the free blocks it took."""
+    manager = scheduler.kv_cache_manager
+    managers = manager.coordinator.single_type_managers
+    allocate, pool = manager.allocate_slots, manager.block_pool
+
+    def allocate_slots(request, *args, **kwargs):
+        estimates = [None] * len(managers)
+        for i, m in enumerate(managers):
+            def recorded(*a, _original=m.get_num_blocks_to_allocate, _i=i, **k):
+                estimates[_i] = _original(*a, **k)
+                return estimates[_i]
+            m.get_num_blocks_to_allocate = recorded
+        free_before = pool.get_num_free_blocks()
+        try:
+            out = allocate(request, *args, **kwargs)
+        finally:
+            for m in managers:
+                del m.get_num_blocks_to_allocate
+        taken = free_before - pool.get_num_free_blocks()
+        if out is not None and None not in estimates:
+            print(f"allocate_slots({request.request_id}): groups estimated {estimates}, took {taken} free blocks")
+            assert taken <= sum(estimates), (
+                f"block estimate below allocation: allocate_slots for request {request.request_id} took {taken} "
+                f"free blocks, but the KV-cache groups' get_num_blocks_to_allocate estimated {sum(estimates)} "
+                f"({', '.join(map(str, estimates))}), the figure the scheduler checked against the free pool")
+        return out
+
+    manager.allocate_slots = allocate_slots
+
+
+def main():
+    with tempfile.TemporaryDirectory() as model_dir:
+        with open(os.path.join(model_dir, "config.json"), "w") as f:
+            json.dump(MODEL_CONFIG, f)
+        scheduler = make_scheduler(model_dir)
+    hash_fn = get_hash_fn_by_name(scheduler.cache_config.prefix_caching_hash_algo)
+    kv_cache_utils.init_none_hash(hash_fn)
+    hasher = kv_cache_utils.get_request_block_hasher(HASH_BLOCK_SIZE, hash_fn)
+    if CHECK_ESTIMATE:
+        watch_estimates(scheduler)
+    token, queue = 100_000, []
+
+    def execute(output, allotted):
+        # The model runner's part: one sampled token per request whose prompt is done.
+        nonlocal token
+        ids = list(output.num_scheduled_tokens)
+        sampled = []
+        for rid in ids:
+            sampled.append([token + 1] if allotted[rid] else [])
+            token += bool(allotted[rid])
+        scheduler.update_from_output(output, accepted(ModelRunnerOutput, req_ids=ids,
+                                                      req_id_to_index={r: i for i, r in enumerate(ids)},
+                                                      sampled_token_ids=sampled))
+
+    for op in OPS:
+        if op[0] == "arrive":
+            _, rid, tokens, max_tokens = op
+            scheduler.add_request(accepted(
+                Request, request_id=rid, prompt_token_ids=tokens,
+                sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True), pooling_params=None,
+                block_hasher=hasher, eos_token_id=None, arrival_time=0.0))
+        elif op[0] == "abort":
+            scheduler.finish_requests(op[1], RequestStatus.FINISHED_ABORTED)
+        elif op[0] == "reset":
+            scheduler.reset_prefix_cache()
+        elif scheduler.has_requests() or queue:  # an engine step (EngineCore.step / step_with_batch_queue)
+            if scheduler.has_requests():
+                output = scheduler.schedule()
+                print(f"schedule(): {dict(output.num_scheduled_tokens)}")
+                allotted = {}
+                for rid in output.num_scheduled_tokens:
+                    request = scheduler.requests.get(rid)
+                    allotted[rid] = request is not None and not getattr(
+                        request, "is_prefill_chunk",
+                        request.num_computed_tokens < request.num_tokens
+                        + getattr(request, "num_output_placeholders", 0))
+                if not ASYNC_SCHEDULING:
+                    execute(output, allotted)
+                    continue
+                queue.insert(0, (output, allotted))
+                if len(queue) < MAX_CONCURRENT_BATCHES and (output.total_num_scheduled_tokens > 0
+                                                            or scheduler.has_requests()):
+                    continue
+            execute(*queue.pop())
+    print("no failure: the finding did not reproduce")
+
+
+if __name__ == "__main__":
+    main()
+'''

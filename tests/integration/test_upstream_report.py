@@ -1,0 +1,50 @@
+"""``kvspec report --upstream`` on a stored engine finding of the newest
+release's open bug (the Mamba estimate after a synchronous connector load,
+found by `kvspec fuzz --vllm 0.34.0 --engine --include-known --seed 0`): the
+script kvspec writes runs in a fresh process on 0.34.0, reproduces, and the
+report offers exactly that script."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from kvspec.model.outcome import Outcome
+
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "finding_engine_mamba_estimate_0.34.0.json"
+
+
+def test_the_upstream_report_of_the_mamba_estimate_finding_reproduces_on_0_34_0(tmp_path, capsys):
+    from kvspec.cli import main
+
+    report = tmp_path / "report.md"
+    assert main(["report", "--upstream", str(FIXTURE), "--output", str(report)]) == Outcome.OK.exit_code
+    assert "the script reproduced (exit status 1" in capsys.readouterr().err
+    text = report.read_text()
+    assert "**reproduced**, exit status 1" in text
+    assert ("AssertionError: block estimate below allocation: allocate_slots for request r0 took 6 free blocks, "
+            "but the KV-cache groups' get_num_blocks_to_allocate estimated 4 (1, 1, 2)") in text
+    assert "in schedule" in text  # raised from inside vLLM's schedule(), through its allocate_slots
+    (script,) = re.findall(r"(?ms)^```python\n(.*?)^```$", text)
+    assert "pip install vllm==0.34.0 && python repro.py" in script
+    assert not re.search(r"^\s*(import|from) kvspec", script, re.M)
+
+
+def test_a_script_that_does_not_reproduce_is_not_offered(tmp_path, capsys):
+    """The same program read as a crash of schedule(): with the finding's
+    22-block pool the allocation fits, so the script runs to its end; the
+    report says it did not reproduce, offers no script, and exits 4."""
+    import json
+
+    from kvspec.cli import main
+
+    doc = json.loads(FIXTURE.read_text())
+    doc.update(category="subject_crash", detail="subject_crash: ValueError: Cannot get 1 free blocks from the pool",
+               observations={"error": "ValueError: Cannot get 1 free blocks from the pool"})
+    finding = tmp_path / "crash.json"
+    finding.write_text(json.dumps(doc))
+    report = tmp_path / "report.md"
+    assert main(["report", "--upstream", str(finding), "--output", str(report)]) == Outcome.INCOMPLETE.exit_code
+    text = report.read_text()
+    assert "did **not** reproduce, so it is not offered" in text and "```python" not in text
+    assert "**did not reproduce**, exit status 0" in text and "no failure: the finding did not reproduce" in text

@@ -1,0 +1,171 @@
+"""``kvspec report --upstream``'s rendering and its script generator, without
+vLLM: untrusted text stays text, the script is written from validated fields
+only, and a finding kvspec has no script for is one clear line (exit 2)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import attrs
+import pytest
+
+from kvspec.model.case import InvalidCase
+from kvspec.model.engine import EngineProgram
+from kvspec.model.finding import Category, Finding
+from kvspec.model.known import known_bugs
+from kvspec.model.outcome import Outcome
+from kvspec.report.upstream import render_upstream
+from kvspec.subjects.upstream_repro import ReproRun, Unscriptable, repro_script
+
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "finding_engine_mamba_estimate_0.34.0.json"
+HOSTILE = "<img src=x onerror=alert(1)> [click](https://evil.example) ``` `x` \x1b[31m| ![i](j)"
+
+
+def _doc() -> dict:
+    return json.loads(FIXTURE.read_text())
+
+
+def _finding(doc: dict | None = None) -> Finding:
+    return Finding.from_dict(doc or _doc())
+
+
+def _script(finding: Finding):
+    program = EngineProgram.from_dict(finding.inputs["engine_program"])
+    return repro_script(program, finding.run["engine_settings"], finding.category, "0.34.0")
+
+
+def test_the_script_carries_the_findings_settings_and_inputs_and_nothing_of_kvspec():
+    finding = _finding()
+    script = _script(finding)
+    compile(script.code, "repro.py", "exec")
+    assert "kvspec" not in script.code.split('"""', 2)[2]  # the docstring may say who wrote it; the code imports none
+    assert "NUM_BLOCKS = 22" in script.code and "ASYNC_SCHEDULING = True" in script.code
+    assert "('mamba_align', 64, 0, 1)" in script.code
+    assert "('arrive', 'r0', list(range(0, 65)), 1),  # add_request: 65 prompt tokens" in script.code
+    assert "('step',),  # one engine step" in script.code
+    assert "# The finding's engine flags: vllm serve MODEL --num-gpu-blocks-override 22 --max-model-len 256" \
+        in script.code
+    assert "pip install vllm==0.34.0 && python repro.py" in script.code
+    assert "engine's KV-cache planning" in script.code  # the hand-built KVCacheConfig is said
+
+
+def test_a_crash_script_lets_schedules_exception_end_it():
+    finding = attrs.evolve(_finding(), category=Category.SUBJECT_CRASH)
+    script = _script(finding)
+    assert "CHECK_ESTIMATE = False" in script.code and "What vLLM 0.34.0 derived" in script.code
+    assert _script(_finding()).code.count("CHECK_ESTIMATE = True") == 1
+
+
+def test_no_string_of_the_file_reaches_the_script():
+    doc = _doc()
+    doc["detail"] = HOSTILE
+    doc["inputs"]["how_a_user_reaches_it"] = HOSTILE
+    doc["run"]["engine_settings"]["scheduler_class"] = HOSTILE
+    assert "onerror" not in _script(_finding(doc)).code
+    for field, value in [("kind", "full_attention'); import os; os.system('x"), ("block_size", "64"),
+                         ("layers", True)]:
+        bad = _doc()
+        bad["run"]["engine_settings"]["groups"][0][field] = value
+        with pytest.raises(Unscriptable):
+            _script(_finding(bad))
+    bad = _doc()
+    bad["inputs"]["engine_program"]["ops"][0]["id"] = "r0'); import os; ('"
+    with pytest.raises(InvalidCase, match="plain name"):  # the engine program's own validation
+        _script(_finding(bad))
+    bad = _doc()
+    bad["run"]["engine_settings"]["kv_connector"] = "Evil"
+    with pytest.raises(Unscriptable):
+        _script(_finding(bad))
+
+
+@pytest.mark.parametrize("category", [Category.STATE_HASH_MAP, Category.LOOKUP_CONTRACT])
+def test_another_kind_has_no_script_yet(category):
+    finding = attrs.evolve(_finding(), category=category)
+    with pytest.raises(Unscriptable, match=f"no upstream reproduction script is available for {category.value}"):
+        _script(finding)
+
+
+def test_the_cli_says_so_in_one_line_with_exit_2(tmp_path, capsys):
+    from kvspec.cli import main
+
+    doc = _doc()
+    doc["category"] = Category.STATE_HASH_MAP.value
+    doc["detail"] = "hash_map: " + doc["detail"]
+    path = tmp_path / "f.json"
+    path.write_text(json.dumps(doc))
+    assert main(["report", "--upstream", str(path), "--output", str(tmp_path / "r.md")]) == Outcome.USAGE.exit_code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no upstream reproduction script is available for state_hash_map" in err[0]
+    assert not (tmp_path / "r.md").exists()
+
+
+def test_a_finding_without_engine_settings_says_how_to_get_them():
+    doc = _doc()
+    doc["run"]["engine_settings"] = None
+    with pytest.raises(Unscriptable, match="records no engine settings"):
+        _script(_finding(doc))
+
+
+def _run(reproduced: bool, tail: str = "AssertionError: block estimate below allocation: ...") -> ReproRun:
+    return ReproRun(reproduced, 1 if reproduced else 0, tail, 20.0, "python repro.py in a fresh process")
+
+
+def test_the_report_escapes_every_field_of_the_file():
+    doc = _doc()
+    doc["detail"] = "block_estimate: " + HOSTILE
+    doc["compared"]["subject"]["version"] = "0.34.0"
+    doc["run"]["engine_settings"]["kv_connector"] = HOSTILE
+    finding = _finding(doc)
+    text = render_upstream(finding, known=None, script=_script(_finding()), run=_run(True, tail=HOSTILE))
+    assert "\x1b" not in text
+    # The output tail sits in a fence no line of it can close (inside one, nothing is interpreted) ...
+    assert "````\n<img src=x" in text and "| ![i](j)\n````" in text
+    # ... and outside fences every field is inert text.
+    prose = re.sub(r"(?ms)^(`{3,})[^\n]*\n.*?^\1$", "", text)
+    assert "<img" not in prose and not re.search(r"(?<!\\)\]\(https://evil", prose)
+    assert "&lt;img" in prose and "\\[click\\]" in prose
+
+
+def test_the_report_follows_vllms_bug_form_and_names_the_known_bug():
+    finding = _finding()
+    (bug,) = known_bugs("0.34.0", finding.category, finding.detail)
+    text = render_upstream(finding, known=bug, script=_script(finding), run=_run(True))
+    sections = ["## Your current environment", "## 🐛 Describe the bug", "### Reproduction",
+                "### Expected vs actual", "### Who is affected, with which settings", "### Suggested fix"]
+    assert [text.index(s) for s in sections] == sorted(text.index(s) for s in sections)
+    assert text.startswith("# [Bug]: Mamba group's block estimate")
+    assert "`pip install vllm==0.34.0 && python repro.py`" in text
+    assert "**reproduced**, exit status 1" in text and "```python" in text
+    assert "PR #46892" in text and "mamba_estimate_below_allocation_after_connector_load" in text
+    assert "`vllm serve MODEL --num-gpu-blocks-override 22 --max-model-len 256 --kv-transfer-config" in text
+    assert "a toy model of the Nemotron-H (Mamba2 hybrid) family" in text
+
+
+def test_a_script_that_did_not_reproduce_is_not_offered():
+    finding = _finding()
+    text = render_upstream(finding, known=None, script=_script(finding), run=_run(False, "no failure"))
+    assert "did **not** reproduce, so it is not offered" in text and "```python" not in text
+    assert "**did not reproduce**, exit status 0" in text
+    assert "None suggested" in text
+
+
+def test_the_fixture_is_a_small_engine_finding():
+    doc = copy.deepcopy(_doc())
+    assert doc["category"] == "state_block_estimate" and doc["run"]["engine_settings"]["vllm_version"] == "0.34.0"
+    assert FIXTURE.stat().st_size < 16_000
+
+
+@pytest.mark.parametrize("subject", [{"kind": "mutant", "version": "0.34.0", "mutant": "refloor_50062"},
+                                     {"kind": "source", "version": "0.35.0.dev1", "path": "vllm"}])
+def test_only_a_published_release_gets_an_upstream_report(tmp_path, capsys, subject):
+    from kvspec.cli import main
+
+    doc = _doc()
+    doc["compared"]["subject"] = {**doc["compared"]["subject"], **subject}
+    path = tmp_path / "f.json"
+    path.write_text(json.dumps(doc))
+    assert main(["report", "--upstream", str(path)]) == Outcome.USAGE.exit_code
+    assert "published release" in capsys.readouterr().err
