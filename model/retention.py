@@ -1,0 +1,291 @@
+"""Prefix-cache retention: which boundaries a sliding-window or Mamba group
+registers, and the hit a resend or a sibling request is owed.
+
+vLLM 0.30+ (``prefix_cache_retention_interval``: ``None`` dense, ``0`` sparse
+-- the ``CacheConfig`` default from 0.30.0 --, positive: every interval-th
+boundary) registers every full block of a full-attention group, but only some
+of a sliding-window or Mamba group's: a block serves a hit only as part of the
+run a lookup at some boundary needs (the window's blocks before it; the one
+state block ending on it), so a group keeps the runs of the boundaries it
+promises to serve.  Those are
+
+* the *replay boundaries* of the request (a resend of the same prompt is
+  capped at ``prompt - 1`` tokens; under EAGLE also the block below the
+  extension point), floored to the group's hit alignment;
+* the *shared-prefix junction* the lookup reported for the request (where a
+  longer full-attention hit than the reconciled one showed a prefix another
+  request shares; from 0.30), floored likewise;
+* under a positive interval, every interval-th boundary; dense: every
+  alignment boundary (sliding window) or every block (Mamba).
+
+``registered_blocks`` is that rule per group (0.30.0-0.34.0 compute the same
+mask); ``kept_boundaries`` turns it into the boundaries a group can serve, and
+``owed_hit`` into the hit a later lookup is owed.  What the model does not
+decide, said in ``RETENTION_SCOPE``: a Mamba state exists only where a chunk
+ended (the scheduler ends chunks at the replay boundary and the junction, not
+at every interval boundary), and Mamba's partial-block checkpoints (finer than
+a block) are not modelled; so the owed hit is a *lower bound*, and it is
+owed only while every hash-map entry present when the earlier request's
+prompt was computed is still present (nothing evicted, no reset since).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import attrs
+
+from .domain import GroupKind, KVCacheGroup
+
+__all__ = ["replay_boundaries", "reachable_boundaries", "registered_blocks", "kept_boundaries",
+           "RetentionLayout", "RETENTION_SCOPE", "owed_hit", "common_prefix", "describe_interval"]
+
+RETENTION_SCOPE = (
+    "a resend or sibling's hit is checked as a lower bound: at least the highest boundary an earlier request "
+    "whose prompt was computed promised to keep in every group (its replay boundary, its shared-prefix "
+    "junction; under dense retention or a positive interval on a layout without Mamba, also every kept "
+    "aligned boundary) within the prefix the two share, while no hash-map entry present at that time has left "
+    "the map; not predicted: Mamba states at interval boundaries (they exist only where a chunk ended), "
+    "Mamba's partial-block checkpoints, speculative decoding (EAGLE drops, lookahead hashes), programs with a KV connector (a loaded prompt's states "
+    "are the connector's), lookups of preempted requests"
+)
+
+
+def describe_interval(interval: int | None) -> str:
+    if interval is None:
+        return "dense (every boundary)"
+    if interval == 0:
+        return "sparse 0 (replay boundaries and shared-prefix junctions only)"
+    return f"every {interval} tokens, plus replay boundaries and junctions"
+
+
+def replay_boundaries(num_prompt_tokens: int, scheduler_block: int, eagle: bool) -> tuple[int, ...]:
+    """Where a later request replaying the prompt resumes: a resend stops one
+    token short of the prompt (its last token is recomputed for logits).
+    Under EAGLE a group matches one block past its hit and drops it, so the
+    positions are one scheduler block below the resend's and the extension's."""
+    if not eagle:
+        return (num_prompt_tokens - 1,)
+    resend = (num_prompt_tokens - 1) // scheduler_block * scheduler_block
+    extension = num_prompt_tokens // scheduler_block * scheduler_block
+    return tuple(sorted({max(0, resend - scheduler_block), max(0, extension - scheduler_block)}))
+
+
+def reachable_boundaries(num_prompt_tokens: int, scheduler_block: int, eagle: bool, junction: int,
+                         group: KVCacheGroup) -> tuple[int, ...]:
+    """The boundaries a group keeps whatever the interval: the replay ones and
+    the junction (under EAGLE a sliding window also the block below it, since
+    a sibling diverging just past the junction cannot peek past it)."""
+    out = list(replay_boundaries(num_prompt_tokens, scheduler_block, eagle))
+    if junction:
+        out.append(junction)
+        if group.eagle and group.kind is GroupKind.SLIDING_WINDOW:
+            out.append(junction - group.block_size)
+    return tuple(out)
+
+
+def _window_run(group: KVCacheGroup) -> int:
+    # A window hit needs the blocks holding the window's last W - 1 tokens;
+    # EAGLE one more (matched, then dropped).
+    return -(-(group.sliding_window - 1) // group.block_size) + (1 if group.eagle else 0)
+
+
+def registered_blocks(group: KVCacheGroup, num_blocks: int, alignment: int, interval: int | None,
+                      boundaries: Sequence[int]) -> tuple[bool, ...]:
+    """Which of the first ``num_blocks`` full blocks the group registers (a
+    key in the hash map) when the request computes them.  Full attention
+    registers every block."""
+    if group.kind is GroupKind.FULL_ATTENTION:
+        return (True,) * num_blocks
+    block = group.block_size
+    if group.kind is GroupKind.SLIDING_WINDOW:
+        if alignment % block:
+            return (True,) * num_blocks  # a sub-block alignment cannot be masked: vLLM keeps everything
+        run, shift = _window_run(group), 1 if group.eagle else 0
+        keep = [False] * num_blocks
+        segment = alignment if interval is None else interval
+        if segment:
+            per = segment // block
+            if run >= per:
+                return (True,) * num_blocks
+            # The run ending on each segment's end (shifted one block up under EAGLE).
+            for i in range(shift, num_blocks):
+                keep[i] = (i - shift) % per >= per - run
+        if interval is not None:
+            for b in boundaries:
+                end = b // alignment * alignment // block + shift
+                for j in range(max(0, end - run), min(num_blocks, end)):
+                    keep[j] = True
+        return tuple(keep)
+    # Mamba: one state block ending on each kept boundary.
+    if interval is None:
+        return (True,) * num_blocks
+    keep = [False] * num_blocks
+    if interval:
+        per = interval // block
+        if per <= 1:
+            return (True,) * num_blocks
+        for i in range(per - 1, num_blocks, per):
+            keep[i] = True
+    for b in boundaries:
+        j = b // alignment * alignment // block - 1
+        if 0 <= j < num_blocks:
+            keep[j] = True
+    return tuple(keep)
+
+
+def kept_boundaries(group: KVCacheGroup, num_blocks: int, alignment: int, interval: int | None,
+                    boundaries: Sequence[int], trusted: Iterable[int] | None = None) -> frozenset[int]:
+    """The positions (multiples of ``alignment``, above 0) at which the group
+    can serve a hit from what it registered over ``num_blocks`` full blocks.
+    ``trusted``: for Mamba, only these positions count (a state block exists
+    only where a chunk ended); None: every position the mask keeps."""
+    keep = registered_blocks(group, num_blocks, alignment, interval, boundaries)
+    block = group.block_size
+    out = set()
+    for p in range(alignment, num_blocks * block + 1, alignment):
+        if p % block:
+            continue
+        end = p // block
+        if group.kind is GroupKind.FULL_ATTENTION:
+            ok = all(keep[:end])
+        elif group.kind is GroupKind.SLIDING_WINDOW:
+            shift = 1 if group.eagle else 0
+            first, last = max(0, end + shift - _window_run(group)), end + shift
+            ok = last <= num_blocks and all(keep[first:last])
+        else:
+            ok = keep[end - 1]
+        if ok:
+            out.add(p)
+    if trusted is not None and group.kind is GroupKind.MAMBA_ALIGN:
+        out &= {b // alignment * alignment for b in trusted}
+    return frozenset(out)
+
+
+@attrs.frozen
+class RetentionLayout:
+    """What the engine built, as far as retention goes."""
+
+    groups: tuple[KVCacheGroup, ...]
+    alignments: tuple[int, ...]  # per group, the granularity its boundaries are floored to
+    scheduler_block: int
+    interval: int | None
+    enable_caching: bool = True
+    # A KV connector loads prompts: a loaded prefix's Mamba and window states
+    # are the connector's, not the ones a local prefill computes and keeps.
+    connector: bool = False
+    # Speculative decoding: EAGLE's dropped blocks and lookahead hashes (a
+    # block is keyed only once the tokens past it are known) move what a
+    # computed prompt has registered.
+    speculative: bool = False
+
+    @property
+    def predicts(self) -> bool:
+        """Whether ``owed_hit`` says anything: caching on, no speculative
+        decoding (its shifted runs, drops and lookahead hashes are not
+        modelled here), no KV connector."""
+        return (self.enable_caching and not self.connector and not self.speculative
+                and not any(g.eagle for g in self.groups))
+
+    def kept_everywhere(self, num_prompt_tokens: int, junction: int) -> frozenset[int]:
+        """The boundaries every group can serve once the prompt is computed."""
+        kept: frozenset[int] | None = None
+        for group, alignment in zip(self.groups, self.alignments):
+            num_blocks = num_prompt_tokens // group.block_size
+            boundaries = reachable_boundaries(num_prompt_tokens, self.scheduler_block, group.eagle, junction, group)
+            # A Mamba state at a boundary the scheduler does not end a chunk at
+            # may not exist: only the replay boundary and junction are trusted.
+            trusted = boundaries if group.kind is GroupKind.MAMBA_ALIGN else None
+            mine = kept_boundaries(group, num_blocks, alignment, self.interval, boundaries, trusted)
+            kept = mine if kept is None else kept & mine
+        return kept or frozenset()
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def owed_hit(layout: RetentionLayout, prompt: Sequence[int], earlier: Iterable[tuple[Sequence[int], int]]
+             ) -> tuple[int, int | None]:
+    """The least hit a first lookup of ``prompt`` is owed, and which earlier
+    request (its index in ``earlier``) owes it: the highest boundary an
+    earlier request (its prompt, its junction; prompt computed, nothing
+    evicted since) kept in every group, within the prefix they share and
+    below the new prompt's last token."""
+    best, source = 0, None
+    cap = len(prompt) - 1
+    for index, (other, junction) in enumerate(earlier):
+        shared = min(common_prefix(prompt, other), cap)
+        if shared <= best:
+            continue
+        for p in layout.kept_everywhere(len(other), junction):
+            if best < p <= shared:
+                best, source = p, index
+    return best, source
+
+
+@attrs.define
+class RetentionLedger:
+    """One engine program's history as retention sees it: each request's
+    prompt, its junction, whether its prompt has been computed, and the
+    hash-map entries present then (what must still be there for its kept
+    boundaries to be owed).  Fed by the engine oracle, read by the
+    ``retention_hit`` invariant through ``Lookup.owed``."""
+
+    layout: RetentionLayout
+    prompts: dict[str, tuple[int, ...]] = attrs.Factory(dict)
+    junctions: dict[str, int] = attrs.Factory(dict)
+    admitted: set[str] = attrs.Factory(set)  # requests seen running
+    computed: dict[str, frozenset] = attrs.Factory(dict)  # request -> map entries when its prompt was computed
+
+    def arrive(self, request: str, tokens: Sequence[int]) -> None:
+        self.prompts[request] = tuple(tokens)
+        self.junctions.pop(request, None)
+        self.computed.pop(request, None)
+        self.admitted.discard(request)
+
+    def owed(self, request: str, num_tokens: int, intact: frozenset) -> tuple[int, str]:
+        """The hit owed to a lookup of ``request`` made while the map held at
+        least ``intact``; (0, "") when nothing is owed or predicted."""
+        prompt = self.prompts.get(request)
+        # A preempted request looks up again with its outputs appended: not predicted.
+        if not self.layout.predicts or prompt is None or num_tokens != len(prompt):
+            return 0, ""
+        earlier = [(name, entries) for name, entries in self.computed.items()
+                   if name != request and entries <= intact]
+        hit, index = owed_hit(self.layout, prompt, [(self.prompts[name], self.junctions.get(name, 0))
+                                                    for name, _ in earlier])
+        if index is None:
+            return 0, ""
+        name = earlier[index][0]
+        shared = common_prefix(prompt, self.prompts[name])
+        how = "a resend of" if self.prompts[name] == prompt else f"sharing {shared} tokens with"
+        junction = self.junctions.get(name, 0)
+        return hit, (f"{how} {name} ({len(self.prompts[name])}-token prompt computed, junction {junction}, "
+                     f"retention {describe_interval(self.layout.interval)}): {name} kept boundary {hit} in every "
+                     f"group and no hash-map entry has left the map since")
+
+    def lookup_made(self, request: str, junction: int | None) -> None:
+        """The junction a lookup pinned on the request (None: not reported).
+        The one in force when the request registers is its last lookup's
+        before it first ran; after it ran (preempted, admitted again) blocks
+        were registered under two junctions, so only the replay boundary is
+        taken as certain."""
+        if request in self.admitted:
+            self.junctions[request] = 0
+        elif junction is not None:
+            self.junctions[request] = junction
+
+    def progress(self, running: dict[str, int], entries: frozenset) -> None:
+        """After an operation: requests whose whole prompt is now computed
+        (their registrations are in ``entries``)."""
+        self.admitted.update(running)
+        for request, done in running.items():
+            prompt = self.prompts.get(request)
+            if prompt is not None and request not in self.computed and done >= len(prompt):
+                self.computed[request] = entries
