@@ -55,7 +55,9 @@ class StateOracle:
         lookups = tuple(self._lookup(lk, op, after) for lk in result.get("lookups", ()))
         self.compact = sent
         self.running = dict(answer["running"])
-        if self.ledger is not None:
+        # A prompt counts as computed once a step's output was processed (its
+        # forward ran): a schedule() only promises the states it keyed.
+        if self.ledger is not None and op["do"] != "step":
             self.ledger.progress(self.running, self._entries(after))
         transition = Transition(
             op=_OPS.get(op["do"], op["do"]), request=op.get("id"), before=self.state, after=after, config=self.config,
