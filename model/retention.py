@@ -38,7 +38,7 @@ import attrs
 from .domain import GroupKind, KVCacheGroup
 
 __all__ = ["replay_boundaries", "reachable_boundaries", "registered_blocks", "kept_boundaries",
-           "RetentionLayout", "RETENTION_SCOPE", "owed_hit", "common_prefix", "describe_interval"]
+           "RetentionLayout", "RETENTION_SCOPE", "BLOCK_ALIGNED_REPLAY", "owed_hit", "common_prefix", "describe_interval"]
 
 RETENTION_SCOPE = (
     "a resend or sibling's hit is checked as a lower bound: at least the highest boundary an earlier request "
@@ -49,6 +49,10 @@ RETENTION_SCOPE = (
     "Mamba's partial-block checkpoints, speculative decoding (EAGLE drops, lookahead hashes), programs with a KV connector (a loaded prompt's states "
     "are the connector's), lookups of preempted requests"
 )
+
+
+# Words a retention_hit finding carries when the owed boundary is this one.
+BLOCK_ALIGNED_REPLAY = "a prompt whose length is a multiple of the Mamba block"
 
 
 def describe_interval(interval: int | None) -> str:
@@ -268,7 +272,18 @@ class RetentionLedger:
         junction = self.junctions.get(name, 0)
         return hit, (f"{how} {name} ({len(self.prompts[name])}-token prompt computed, junction {junction}, "
                      f"retention {describe_interval(self.layout.interval)}): {name} kept boundary {hit} in every "
-                     f"group and no hash-map entry has left the map since")
+                     f"group{self._block_aligned_replay(len(self.prompts[name]), hit)} and no hash-map entry has "
+                     f"left the map since")
+
+    def _block_aligned_replay(self, num_prompt_tokens: int, hit: int) -> str:
+        # Named so a finding says its mechanism: on such a prompt a Mamba state
+        # at the replay boundary exists only if the scheduler ended a chunk
+        # there (known.mamba_align_block_aligned_prompt_replay_state_missing).
+        for group, alignment in zip(self.layout.groups, self.layout.alignments):
+            if (group.kind is GroupKind.MAMBA_ALIGN and num_prompt_tokens % group.block_size == 0
+                    and hit == (num_prompt_tokens - 1) // alignment * alignment):
+                return f" (the replay boundary of {BLOCK_ALIGNED_REPLAY})"
+        return ""
 
     def lookup_made(self, request: str, junction: int | None) -> None:
         """The junction a lookup pinned on the request (None: not reported).
