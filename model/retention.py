@@ -144,25 +144,35 @@ def kept_boundaries(group: KVCacheGroup, num_blocks: int, alignment: int, interv
     can serve a hit from what it registered over ``num_blocks`` full blocks.
     ``trusted``: for Mamba, only these positions count (a state block exists
     only where a chunk ended); None: every position the mask keeps."""
-    keep = registered_blocks(group, num_blocks, alignment, interval, boundaries)
-    block = group.block_size
-    out = set()
-    for p in range(alignment, num_blocks * block + 1, alignment):
-        if p % block:
-            continue
-        end = p // block
-        if group.kind is GroupKind.FULL_ATTENTION:
-            ok = all(keep[:end])
-        elif group.kind is GroupKind.SLIDING_WINDOW:
-            shift = 1 if group.eagle else 0
-            first, last = max(0, end + shift - _window_run(group)), end + shift
-            ok = last <= num_blocks and all(keep[first:last])
-        else:
-            ok = keep[end - 1]
-        if ok:
-            out.add(p)
+    out = servable(group, registered_blocks(group, num_blocks, alignment, interval, boundaries), alignment)
     if trusted is not None and group.kind is GroupKind.MAMBA_ALIGN:
         out &= {b // alignment * alignment for b in trusted}
+    return out
+
+
+def _needed(group: KVCacheGroup, p: int) -> range:
+    """The blocks a hit of ``p`` tokens reads in the group (keys it needs)."""
+    end = p // group.block_size
+    if group.kind is GroupKind.FULL_ATTENTION:
+        return range(end)
+    if group.kind is GroupKind.SLIDING_WINDOW:
+        shift = 1 if group.eagle else 0
+        return range(max(0, end + shift - _window_run(group)), end + shift)
+    return range(end - 1, end)
+
+
+def servable(group: KVCacheGroup, keep: Sequence[bool], alignment: int) -> frozenset[int]:
+    """The positions (multiples of ``alignment`` and of the block, above 0)
+    at which the group can serve a hit when block ``i`` holds a usable key
+    exactly where ``keep[i]``."""
+    block = group.block_size
+    out = set()
+    for p in range(alignment, len(keep) * block + 1, alignment):
+        if p % block:
+            continue
+        needed = _needed(group, p)
+        if needed.stop <= len(keep) and all(keep[i] for i in needed):
+            out.add(p)
     return frozenset(out)
 
 
@@ -191,16 +201,30 @@ class RetentionLayout:
         return (self.enable_caching and not self.connector and not self.speculative
                 and not any(g.eagle for g in self.groups))
 
-    def kept_everywhere(self, num_prompt_tokens: int, junction: int) -> frozenset[int]:
-        """The boundaries every group can serve once the prompt is computed."""
-        kept: frozenset[int] | None = None
+    def usable_blocks(self, num_prompt_tokens: int, junction: int) -> tuple[tuple[bool, ...], ...]:
+        """Per group, which of the prompt's full blocks hold a key a later
+        lookup can use once the prompt is computed: the registered ones; for
+        Mamba only the state blocks ending on a trusted kept boundary."""
+        out = []
         for group, alignment in zip(self.groups, self.alignments):
             num_blocks = num_prompt_tokens // group.block_size
             boundaries = reachable_boundaries(num_prompt_tokens, self.scheduler_block, group.eagle, junction, group)
-            # A Mamba state at a boundary the scheduler does not end a chunk at
-            # may not exist: only the replay boundary and junction are trusted.
-            trusted = boundaries if group.kind is GroupKind.MAMBA_ALIGN else None
-            mine = kept_boundaries(group, num_blocks, alignment, self.interval, boundaries, trusted)
+            if group.kind is GroupKind.MAMBA_ALIGN:
+                # A Mamba state at a boundary the scheduler does not end a chunk at
+                # may not exist: only the replay boundary and junction are trusted.
+                ends = {p // group.block_size for p in kept_boundaries(group, num_blocks, alignment, self.interval,
+                                                                       boundaries, boundaries)}
+                out.append(tuple(i + 1 in ends for i in range(num_blocks)))
+            else:
+                out.append(registered_blocks(group, num_blocks, alignment, self.interval, boundaries))
+        return tuple(out)
+
+    def kept_everywhere(self, num_prompt_tokens: int, junction: int) -> frozenset[int]:
+        """The boundaries every group can serve from this prompt's blocks alone."""
+        kept: frozenset[int] | None = None
+        for group, alignment, keep in zip(self.groups, self.alignments,
+                                          self.usable_blocks(num_prompt_tokens, junction)):
+            mine = servable(group, keep, alignment)
             kept = mine if kept is None else kept & mine
         return kept or frozenset()
 
@@ -214,23 +238,37 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def owed_hit(layout: RetentionLayout, prompt: Sequence[int], earlier: Iterable[tuple[Sequence[int], int]]
-             ) -> tuple[int, int | None]:
-    """The least hit a first lookup of ``prompt`` is owed, and which earlier
-    request (its index in ``earlier``) owes it: the highest boundary an
-    earlier request (its prompt, its junction; prompt computed, nothing
-    evicted since) kept in every group, within the prefix they share and
-    below the new prompt's last token."""
-    best, source = 0, None
+def owed_hit(layout: RetentionLayout, prompt: Sequence[int], earlier: Sequence[tuple[Sequence[int], int]]
+             ) -> tuple[int, tuple[tuple[int, ...], ...]]:
+    """The least hit a first lookup of ``prompt`` is owed, and per group the
+    earlier requests (indices in ``earlier``) whose blocks serve it: the
+    highest position below the new prompt's last token at which every group
+    can serve a hit from blocks earlier requests (prompt computed, nothing
+    evicted since) kept.  A block is keyed by the tokens up to its end, so an
+    earlier request's block serves only within the prefix the two share;
+    within it, blocks of several requests combine (a window's run, one
+    request's full-attention blocks with another's Mamba state)."""
     cap = len(prompt) - 1
+    keep = [[False] * (max(cap, 0) // g.block_size) for g in layout.groups]
+    owners: list[list[list[int]]] = [[[] for _ in k] for k in keep]
     for index, (other, junction) in enumerate(earlier):
         shared = min(common_prefix(prompt, other), cap)
-        if shared <= best:
+        if shared <= 0:
             continue
-        for p in layout.kept_everywhere(len(other), junction):
-            if best < p <= shared:
-                best, source = p, index
-    return best, source
+        for g, (group, mask) in enumerate(zip(layout.groups, layout.usable_blocks(len(other), junction))):
+            for i in range(min(len(mask), shared // group.block_size)):
+                if mask[i]:
+                    keep[g][i] = True
+                    owners[g][i].append(index)
+    positions: frozenset[int] | None = None
+    for group, alignment, k in zip(layout.groups, layout.alignments, keep):
+        mine = servable(group, k, alignment)
+        positions = mine if positions is None else positions & mine
+    best = max(positions or (0,))
+    if not best:
+        return 0, ()
+    return best, tuple(tuple(sorted({i for b in _needed(group, best) for i in owners[g][b]}))
+                       for g, group in enumerate(layout.groups))
 
 
 @attrs.define
@@ -260,29 +298,34 @@ class RetentionLedger:
         # A preempted request looks up again with its outputs appended: not predicted.
         if not self.layout.predicts or prompt is None or num_tokens != len(prompt):
             return 0, ""
-        earlier = [(name, entries) for name, entries in self.computed.items()
-                   if name != request and entries <= intact]
-        hit, index = owed_hit(self.layout, prompt, [(self.prompts[name], self.junctions.get(name, 0))
-                                                    for name, _ in earlier])
-        if index is None:
+        names = [name for name, entries in self.computed.items() if name != request and entries <= intact]
+        hit, sources = owed_hit(self.layout, prompt, [(self.prompts[n], self.junctions.get(n, 0)) for n in names])
+        if not hit:
             return 0, ""
-        name = earlier[index][0]
-        shared = common_prefix(prompt, self.prompts[name])
-        how = "a resend of" if self.prompts[name] == prompt else f"sharing {shared} tokens with"
-        junction = self.junctions.get(name, 0)
-        return hit, (f"{how} {name} ({len(self.prompts[name])}-token prompt computed, junction {junction}, "
-                     f"retention {describe_interval(self.layout.interval)}): {name} kept boundary {hit} in every "
-                     f"group{self._block_aligned_replay(len(self.prompts[name]), hit)} and no hash-map entry has "
-                     f"left the map since")
+        used = sorted({i for per_group in sources for i in per_group})
+        parts = []
+        for i in used:
+            name = names[i]
+            other = self.prompts[name]
+            how = "a resend of" if other == prompt else f"sharing {common_prefix(prompt, other)} tokens with"
+            groups = [g for g, per_group in enumerate(sources) if i in per_group]
+            which = "" if len(groups) == len(sources) else f" (groups {', '.join(map(str, groups))})"
+            parts.append(f"{how} {name}{which} ({len(other)}-token prompt computed, junction "
+                         f"{self.junctions.get(name, 0)})")
+        aligned = self._block_aligned_replay([[len(self.prompts[names[i]]) for i in per_group] for per_group in sources],
+                                             hit)
+        return hit, (f"{'; '.join(parts)}, retention {describe_interval(self.layout.interval)}: their kept blocks "
+                     f"serve boundary {hit} in every group{aligned} and no hash-map entry has left the map since")
 
-    def _block_aligned_replay(self, num_prompt_tokens: int, hit: int) -> str:
+    def _block_aligned_replay(self, lengths: Sequence[Sequence[int]], hit: int) -> str:
         # Named so a finding says its mechanism: on such a prompt a Mamba state
         # at the replay boundary exists only if the scheduler ended a chunk
         # there (known.mamba_align_block_aligned_prompt_replay_state_missing).
-        for group, alignment in zip(self.layout.groups, self.layout.alignments):
-            if (group.kind is GroupKind.MAMBA_ALIGN and num_prompt_tokens % group.block_size == 0
-                    and hit == (num_prompt_tokens - 1) // alignment * alignment):
-                return f" (the replay boundary of {BLOCK_ALIGNED_REPLAY})"
+        # Every request a Mamba group's state was owed from must be one.
+        mamba = [(g, a, n) for g, a, n in zip(self.layout.groups, self.layout.alignments, lengths)
+                 if g.kind is GroupKind.MAMBA_ALIGN]
+        if mamba and all(n and all(m % g.block_size == 0 and hit == (m - 1) // a * a for m in n) for g, a, n in mamba):
+            return f" (the replay boundary of {BLOCK_ALIGNED_REPLAY})"
         return ""
 
     def lookup_made(self, request: str, junction: int | None) -> None:

@@ -77,3 +77,26 @@ def test_resend_and_sibling_hits_through_the_scheduler(proc, model, block, inter
     assert junctions[2] == (0 if expected[2] else 64)  # the first sibling pins the junction where it missed
     owed = [owed_hit(layout, p, list(zip(prompts[:i], junctions[:i])))[0] for i, p in enumerate(prompts)]
     assert owed == expected
+
+
+def test_blocks_of_several_earlier_requests_combine(proc):
+    """vLLM keys a block by the tokens up to its end, so a lookup reads
+    whichever request registered it: r0 (65 tokens) keeps the window's run
+    ending at 64 (blocks 2-3), r1 (97 tokens, hitting 64) the run ending at 96
+    (blocks 4-5); r2's 90 tokens share only block 4 of r1's run, and the
+    window's run ending at 80 is r0's block 3 with r1's block 4.  Measured
+    through 0.34.0's scheduler: 80 (one request alone owes 64)."""
+    prompts = [BASE[:65], BASE[:97], BASE[:90]]
+    ops = []
+    for i, prompt in enumerate(prompts):
+        ops += [{"do": "arrive", "id": f"r{i}", "tokens": prompt, "max_tokens": 1}] + [{"do": "step"}] * 4
+    found, reply = replay_engine_program(proc, EngineProgram(EngineSetup(model="toy-gpt-oss", num_gpu_blocks=200,
+                                                                         block_size=16), ops))
+    assert not found, [f.detail for f in found]
+    lookups = [lk for a in reply["answers"] for part in (a.get("scheduled"), a)
+               for lk in (part or {}).get("result", {}).get("lookups", ())]
+    assert [lk["hit"] for lk in lookups] == [0, 64, 80]  # vLLM's behaviour
+    layout = _layout("toy-gpt-oss", None)
+    owed = owed_hit(layout, prompts[2], [(p, lk.get("junction", 0)) for p, lk in zip(prompts[:2], lookups)])
+    assert owed == (80, ((0, 1), (0, 1)))  # the run's blocks from both; full attention's too
+    assert [owed_hit(layout, prompts[2], [(p, 0)])[0] for p in prompts[:2]] == [64, 0]
