@@ -19,14 +19,18 @@ promises to serve.  Those are
   alignment boundary (sliding window) or every block (Mamba).
 
 ``registered_blocks`` is that rule per group (0.30.0-0.34.0 compute the same
-mask); ``kept_boundaries`` turns it into the boundaries a group can serve, and
-``owed_hit`` into the hit a later lookup is owed.  What the model does not
-decide, said in ``RETENTION_SCOPE``: a Mamba state exists only where a chunk
-ended (the scheduler ends chunks at the replay boundary and the junction, not
-at every interval boundary), and Mamba's partial-block checkpoints (finer than
-a block) are not modelled; so the owed hit is a *lower bound*, and it is
-owed only while every hash-map entry present when the earlier request's
-prompt was computed is still present (nothing evicted, no reset since).
+mask); ``servable`` turns usable blocks into the boundaries a group can serve,
+and ``owed_hit`` into the hit a later lookup is owed: a block is keyed by the
+tokens up to its end, so any earlier request's block within the prefix it
+shares with the new prompt serves, and blocks of several requests combine.
+What the model does not decide, said in ``RETENTION_SCOPE``: a Mamba state
+exists only where a chunk ended (the scheduler ends chunks at the replay
+boundary and the junction -- from 0.32.0 also for a prompt of whole blocks,
+known.mamba_align_block_aligned_prompt_replay_state_missing before --, not at
+every interval boundary), and Mamba's partial-block checkpoints (finer than a
+block) are not modelled; so the owed hit is a *lower bound*, and a request's
+blocks count only while every hash-map entry present when its prompt was
+computed is still present (nothing evicted, no reset since).
 """
 
 from __future__ import annotations
@@ -41,11 +45,11 @@ __all__ = ["replay_boundaries", "reachable_boundaries", "registered_blocks", "ke
            "RetentionLayout", "RETENTION_SCOPE", "BLOCK_ALIGNED_REPLAY", "owed_hit", "common_prefix", "describe_interval"]
 
 RETENTION_SCOPE = (
-    "a resend or sibling's hit is checked as a lower bound: at least the highest boundary an earlier request "
-    "whose prompt was computed promised to keep in every group (its replay boundary, its shared-prefix "
-    "junction; under dense retention or a positive interval on a layout without Mamba, also every kept "
-    "aligned boundary) within the prefix the two share, while no hash-map entry present at that time has left "
-    "the map; not predicted: Mamba states at interval boundaries (they exist only where a chunk ended), "
+    "a resend or sibling's hit is checked as a lower bound: at least the highest position every group can serve "
+    "from blocks earlier requests whose prompts were computed kept (each request's blocks within the prefix it "
+    "shares with the new prompt, several requests' combined; what each keeps: its replay boundary, its "
+    "shared-prefix junction, under dense retention or a positive interval also the sliding window's kept runs), "
+    "counting only requests none of whose hash-map entries present then has left the map; not predicted: Mamba states at interval boundaries (they exist only where a chunk ended), "
     "Mamba's partial-block checkpoints, speculative decoding (EAGLE drops, lookahead hashes), programs with a KV connector (a loaded prompt's states "
     "are the connector's), lookups of preempted requests"
 )

@@ -573,11 +573,12 @@ INVARIANTS: tuple[Invariant, ...] = (
               "an allocation takes no more free blocks than the groups' block estimates the scheduler checked "
               "against the free pool (observed where the engine driver makes the allocations)", _block_estimate),
     Invariant("retention_hit", Category.STATE_RETENTION_HIT,
-              "on engine programs, a request's first lookup hits at least the highest boundary an earlier request "
-              "whose prompt was computed kept in every group under the engine's retention setting (its replay "
-              "boundary and shared-prefix junction, and under dense retention or a positive interval the kept "
-              "sliding-window boundaries) within the prefix they share, while every hash-map entry present then "
-              "is still present (a lower bound: model.retention)", _retention_hit, exact=False),
+              "on engine programs, a request's first lookup hits at least the highest position every group can "
+              "serve from blocks earlier requests whose prompts were computed kept under the engine's retention "
+              "setting (replay boundaries and shared-prefix junctions, and under dense retention or a positive "
+              "interval the kept sliding-window runs), each request's within the prefix it shares with the new "
+              "prompt, several combined, counting requests whose hash-map entries present then are all still "
+              "present (a lower bound: model.retention)", _retention_hit, exact=False),
 )
 
 # What the state model does not decide, said with every verdict that uses it.

@@ -55,8 +55,9 @@ class StateOracle:
         lookups = tuple(self._lookup(lk, op, after) for lk in result.get("lookups", ()))
         self.compact = sent
         self.running = dict(answer["running"])
-        # A prompt counts as computed once a step's output was processed (its
-        # forward ran): a schedule() only promises the states it keyed.
+        # A prompt counts as computed after the step whose schedule() took its
+        # last token (vLLM keys the blocks there; under async scheduling the
+        # output may still be in flight, and a later lookup reads them anyway).
         if self.ledger is not None and op["do"] != "step":
             self.ledger.progress(self.running, self._entries(after))
         transition = Transition(
