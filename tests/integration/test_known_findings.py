@@ -127,19 +127,24 @@ ALIGNED = Path(__file__).parent.parent / "fixtures" / "repro_mamba_align_block_a
 (ALIGNED_BUG,) = [b for b in KNOWN_BUGS if b.name == "mamba_align_block_aligned_prompt_replay_state_missing"]
 
 
-@pytest.mark.parametrize("version, lost", [("0.31.0", [32, 48]), ("0.32.0", [])])
-def test_a_block_aligned_mamba_prompt_loses_its_replay_hit_until_0_32(version, lost):
+# 0.24.0's engine defaults build no align group for the toy: the flags that do.
+ALIGN = {"mamba_cache_mode": "align", "enable_prefix_caching": True}
+
+
+@pytest.mark.parametrize("version, flags, lost", [("0.24.0", ALIGN, [32, 48]), ("0.31.0", {}, [32, 48]),
+                                                  ("0.32.0", {}, [])])
+def test_a_block_aligned_mamba_prompt_loses_its_replay_hit_until_0_32(version, flags, lost):
     """The probe through vLLM's Scheduler built the engine's way (toy
     Nemotron-H, block 16, the finding's flags; 0.32.0 refuses a 22-block pool
-    at that length, so both get 64): resends and siblings of the 32- and
-    48-token prompts hit 0 on the last release carrying the bug, and what
-    they are owed once 0.32.0 stops the chunk at the replay boundary."""
+    at that length, so each gets 64): resends and siblings of the 32- and
+    48-token prompts hit 0 on the first and last releases carrying the bug,
+    and what they are owed once 0.32.0 stops the chunk at the replay boundary."""
     python, tree = ensure_runtime(), ensure_release(version)
     env = {**os.environ, "KVSPEC_SUBJECT_TREE": str(tree), "VLLM_TARGET_DEVICE": "cpu", "VLLM_LOGGING_LEVEL": "ERROR"}
     # The folder the worker points its kvspec namespace at (the package's parent, links not followed).
     root = os.path.dirname(os.path.dirname(os.path.abspath(worker.__file__)))
     run = subprocess.run([str(python), "-I", str(ALIGNED), root,
-                          json.dumps({"num_gpu_blocks_override": 64})],
+                          json.dumps({"num_gpu_blocks_override": 64, **flags})],
                          capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
