@@ -26,7 +26,7 @@ from hypothesis.database import ExampleDatabase
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from kvspec.model.engine import (MODELLED_STEPS, OWN_CONNECTOR, TOY_MODELS, EngineProgram, EngineSetup,
-                                 derived_config, describe_engine_op)
+                                 derived_config, describe_engine_op, retention_layout)
 from kvspec.model.errors import InfrastructureError, KvspecError, SetupError
 from kvspec.model.finding import Category
 from kvspec.model.known import KnownBug, known_bugs, recognise
@@ -74,6 +74,7 @@ class EngineResult(StatefulResult):
     counts the engine settings vLLM reported it ran (a scope in words)."""
 
     settings: dict[str, dict[str, int]] = attrs.Factory(dict)
+    owed_lookups: int = 0  # lookups retention owed a hit (model.retention): how often retention_hit bit
     differential = "engine"
 
     def note_settings(self, derived: dict[str, Any]) -> None:
@@ -95,7 +96,9 @@ class EngineResult(StatefulResult):
 
     def scope(self) -> str:
         parts = [engine_draw_scope(), "engine settings vLLM built and ran (programs each): " + self.settings_text(),
-                 scope_text()]
+                 f"retention (the interval above, as vLLM's planning set it): {self.owed_lookups} of "
+                 f"{self.tally.lookups} lookups were owed a hit by an earlier request's kept boundaries and held to "
+                 f"it (retention_hit)", scope_text()]
         for name, first in sorted(self.known_first.items()):
             parts.append(f"known vLLM bug {name} met in {self.known_met[name]} program(s), each ended there (the "
                          f"state after it is not checked; the search went on with the next program); first: {first}")
@@ -115,6 +118,7 @@ class EngineResult(StatefulResult):
         out = super().as_dict()
         out["differential"] = "engine"
         out["engine_settings"] = self.settings
+        out["retention_owed_lookups"] = self.owed_lookups
         return out
 
 
@@ -255,7 +259,8 @@ def engine_machine(proc: SubjectProcess, on_program: Callable[..., None],
                 on_program(self, refused=f"not checked: kvspec cannot model what the engine built: {error}")
                 reject()
             self.block = config.scheduler_block_size
-            self.oracle = StateOracle(self.program, proc.capabilities, opened, config=config)
+            self.oracle = StateOracle(self.program, proc.capabilities, opened, config=config,
+                                      retention=retention_layout(self.derived, config))
             on_program(self)
             for arrival, load in first:
                 self._arrive_drawn(arrival, load)
@@ -446,6 +451,8 @@ def fuzz_engine(proc: SubjectProcess, max_examples: int, seed: int, database: Ex
                 t.preemptions += self.preemptions
                 t.resets += self.resets
                 t.evictions += self.evictions
+                if self.oracle is not None:
+                    result.owed_lookups += self.oracle.owed_lookups
 
     phases = [Phase.explicit, Phase.reuse, Phase.generate]
     if not stop_at_first:
@@ -483,7 +490,9 @@ def drive_engine_program(proc: SubjectProcess, program: EngineProgram) -> Iterat
             raise InfrastructureError(f"this subject cannot build the engine: {opened.get('error')}")
         yield EngineStepRecord({"do": "open"}, opened, (StateOracle.refused(opened),))
         return
-    oracle = StateOracle(program, proc.capabilities, opened, config=derived_config(opened["derived"]))
+    config = derived_config(opened["derived"])
+    oracle = StateOracle(program, proc.capabilities, opened, config=config,
+                         retention=retention_layout(opened["derived"], config))
     reply = proc.session({"op": "engine_ops", "ops": [dict(op) for op in program.ops]})
     for op, answer in zip(program.ops, reply.get("answers", ())):
         found = tuple(check_answer(oracle, op, answer))

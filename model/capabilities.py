@@ -105,8 +105,11 @@ class Capabilities:
             out.append("DCP > 1: partial hash hits with the Mamba block equal to the hash block are in the "
                        "model's regime rule, but no DCP > 1 configuration is driven through vLLM")
         if self.retention_interval:
-            out.append("the prefix-cache retention interval: vLLM runs with its default (every boundary "
-                       "retained); a deployment that sets one is not fuzzed")
+            out.append("the prefix-cache retention interval: the registration differential builds KVCacheConfig "
+                       "by hand (its field default: dense, every boundary retained), which no default deployment "
+                       "runs from 0.30.0 (CacheConfig default 0, sparse); the engine differential runs the "
+                       "release's default or a drawn interval and holds resend and sibling hits to what retention "
+                       "keeps (retention_hit, a lower bound)")
         if self.replay_boundaries:
             out.append("replay boundaries handed to cache_blocks: the bound each group receives is compared, "
                        "not which replay boundaries a group keeps")

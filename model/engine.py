@@ -25,9 +25,11 @@ import attrs
 from .case import InvalidCase
 from .domain import CoordinatorConfig, GroupKind, HashScheme, KVCacheGroup
 from .program import validated_ops
+from .retention import RetentionLayout
 
-__all__ = ["HAND_BUILT", "ENGINE_BUILT", "OWN_CONNECTOR", "LOAD_FIELDS", "FAILURE_POLICIES", "ToyModel", "TOY_MODELS", "toy_model", "EngineSetup", "EngineProgram", "ENGINE_OPERATIONS",
-           "describe_engine_op", "derived_config", "MODELLED_STEPS"]
+__all__ = ["HAND_BUILT", "ENGINE_BUILT", "OWN_CONNECTOR", "LOAD_FIELDS", "FAILURE_POLICIES", "ToyModel", "TOY_MODELS",
+           "toy_model", "EngineSetup", "EngineProgram", "ENGINE_OPERATIONS", "describe_engine_op", "derived_config",
+           "retention_layout", "MODELLED_STEPS"]
 
 ENGINE_OPERATIONS = ("arrive", "step", "abort", "reset")
 
@@ -319,3 +321,12 @@ def derived_config(derived: dict[str, Any]) -> CoordinatorConfig:
     return CoordinatorConfig(tuple(groups), scheduler_block_size=derived["scheduler_block_size"],
                              hash_block_size=derived["hash_block_size"], enable_caching=derived["enable_caching"],
                              num_prefill_lookahead=derived.get("num_prefill_lookahead", 0), hash_scheme=scheme)
+
+
+def retention_layout(derived: dict[str, Any], config: CoordinatorConfig) -> RetentionLayout:
+    """What retention the engine runs (the interval vLLM's planning put on
+    the KVCacheConfig, each group's hit alignment), for ``model.retention``."""
+    alignments = tuple(g.get("alignment") or config.scheduler_block_size for g in derived["groups"])
+    return RetentionLayout(config.groups, alignments, config.scheduler_block_size, derived.get("retention_interval"),
+                           enable_caching=config.enable_caching, connector=derived.get("kv_connector") is not None,
+                           speculative=bool(derived.get("speculative_method") or derived.get("num_hash_lookahead_tokens")))

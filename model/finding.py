@@ -79,6 +79,7 @@ class Category(str, enum.Enum):
     STATE_ZEROING_MISSED = "state_zeroing_missed"
     STATE_BLOCK_ESTIMATE = "state_block_estimate"
     STATE_EVICTED_FINDABLE = "state_evicted_findable"
+    STATE_RETENTION_HIT = "state_retention_hit"
 
     @property
     def is_state(self) -> bool:
@@ -121,6 +122,7 @@ _MEANINGS = {
     Category.STATE_RESET: "reset_prefix_cache succeeded with blocks held, failed without, or left keys",
     Category.STATE_LEAK: "blocks are missing from the free queue when no request holds any",
     Category.STATE_BLOCK_ESTIMATE: "an allocation took more free blocks than the groups' estimates the scheduler checked",
+    Category.STATE_RETENTION_HIT: "a resend or sibling request hit less than what retention kept for it (hits lost)",
     Category.STATE_ZEROING: "a block handed out for zeroing is not one the operation placed",
     Category.STATE_ZEROING_MISSED: "a fresh attention block on a layout vLLM zeroes was not handed out for zeroing",
     Category.STATE_EVICTED_FINDABLE: "a block evict_blocks evicted (a failed KV load) is still findable by a lookup: "

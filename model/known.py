@@ -21,6 +21,7 @@ from .about import release_key
 from .capabilities import Capabilities
 from .domain import CoordinatorConfig, GroupKind, HashScheme
 from .finding import Category
+from .retention import BLOCK_ALIGNED_REPLAY
 
 __all__ = ["KnownBug", "KNOWN_BUGS", "known_bugs", "excluded_from_draw", "known_for", "without_known",
            "stateful_exclusions", "recognise"]
@@ -123,6 +124,22 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                    "connector load (schedule() can raise 'Cannot get N free blocks from the pool')",
              fix="vLLM PR #46892 (open upstream) addresses this mechanism: the Mamba group's estimate after a "
                  "synchronous connector load must count every block allocate_slots then takes"),
+    # Found by retention_hit through the engine on 0.30.0/0.31.0 (toy-nemotron-h,
+    # --max-num-batched-tokens 64); the probe through vLLM's Scheduler, built the
+    # engine's way, shows it under dense (0.24.0-0.28.0) and sparse (0.29.0-0.31.0)
+    # retention alike and not from 0.32.0: the chunk stop, not the retention mask.
+    # Before 0.28.0 the toy's engine defaults build no align group (the flags in
+    # ``needs``); 0.23.0 and older: the engine builder does not run there.
+    KnownBug(Category.STATE_RETENTION_HIT, "0.24.0", "0.32.0",
+             "prefill of a prompt whose length is a multiple of the Mamba block runs in one chunk to the prompt's "
+             "end on a Mamba 'align' hybrid (_mamba_block_aligned_split stops at num_tokens - num_tokens % block), "
+             "so no Mamba state is made at the replay boundary (num_tokens - 1 floored to the block), the highest "
+             "position a resend's lookup can land on: a resend or a sibling sharing that prefix hits 0 although "
+             "full attention holds it (upstream issue #50235; 0.32.0 stops at the replay boundary)",
+             BLOCK_ALIGNED_REPLAY, name="mamba_align_block_aligned_prompt_replay_state_missing",
+             needs="a Mamba 'align' hybrid with prefix caching and a prompt of a whole number of Mamba blocks "
+                   "(before 0.28.0: --mamba-cache-mode align --enable-prefix-caching)",
+             reproduction="tests/fixtures/repro_mamba_align_block_aligned_prompt.py"),
     KnownBug(Category.SUBJECT_CRASH, "0.33.0", None,
              "SlidingWindowManager.find_longest_cache_hit raises IndexError (block_hashes[i]) on a request's "
              "first lookup when a sliding-window group is an EAGLE group, no group is full attention (the "

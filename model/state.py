@@ -27,6 +27,7 @@ from .capabilities import Capabilities, ExpectedRegime
 from .domain import CoordinatorConfig, GroupKind
 from .finding import Category
 from .lookup import hit_blocks
+from .retention import RETENTION_SCOPE
 
 __all__ = ["Allocation", "Block", "Table", "ManagerState", "Lookup", "Transition", "Invariant", "INVARIANTS",
            "OUT_OF_SCOPE", "check_transition", "scope_text"]
@@ -145,6 +146,10 @@ class Lookup:
     # One-group models: whether the map held each of the request's block
     # hashes when the lookup started (None: not observed).
     mapped: tuple[bool, ...] | None = None
+    # The least hit retention owes this lookup (model.retention; engine
+    # programs only) and why; 0: nothing owed or not predicted.
+    owed: int = 0
+    owed_why: str = ""
 
 
 @attrs.frozen
@@ -524,6 +529,17 @@ def _evicted_findable(t: Transition) -> list[str]:
     return out[:3]
 
 
+def _retention_hit(t: Transition) -> list[str]:
+    # What an earlier request kept for resends and siblings (model.retention):
+    # a lookup finding less lost hits sparse retention promised to keep.
+    out = []
+    for lk in t.lookups:
+        if lk.owed and lk.hit < lk.owed:
+            out.append(f"request {lk.request}: a hit of {lk.hit} tokens; retention owes at least {lk.owed}, "
+                       f"{lk.owed_why}")
+    return out[:3]
+
+
 # A step looks requests up before it allocates, so a broken lookup is the
 # earlier event: its rules come first, and a finding names it.
 INVARIANTS: tuple[Invariant, ...] = (
@@ -586,13 +602,21 @@ INVARIANTS: tuple[Invariant, ...] = (
               "after an operation in which the manager's evict_blocks ran (a failed KV load), no block it named "
               "owns a key or is named by the hash map, in use or not (observed where the engine driver runs a "
               "connector whose loads fail)", _evicted_findable),
+    Invariant("retention_hit", Category.STATE_RETENTION_HIT,
+              "on engine programs, a request's first lookup hits at least the highest position every group can "
+              "serve from blocks earlier requests whose prompts were computed kept under the engine's retention "
+              "setting (replay boundaries and shared-prefix junctions, and under dense retention or a positive "
+              "interval the kept sliding-window runs), each request's within the prefix it shares with the new "
+              "prompt, several combined, counting requests whose hash-map entries present then are all still "
+              "present (a lower bound: model.retention)", _retention_hit, exact=False),
 )
 
 # What the state model does not decide, said with every verdict that uses it.
 OUT_OF_SCOPE = (
     "the order of the free queue (eviction order) is not checked",
     "which blocks sliding-window and Mamba groups keep is checked only as tables that never change a "
-    "slot except to null; Mamba checkpoints under retention are not predicted",
+    "slot except to null, and under retention only through the hits it owes (retention_hit, engine programs): "
+    + RETENTION_SCOPE,
     "hit lengths on layouts of two or more groups are checked for their bounds and their agreement across "
     "groups, not predicted (they are predicted on one-group full-attention models; the hit-length "
     "differential predicts them per request on full-attention layouts)",

@@ -9,6 +9,7 @@ from typing import Any
 from kvspec.model.capabilities import Capabilities, expected_regime
 from kvspec.model.finding import Category
 from kvspec.model.program import describe_op
+from kvspec.model.retention import RetentionLayout, RetentionLedger
 from kvspec.model.state import Allocation, Lookup, ManagerState, Transition, check_transition
 
 from .registration import Discrepancy
@@ -19,7 +20,8 @@ __all__ = ["StateOracle"]
 class StateOracle:
     """Follows one program: the last state seen, and each answer checked."""
 
-    def __init__(self, program, capabilities: Capabilities, opened: dict[str, Any], config=None):
+    def __init__(self, program, capabilities: Capabilities, opened: dict[str, Any], config=None,
+                 retention: RetentionLayout | None = None):
         self.program = program
         # The geometry: the program's own, or (engine programs) what vLLM's configuration code built.
         self.config = program.config if config is None else config
@@ -29,16 +31,16 @@ class StateOracle:
         self.compact: dict[str, Any] = opened["state"]  # the last state as the worker sent it, whole
         self.running: dict[str, int] = {}
         self.state_checked = False  # the opened state is never a transition's after: held to nothing yet
+        # Engine programs: the history retention's owed hits are read from.
+        self.ledger = None if retention is None else RetentionLedger(retention)
+        self.owed_lookups = 0  # lookups the retention model owed a hit (how often retention_hit bit)
+        self._entries_memo: tuple[Any, frozenset] | None = None
 
     def check(self, op: dict[str, Any], answer: dict[str, Any]) -> list[Discrepancy]:
         """The discrepancies of one operation's answer (the oracle moves on)."""
         result = answer.get("result", {})
-        lookups = tuple(Lookup(request=lk["request"], hit=lk["hit"], num_tokens=lk["num_tokens"],
-                               group_blocks=tuple(tuple(g) for g in lk["group_blocks"]),
-                               before=_frozen(lk.get("before")), after=_frozen(lk.get("after")),
-                               external=lk.get("external", 0),
-                               mapped=None if lk.get("mapped") is None else tuple(lk["mapped"]))
-                        for lk in result.get("lookups", ()))
+        if self.ledger is not None and op["do"] == "arrive":
+            self.ledger.arrive(op["id"], op["tokens"])
         gone = tuple(result.get("preempted", ())) + tuple(result.get("freed", ()))
         if op["do"] in ("finish", "preempt"):
             gone += (op["id"],)
@@ -50,8 +52,14 @@ class StateOracle:
             sent = {**{part: self.compact[part] for part in same}, **{k: v for k, v in sent.items() if k != "same"}}
             answer["state"] = sent
         after = ManagerState.from_dict(sent, previous=self.state, same=same)
+        lookups = tuple(self._lookup(lk, op, after) for lk in result.get("lookups", ()))
         self.compact = sent
         self.running = dict(answer["running"])
+        # A prompt counts as computed after the step whose schedule() took its
+        # last token (vLLM keys the blocks there; under async scheduling the
+        # output may still be in flight, and a later lookup reads them anyway).
+        if self.ledger is not None and op["do"] != "step":
+            self.ledger.progress(self.running, self._entries(after))
         transition = Transition(
             op=_OPS.get(op["do"], op["do"]), request=op.get("id"), before=self.state, after=after, config=self.config,
             regime=self.regime, capabilities=self.capabilities, running=self.running, lookups=lookups, gone=gone,
@@ -62,6 +70,28 @@ class StateOracle:
         return [Discrepancy(invariant.category, None, None,
                             detail=f"{invariant.name}: {message} (after {describe_op(op)})")
                 for invariant, message in found]
+
+    def _lookup(self, lk: dict[str, Any], op: dict[str, Any], after: ManagerState) -> Lookup:
+        owed, why = 0, ""
+        if self.ledger is not None:
+            # Entries lost within the operation may have left before the lookup: only those kept throughout count.
+            owed, why = self.ledger.owed(lk["request"], lk["num_tokens"],
+                                         self._entries(self.state) & self._entries(after))
+            self.ledger.lookup_made(lk["request"], lk.get("junction"))
+            self.owed_lookups += owed > 0
+        return Lookup(request=lk["request"], hit=lk["hit"], num_tokens=lk["num_tokens"],
+                      group_blocks=tuple(tuple(g) for g in lk["group_blocks"]),
+                      before=_frozen(lk.get("before")), after=_frozen(lk.get("after")),
+                      external=lk.get("external", 0),
+                      mapped=None if lk.get("mapped") is None else tuple(lk["mapped"]), owed=owed, owed_why=why)
+
+    def _entries(self, state: ManagerState) -> frozenset:
+        memo = self._entries_memo
+        if memo is not None and memo[0] is state.hash_map:
+            return memo[1]
+        entries = frozenset(state.hash_map)
+        self._entries_memo = (state.hash_map, entries)
+        return entries
 
     @staticmethod
     def refused(reply: dict[str, Any]) -> Discrepancy:

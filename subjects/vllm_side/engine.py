@@ -184,6 +184,8 @@ def build_engine(setup):
                     "eagle": bool(getattr(m, "use_eagle", False)),
                     "eagle_group": bool(getattr(g, "is_eagle_group", False)),
                     "sliding_window": getattr(g.kv_cache_spec, "sliding_window", None) or 0,
+                    # The granularity the group's retention floors boundaries to.
+                    "alignment": getattr(m, "cache_hit_alignment_tokens", None) or S,
                     "layers": len(g.layer_names)}
                    for g, m in zip(groups, coordinator.single_type_managers)],
         "scheduler_block_size": S, "hash_block_size": H,
@@ -254,6 +256,10 @@ class EngineMachine:
                      "before": before, "after": reader.digest()}
             if mapped is not None:
                 entry["mapped"] = mapped
+            # 0.30+: the shared-prefix junction the scheduler pins on the
+            # request (sparse retention keeps its state for siblings).
+            if len(found) > 2 and isinstance(found[2], int):
+                entry["junction"] = found[2]
             self.lookups.append(entry)
             return found
 

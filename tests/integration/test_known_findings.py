@@ -20,6 +20,7 @@ from kvspec.model.known import KNOWN_BUGS, excluded_from_draw, known_bugs, recog
 from kvspec.model.program import Program
 from kvspec.oracles.lookup import check_case
 from kvspec.subjects.protocol import case_message
+from kvspec.subjects import worker
 from kvspec.subjects.provision import ensure_release, ensure_runtime
 
 CRASH = CoordinatorConfig(
@@ -120,3 +121,35 @@ def test_a_later_groups_hit_is_taken_before_external_blocks_from_0_24(kvspec_rel
         assert [d.category for d in found] == [Category.STATE_ONE_GROUP] and bug.matches(found[0].summary())
     else:
         assert found == []
+
+
+ALIGNED = Path(__file__).parent.parent / "fixtures" / "repro_mamba_align_block_aligned_prompt.py"
+(ALIGNED_BUG,) = [b for b in KNOWN_BUGS if b.name == "mamba_align_block_aligned_prompt_replay_state_missing"]
+
+
+# 0.24.0's engine defaults build no align group for the toy: the flags that do.
+ALIGN = {"mamba_cache_mode": "align", "enable_prefix_caching": True}
+
+
+@pytest.mark.parametrize("version, flags, lost", [("0.24.0", ALIGN, [32, 48]), ("0.31.0", {}, [32, 48]),
+                                                  ("0.32.0", {}, [])])
+def test_a_block_aligned_mamba_prompt_loses_its_replay_hit_until_0_32(version, flags, lost):
+    """The probe through vLLM's Scheduler built the engine's way (toy
+    Nemotron-H, block 16, the finding's flags; 0.32.0 refuses a 22-block pool
+    at that length, so each gets 64): resends and siblings of the 32- and
+    48-token prompts hit 0 on the first and last releases carrying the bug,
+    and what they are owed once 0.32.0 stops the chunk at the replay boundary."""
+    python, tree = ensure_runtime(), ensure_release(version)
+    env = {**os.environ, "KVSPEC_SUBJECT_TREE": str(tree), "VLLM_TARGET_DEVICE": "cpu", "VLLM_LOGGING_LEVEL": "ERROR"}
+    # The folder the worker points its kvspec namespace at (the package's parent, links not followed).
+    root = os.path.dirname(os.path.dirname(os.path.abspath(worker.__file__)))
+    run = subprocess.run([str(python), "-I", str(ALIGNED), root,
+                          json.dumps({"num_gpu_blocks_override": 64, **flags})],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["vllm"] == version and out["engine"]["scheduler_block_size"] == 16
+    assert out["lost_at_prompt_lengths"] == lost
+    if lost:
+        assert all(out["hits"][str(n)]["resend"] == 0 for n in lost)
+    assert ALIGNED_BUG.carried_by(version) == bool(lost) and ALIGNED_BUG.reproduction.endswith(ALIGNED.name)
