@@ -78,6 +78,7 @@ class Category(str, enum.Enum):
     STATE_ZEROING = "state_zeroing"
     STATE_ZEROING_MISSED = "state_zeroing_missed"
     STATE_BLOCK_ESTIMATE = "state_block_estimate"
+    STATE_FREE_ORDER = "state_free_order"
 
     @property
     def is_state(self) -> bool:
@@ -120,6 +121,8 @@ _MEANINGS = {
     Category.STATE_RESET: "reset_prefix_cache succeeded with blocks held, failed without, or left keys",
     Category.STATE_LEAK: "blocks are missing from the free queue when no request holds any",
     Category.STATE_BLOCK_ESTIMATE: "an allocation took more free blocks than the groups' estimates the scheduler checked",
+    Category.STATE_FREE_ORDER: "the free queue's order breaks vLLM's eviction contract (least recently used "
+                               "first, a freed request's blocks tail first)",
     Category.STATE_ZEROING: "a block handed out for zeroing is not one the operation placed",
     Category.STATE_ZEROING_MISSED: "a fresh attention block on a layout vLLM zeroes was not handed out for zeroing",
 }

@@ -71,8 +71,9 @@ class ManagerState:
     def from_dict(cls, data: dict[str, Any], previous: "ManagerState | None" = None,
                   same: Iterable[str] = ()) -> "ManagerState":
         """From the worker's compact snapshot (``Machine.snapshot``): blocks
-        left out are unreferenced and keyless; the free queue comes as
-        sorted [first, last] runs.  The parts named in ``same`` are those of
+        left out are unreferenced and keyless; the free queue comes head
+        first as [first, last] runs of consecutive ids, ascending or
+        descending (first > last).  The parts named in ``same`` are those of
         ``previous`` (read from the same data before), not parsed again."""
         same = set(same) if previous is not None and previous.listed is not None else set()
         if "blocks" in same and len(previous.blocks) == data["num_blocks"]:
@@ -90,8 +91,7 @@ class ManagerState:
                     blocks[block_id] = block
                 listed.append(block)
             blocks_t, listed_t = tuple(blocks), tuple(listed)
-        queue = previous.free_queue if "free_runs" in same else tuple(
-            i for first, last in data["free_runs"] for i in range(first, last + 1))
+        queue = previous.free_queue if "free_runs" in same else _queue(data["free_runs"])
         hash_map = previous.hash_map if "hash_map" in same else tuple((k, b) for k, b in data["hash_map"])
         tables = previous.tables if "tables" in same else tuple(
             Table(t[0], t[1], tuple(t[2]), t[3]) for t in data["tables"])
@@ -121,6 +121,13 @@ class ManagerState:
 
     def tables_of(self, request: str) -> list[Table]:
         return [t for t in self.tables if t.request == request]
+
+
+def _queue(runs: list[list[int]]) -> tuple[int, ...]:
+    out: list[int] = []
+    for first, last in runs:
+        out.extend(range(first, last + 1) if first <= last else range(first, last - 1, -1))
+    return tuple(out)
 
 
 @functools.lru_cache(maxsize=8)
@@ -281,6 +288,95 @@ def _hash_map(t: Transition) -> list[str]:
                    f"blocks exist")
     return out[:3]
 
+
+
+def _free_order(t: Transition) -> list[str]:
+    # vLLM's queue (FreeKVCacheBlockQueue) changes only by: allocation popping
+    # the head, a cache hit removing ("touching") a block where it lies, and
+    # free_blocks putting blocks that reach count 0 at the tail (keyed ones:
+    # the LRU order) or, from 0.26, at the head (keyless ones), each call in
+    # the order it is given -- reversed table order when a request is freed.
+    if t.before is None:
+        return []
+    q0, q1 = t.before.free_queue, t.after.free_queue
+    if q0 is q1 or q0 == q1 or len(set(q1)) < len(q1):  # a duplicate is free_list's finding
+        return []
+    where = {b: i for i, b in enumerate(q1)}
+    touched = {b for lk in t.lookups for blocks in lk.group_blocks for b in blocks}
+    rest = [b for b in q0 if b not in touched]
+    ambiguous = touched & set(q0)  # a hit left in place, or touched and freed again: either
+    # Allocation took the head: at least everything up to the last block gone.
+    k = max((i + 1 for i, b in enumerate(rest) if b not in where), default=0)
+    # Sliding-window and Mamba groups may free, within one allocation, a
+    # block that allocation itself took (a Mamba state block passed over):
+    # unseen in any table, so on such layouts any scheduler step may free.
+    frees = bool(t.gone) or _released(t) or (t.op == "schedule" and any(
+        g.kind is not GroupKind.FULL_ATTENTION for g in t.config.groups))
+    if frees and rest and rest[-1] in where:
+        # A block taken and freed again in the same operation is back at an
+        # end, where it may look unmoved: the survivors are the longest tail
+        # of the old queue found as one run, in order.
+        run = [b for b in t.after.free_queue if b not in ambiguous]
+        p, matched = run.index(rest[-1]), 0
+        while matched <= p and matched < len(rest) and run[p - matched] == rest[-1 - matched]:
+            matched += 1
+        k = max(k, len(rest) - matched)
+    popped, kept = rest[:k], rest[k:]
+    back = [b for b in popped if b in where]  # taken and freed again within the operation
+    out = []
+    if back and not frees:
+        out.append(f"block {back[0]} left the free queue's head while block {rest[k - 1]}, behind it, was taken "
+                   "(allocation pops from the head), and the operation freed nothing it could have come back by")
+    positions = [where[b] for b in kept]
+    for a, b, pa, pb in zip(kept, kept[1:], positions, positions[1:]):
+        if pb < pa:
+            out.append(f"blocks {a} and {b} stayed free but changed their order in the queue")
+            break
+    if not positions:
+        return out[:3]
+    lo, hi = min(positions), max(positions)
+    survivors = set(kept)
+    inside = [b for b in q1[lo:hi + 1] if b not in survivors and b not in ambiguous]
+    if inside:
+        out.append(f"block {inside[0]}, newly free, lies among blocks that stayed free (freed blocks go to the "
+                   "head or the tail of the queue)")
+    blocks = t.after.blocks
+    early = [b for b in q1[:lo] if b not in ambiguous and 0 <= b < len(blocks) and blocks[b].keys]
+    if early and t.op not in ("reset", "evict"):
+        out.append(f"block {early[0]}, newly free and cached, lies ahead of blocks that stayed free (a freed "
+                   "cached block joins the tail: least recently used first)")
+    out += _freed_tail_first(t, where, set(q0) - set(back))
+    return out[:3]
+
+
+def _released(t: Transition) -> bool:
+    """Whether a block held before the operation is held less after it."""
+    before, after = t.before.held() if t.before else Counter(), t.after.held()
+    return any(after.get(b, 0) < n for b, n in before.items() if b != t.after.null_block)
+
+
+def _freed_tail_first(t: Transition, where: dict[int, int], stayed: set[int]) -> list[str]:
+    # A freed request's full-attention blocks held by it alone reach count 0
+    # in one free_blocks call given in reverse slot order; keyed and keyless
+    # ones may go to different ends, each end in that order.  (Sliding-window
+    # and Mamba groups may free part of a table earlier in the same operation,
+    # a separate call, so their order is not checked here.)
+    null, held, blocks = t.after.null_block, t.before.held(), t.after.blocks
+    for request in t.gone:
+        for table in t.before.tables_of(request):
+            if t.config.groups[table.group].kind is not GroupKind.FULL_ATTENTION:
+                continue
+            for keyed in (True, False):
+                order = [(where[b], slot, b) for slot, b in enumerate(table.blocks)
+                         if b != null and held.get(b) == 1 and b in where and b not in stayed
+                         and bool(blocks[b].keys) is keyed]
+                order.sort()
+                for (_, s1, b1), (_, s2, b2) in zip(order, order[1:]):
+                    if s2 > s1:
+                        return [f"request {request}, group {table.group}: freed block {b1} (slot {s1}) lies ahead "
+                                f"of block {b2} (slot {s2}) in the free queue; a freed request's blocks join it "
+                                "tail first (reverse slot order)"]
+    return []
 
 # -- per-request tables --------------------------------------------------------------
 
@@ -542,6 +638,15 @@ INVARIANTS: tuple[Invariant, ...] = (
               "after free or preemption no group keeps a table for the request", _forgets),
     Invariant("reset", Category.STATE_RESET,
               "reset_prefix_cache succeeds iff no block is held, and then leaves no key", _reset),
+    Invariant("free_order", Category.STATE_FREE_ORDER,
+              "the free queue keeps vLLM's eviction order over each operation: the blocks that stay free keep "
+              "their order and form one run; the blocks taken from the queue, other than cache hits of the "
+              "operation's lookups, are its head (taken and freed again only if the operation freed something, or is a scheduler step on a layout with a sliding-window or Mamba group); "
+              "newly free blocks join at the head or the tail, and a cached one at the tail; a freed or preempted "
+              "request's full-attention blocks that it alone held join in reverse slot order (keyed and keyless "
+              "ones each). Weaker than exact: where keyless blocks go (head from 0.26, tail before) and the order "
+              "of sliding-window and Mamba blocks freed are not predicted; a hit block still in the queue after "
+              "the operation may lie anywhere", _free_order, exact=False),
     Invariant("no_leak", Category.STATE_LEAK,
               "when no request holds a block, every block but the null one is free", _no_leak),
     Invariant("zeroing", Category.STATE_ZEROING,
@@ -560,7 +665,8 @@ INVARIANTS: tuple[Invariant, ...] = (
 
 # What the state model does not decide, said with every verdict that uses it.
 OUT_OF_SCOPE = (
-    "the order of the free queue (eviction order) is not checked",
+    "the free queue's order when a KV connector frees cached blocks to its head (0.34's SimpleKVOffload "
+    "lazy mode) or unpins blocks (HiSparse): neither is driven",
     "which blocks sliding-window and Mamba groups keep is checked only as tables that never change a "
     "slot except to null; Mamba checkpoints under retention are not predicted",
     "hit lengths on layouts of two or more groups are checked for their bounds and their agreement across "

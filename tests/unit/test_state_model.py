@@ -333,3 +333,90 @@ def test_the_stateful_scope_names_what_the_draw_reaches():
     scope = draw_scope()
     assert "full attention three times in five, else sliding window or Mamba" in scope
     assert "prefix caching off in one attention-only program in eight" in scope
+
+
+# -- free-queue order (vLLM's eviction contract) --------------------------------------
+
+def _pool(queue: tuple[int, ...], keyed: set[int], tables=()) -> ManagerState:
+    """Blocks 0-9 on one full-attention group: the queued ones free, ``keyed``
+    ones cached, each table slot one reference."""
+    held = {b: sum(t.blocks.count(b) for t in tables) for b in range(10)}
+    blocks = tuple(Block(i, held[i], (f"k{i}",) if i in keyed else ()) for i in range(10))
+    return ManagerState(null_block=0, num_free=len(queue), free_queue=queue, blocks=blocks,
+                        hash_map=tuple((f"k{i}", i) for i in sorted(keyed)), tables=tuple(tables))
+
+
+ONE_GROUP = CoordinatorConfig((KVCacheGroup("full_attention", 2),), 2, 2)
+
+
+def _order_broken(before: ManagerState, after: ManagerState, **changes) -> bool:
+    fields = dict(config=ONE_GROUP, regime=expected_regime(ONE_GROUP, CAPS), running={})
+    fields.update(changes)
+    return bool(check_transition(_transition(after, before=before, **fields), only=["free_order"]))
+
+
+def test_allocation_takes_the_queues_head():
+    r0 = Table("r0", 0, (5,))
+    before = _pool((5, 6, 7), set())
+    assert not _order_broken(before, _pool((6, 7), set(), [r0]), running={"r0": 1})
+    # Taking the tail (most recently freed) instead breaks LRU eviction.
+    assert _order_broken(before, _pool((5, 6), set(), [Table("r0", 0, (7,))]), running={"r0": 1})
+
+
+def test_a_hit_is_taken_where_it_lies_and_survivors_keep_their_order():
+    before = _pool((5, 6, 7, 8), {6})
+    hit = Lookup("r0", hit=2, group_blocks=((6,),), num_tokens=3)
+    after = _pool((5, 7, 8), {6}, [Table("r0", 0, (6,))])
+    assert not _order_broken(before, after, lookups=(hit,), running={"r0": 2})
+    # The same queue without a lookup that returned block 6: not a head taken.
+    assert _order_broken(before, after, running={"r0": 2})
+    # Survivors swapped.
+    assert _order_broken(before, _pool((5, 8, 7), {6}, [Table("r0", 0, (6,))]), lookups=(hit,),
+                         running={"r0": 2})
+
+
+def test_a_freed_requests_blocks_join_tail_first():
+    r0 = Table("r0", 0, (1, 2, 3), 3)
+    before = _pool((5, 6, 7), {1, 2, 3}, [r0])
+    freed = dict(op="finish", request="r0", gone=("r0",))
+    # Cached blocks join the tail, the table's last block first.
+    assert not _order_broken(before, _pool((5, 6, 7, 3, 2, 1), {1, 2, 3}), **freed)
+    assert _order_broken(before, _pool((5, 6, 7, 1, 2, 3), {1, 2, 3}), **freed)  # head first
+    assert _order_broken(before, _pool((3, 2, 1, 5, 6, 7), {1, 2, 3}), **freed)  # cached ones ahead of the LRU
+    assert _order_broken(before, _pool((5, 3, 2, 1, 6, 7), {1, 2, 3}), **freed)  # among the survivors
+
+
+def test_keyless_freed_blocks_may_join_either_end_but_tail_first():
+    r0 = Table("r0", 0, (1, 2, 3))
+    before = _pool((5, 6, 7), set(), [r0])
+    freed = dict(op="finish", request="r0", gone=("r0",))
+    assert not _order_broken(before, _pool((3, 2, 1, 5, 6, 7), set()), **freed)  # 0.26+: reused first
+    assert not _order_broken(before, _pool((5, 6, 7, 3, 2, 1), set()), **freed)  # 0.23-0.25
+    assert _order_broken(before, _pool((1, 2, 3, 5, 6, 7), set()), **freed)
+
+
+def test_a_block_shared_with_a_running_request_is_not_freed_with_the_table():
+    # r1 still holds block 1: only 3 and 2 reach count 0, in that order.
+    r0, r1 = Table("r0", 0, (1, 2, 3), 3), Table("r1", 0, (1, 4), 1)
+    before = _pool((5, 6), {1, 2, 3}, [r0, r1])
+    after = _pool((5, 6, 3, 2), {1, 2, 3}, [r1])
+    assert not _order_broken(before, after, op="finish", request="r0", gone=("r0",), running={"r1": 3})
+
+
+def test_a_block_taken_and_freed_again_within_one_operation():
+    # r0 is given block 5 from the head, then preempted in the same step:
+    # 5 comes back (keyless: to the head on 0.26+), 6 and 7 keep their order.
+    r0 = Table("r0", 0, (1,))
+    before = _pool((5, 6, 7), set(), [r0])
+    assert not _order_broken(before, _pool((5, 1, 6, 7), set()), gone=("r0",))
+    # With nothing freed, 5 cannot have left and come back: 7 was taken from the tail.
+    assert _order_broken(_pool((5, 6, 7), set()), _pool((5, 6), set(), [Table("r1", 0, (7,))]), running={"r1": 1})
+
+
+def test_the_free_queue_is_read_in_queue_order_from_descending_and_ascending_runs():
+    from kvspec.subjects.vllm_side.state_reader import queue_runs
+
+    queue = [5, 4, 3, 7, 8, 9, 9, 2, 1]
+    assert queue_runs(queue) == [[5, 3], [7, 9], [9, 9], [2, 1]]
+    data = _compact(num_free=9, num_blocks=10, free_runs=queue_runs(queue))
+    assert list(ManagerState.from_dict(data).free_queue) == queue
