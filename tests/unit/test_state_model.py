@@ -420,3 +420,13 @@ def test_the_free_queue_is_read_in_queue_order_from_descending_and_ascending_run
     assert queue_runs(queue) == [[5, 3], [7, 9], [9, 9], [2, 1]]
     data = _compact(num_free=9, num_blocks=10, free_runs=queue_runs(queue))
     assert list(ManagerState.from_dict(data).free_queue) == queue
+
+
+def test_a_mamba_layouts_step_may_take_and_free_a_block_unseen():
+    # MambaManager frees, within one allocation, state blocks it took from the
+    # head (seen on vLLM 0.28 and 0.34, two-group Mamba layouts): no table shows them.
+    mamba = CoordinatorConfig((KVCacheGroup("mamba_align", 2),), 2, 2)
+    fields = dict(config=mamba, regime=expected_regime(mamba, CAPS), running={"r0": 1})
+    before, after = _pool((5, 6, 7), set()), _pool((5, 7), set(), [Table("r0", 0, (6,))])
+    assert not _order_broken(before, after, **fields)
+    assert _order_broken(before, after, running={"r0": 1})  # one full-attention group: 5 was passed over
