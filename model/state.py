@@ -306,25 +306,44 @@ def _free_order(t: Transition) -> list[str]:
     rest = [b for b in q0 if b not in touched]
     ambiguous = touched & set(q0)  # a hit left in place, or touched and freed again: either
     # Allocation took the head: at least everything up to the last block gone.
-    k = max((i + 1 for i, b in enumerate(rest) if b not in where), default=0)
-    # Sliding-window and Mamba groups may free, within one allocation, a
-    # block that allocation itself took (a Mamba state block passed over):
-    # unseen in any table, so on such layouts any scheduler step may free.
-    frees = bool(t.gone) or _released(t) or (t.op == "schedule" and any(
-        g.kind is not GroupKind.FULL_ATTENTION for g in t.config.groups))
-    if frees and rest and rest[-1] in where:
-        # A block taken and freed again in the same operation is back at an
-        # end, where it may look unmoved: the survivors are the longest tail
-        # of the old queue found as one run, in order.
-        run = [b for b in t.after.free_queue if b not in ambiguous]
-        p, matched = run.index(rest[-1]), 0
-        while matched <= p and matched < len(rest) and run[p - matched] == rest[-1 - matched]:
-            matched += 1
-        k = max(k, len(rest) - matched)
+    k_min = max((i + 1 for i, b in enumerate(rest) if b not in where), default=0)
+    # Only an allocation pops, and only a scheduler step allocates; a block it
+    # took may be freed again before the step ends (a preemption, a Mamba
+    # state block passed over, a copy-on-write block released at the step's
+    # end; the last two unseen in any table, so any step on a layout with a
+    # sliding-window or Mamba group may have freed).
+    frees = bool(t.gone) or _released(t) or any(g.kind is not GroupKind.FULL_ATTENTION for g in t.config.groups)
+    may_return = t.op == "schedule" and frees
+    if not may_return or not rest or rest[-1] not in where:
+        return _split_order(t, rest, k_min, where, ambiguous, may_return)[:3]
+    # Such a block is back at an end, where it may look unmoved, so how much
+    # of the head was taken is not observed: the queue keeps the order if some
+    # split of the old queue into a head taken and survivors explains it.
+    # Reported: the split whose survivors are the longest tail of the old
+    # queue found in order (the likeliest).
+    run = [b for b in q1 if b not in ambiguous]
+    p, matched = run.index(rest[-1]), 0
+    while matched <= p and matched < len(rest) and run[p - matched] == rest[-1 - matched]:
+        matched += 1
+    likeliest = max(k_min, len(rest) - matched)
+    first = _split_order(t, rest, likeliest, where, ambiguous, may_return)
+    if not first:
+        return []
+    for k in range(k_min, len(rest) + 1):
+        if k != likeliest and not _split_order(t, rest, k, where, ambiguous, may_return):
+            return []
+    return first[:3]
+
+
+def _split_order(t: Transition, rest: list[int], k: int, where: dict[int, int], ambiguous: set[int],
+                 may_return: bool) -> list[str]:
+    """What breaks the order if the operation took ``rest[:k]`` (the old
+    queue less hits) from the head and ``rest[k:]`` stayed free."""
+    q0, q1 = t.before.free_queue, t.after.free_queue
     popped, kept = rest[:k], rest[k:]
     back = [b for b in popped if b in where]  # taken and freed again within the operation
     out = []
-    if back and not frees:
+    if back and not may_return:
         out.append(f"block {back[0]} left the free queue's head while block {rest[k - 1]}, behind it, was taken "
                    "(allocation pops from the head), and the operation freed nothing it could have come back by")
     positions = [where[b] for b in kept]
@@ -333,20 +352,20 @@ def _free_order(t: Transition) -> list[str]:
             out.append(f"blocks {a} and {b} stayed free but changed their order in the queue")
             break
     if not positions:
-        return out[:3]
+        return out
     lo, hi = min(positions), max(positions)
     survivors = set(kept)
     inside = [b for b in q1[lo:hi + 1] if b not in survivors and b not in ambiguous]
     if inside:
         out.append(f"block {inside[0]}, newly free, lies among blocks that stayed free (freed blocks go to the "
                    "head or the tail of the queue)")
+    # A free block never gains a key, so one keyed now was keyed when freed.
     blocks = t.after.blocks
     early = [b for b in q1[:lo] if b not in ambiguous and 0 <= b < len(blocks) and blocks[b].keys]
     if early and t.op not in ("reset", "evict"):
         out.append(f"block {early[0]}, newly free and cached, lies ahead of blocks that stayed free (a freed "
                    "cached block joins the tail: least recently used first)")
-    out += _freed_tail_first(t, where, set(q0) - set(back))
-    return out[:3]
+    return out + _freed_tail_first(t, where, set(q0) - set(back))
 
 
 def _released(t: Transition) -> bool:
@@ -639,14 +658,16 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("reset", Category.STATE_RESET,
               "reset_prefix_cache succeeds iff no block is held, and then leaves no key", _reset),
     Invariant("free_order", Category.STATE_FREE_ORDER,
-              "the free queue keeps vLLM's eviction order over each operation: the blocks that stay free keep "
-              "their order and form one run; the blocks taken from the queue, other than cache hits of the "
-              "operation's lookups, are its head (taken and freed again only if the operation freed something, or is a scheduler step on a layout with a sliding-window or Mamba group); "
-              "newly free blocks join at the head or the tail, and a cached one at the tail; a freed or preempted "
-              "request's full-attention blocks that it alone held join in reverse slot order (keyed and keyless "
-              "ones each). Weaker than exact: where keyless blocks go (head from 0.26, tail before) and the order "
-              "of sliding-window and Mamba blocks freed are not predicted; a hit block still in the queue after "
-              "the operation may lie anywhere", _free_order, exact=False),
+              "the free queue keeps vLLM's eviction order over each operation: the blocks taken from the queue, "
+              "other than cache hits of the operation's lookups, are a head of it, and the blocks that stay free "
+              "keep their order and form one run; newly free blocks join at the head or the tail, and a cached "
+              "one at the tail; a freed or preempted request's full-attention blocks that it alone held join in "
+              "reverse slot order (keyed and keyless ones each). Weaker than exact: a scheduler step that frees "
+              "(on a layout with a sliding-window or Mamba group, any step) may take a block and free it again, "
+              "back at an end where it may look unmoved, so how much of the head was taken is not observed and "
+              "the rule holds if any split of the old queue into a head taken and survivors explains the new one; "
+              "where keyless blocks go (head from 0.26, tail before) and the order of sliding-window and Mamba "
+              "blocks freed are not predicted; a hit block still in the queue after the operation may lie anywhere", _free_order, exact=False),
     Invariant("no_leak", Category.STATE_LEAK,
               "when no request holds a block, every block but the null one is free", _no_leak),
     Invariant("zeroing", Category.STATE_ZEROING,

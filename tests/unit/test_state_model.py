@@ -430,3 +430,20 @@ def test_a_mamba_layouts_step_may_take_and_free_a_block_unseen():
     before, after = _pool((5, 6, 7), set()), _pool((5, 7), set(), [Table("r0", 0, (6,))])
     assert not _order_broken(before, after, **fields)
     assert _order_broken(before, after, running={"r0": 1})  # one full-attention group: 5 was passed over
+
+
+def test_a_block_taken_and_released_at_the_steps_end_may_look_like_a_survivor():
+    # vLLM 0.34.0, Mamba "align" + full attention: a step takes 3 and 4 for
+    # r0, frees r1's passed-over Mamba state 6 (cached: to the tail), takes 5
+    # as a copy-on-write block that gets the source's keys, and releases it at
+    # the step's end (cached: to the tail again).  5 looks like a survivor
+    # with 6 ahead of it; taken and returned is what explains the queue.
+    hybrid = CoordinatorConfig((KVCacheGroup("mamba_align", 2), KVCacheGroup("full_attention", 2)), 2, 2)
+    fields = dict(config=hybrid, regime=expected_regime(hybrid, CAPS), running={"r0": 3, "r1": 5})
+    r1 = Table("r1", 0, (6, 7))
+    before = _pool((3, 4, 5), {5, 6}, [r1])
+    after = _pool((6, 5), {5, 6}, [Table("r0", 0, (3,)), Table("r0", 1, (4,)), Table("r1", 0, (0, 7))])
+    assert not _order_broken(before, after, **fields)
+    # No allocation, no block comes back: a finish putting cached 6 ahead of 5 breaks LRU.
+    finish = dict(op="finish", request="r1", gone=("r1",), running={})
+    assert _order_broken(_pool((5,), {5, 6}, [Table("r1", 0, (6,))]), _pool((6, 5), {5, 6}), **finish)
