@@ -173,6 +173,9 @@ class Transition:
     # Each allocate_slots the operation made (the engine driver observes them):
     # the groups' last block estimates, and the free blocks before and after.
     allocations: tuple["Allocation", ...] = ()
+    # Running requests -> the most computed tokens each had since it last
+    # started running (the oracle carries it; absent: its ``running`` count).
+    peaks: dict[str, int] = attrs.field(factory=dict)
 
 
 @attrs.frozen
@@ -440,6 +443,31 @@ def _covers_computed(t: Transition) -> list[str]:
     return out[:3]
 
 
+def _window_held(t: Transition) -> list[str]:
+    # vLLM frees a sliding-window table's slots below the window of the
+    # tokens it counts as processed (get_num_skipped_tokens: computed - W + 1,
+    # less retained extra tokens from 0.28), never more.  A request's count
+    # can fall (rejected drafts, a failed load truncating it) after slots were
+    # freed for a larger one, so the window is taken from its peak: weaker,
+    # never a false alarm for that.
+    out = []
+    null = t.after.null_block
+    for table in t.after.tables:
+        computed = t.running.get(table.request)
+        group = t.config.groups[table.group]
+        if not computed or group.kind is not GroupKind.SLIDING_WINDOW:
+            continue
+        peak = max(computed, t.peaks.get(table.request, 0))
+        first, end = max(0, peak - group.sliding_window + 1) // group.block_size, _cdiv(computed, group.block_size)
+        gone = [i for i in range(first, end) if i >= len(table.blocks) or table.blocks[i] == null]
+        if gone:
+            out.append(f"request {table.request}, group {table.group} (sliding window {group.sliding_window}, block "
+                       f"{group.block_size}): {computed} computed tokens (at most {peak} while running), the next "
+                       f"step reads slots {first}..{end - 1}, slot {gone[0]} is "
+                       f"{'missing' if gone[0] >= len(table.blocks) else 'the null block'}")
+    return out[:3]
+
+
 def _forgets(t: Transition) -> list[str]:
     out = []
     for request in t.gone:
@@ -653,6 +681,13 @@ INVARIANTS: tuple[Invariant, ...] = (
               "a running request's full-attention table holds at least cdiv(computed, block) real blocks "
               "(at least, not exactly: drafts and lookahead allocate ahead), and no more blocks are counted "
               "as offered for registration than it holds", _covers_computed, exact=False),
+    Invariant("window_held", Category.STATE_WINDOW,
+              "a running request's sliding-window table holds real blocks in every slot from the window of its "
+              "computed tokens (the first token its next step reads, computed - W + 1) up to its last computed "
+              "token.  Weaker than exact: the window is taken from the most tokens the request had computed "
+              "since it last started running (a count that fell back, by rejected drafts or a failed load, may "
+              "have had slots freed for the larger one; that vLLM frees on the processed count is not checked), "
+              "and that slots below the window are freed is not checked", _window_held, exact=False),
     Invariant("forgets", Category.STATE_FORGET,
               "after free or preemption no group keeps a table for the request", _forgets),
     Invariant("reset", Category.STATE_RESET,
@@ -688,8 +723,9 @@ INVARIANTS: tuple[Invariant, ...] = (
 OUT_OF_SCOPE = (
     "the free queue's order when a KV connector frees cached blocks to its head (0.34's SimpleKVOffload "
     "lazy mode) or unpins blocks (HiSparse): neither is driven",
-    "which blocks sliding-window and Mamba groups keep is checked only as tables that never change a "
-    "slot except to null; Mamba checkpoints under retention are not predicted",
+    "which blocks Mamba groups keep is checked only as tables that never change a slot except to null, "
+    "and sliding-window groups only for the window the next step reads; Mamba checkpoints under retention "
+    "are not predicted",
     "hit lengths on layouts of two or more groups are checked for their bounds and their agreement across "
     "groups, not predicted (they are predicted on one-group full-attention models; the hit-length "
     "differential predicts them per request on full-attention layouts)",

@@ -28,6 +28,7 @@ class StateOracle:
         self.state = ManagerState.from_dict(opened["state"])
         self.compact: dict[str, Any] = opened["state"]  # the last state as the worker sent it, whole
         self.running: dict[str, int] = {}
+        self.peaks: dict[str, int] = {}  # running requests -> most computed tokens since they started running
         self.state_checked = False  # the opened state is never a transition's after: held to nothing yet
 
     def check(self, op: dict[str, Any], answer: dict[str, Any]) -> list[Discrepancy]:
@@ -51,12 +52,14 @@ class StateOracle:
             answer["state"] = sent
         after = ManagerState.from_dict(sent, previous=self.state, same=same)
         self.compact = sent
-        self.running = dict(answer["running"])
+        # A request freed or preempted by the operation starts again from what it has now.
+        peaks = {r: n if r in gone else max(n, self.peaks.get(r, 0)) for r, n in answer["running"].items()}
+        self.running, self.peaks = dict(answer["running"]), peaks
         transition = Transition(
             op=_OPS.get(op["do"], op["do"]), request=op.get("id"), before=self.state, after=after, config=self.config,
             regime=self.regime, capabilities=self.capabilities, running=self.running, lookups=lookups, gone=gone,
             reset_succeeded=result.get("reset"), handed_for_zeroing=tuple(answer.get("handed_for_zeroing", ())),
-            allocations=allocations)
+            allocations=allocations, peaks=peaks)
         found = check_transition(transition, before_checked=self.state_checked)
         self.state, self.state_checked = after, not found
         return [Discrepancy(invariant.category, None, None,

@@ -4,6 +4,8 @@ model.program refuses what a worker must never be sent."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import attrs
 import pytest
 from hypothesis import given, settings
@@ -447,3 +449,37 @@ def test_a_block_taken_and_released_at_the_steps_end_may_look_like_a_survivor():
     # No allocation, no block comes back: a finish putting cached 6 ahead of 5 breaks LRU.
     finish = dict(op="finish", request="r1", gone=("r1",), running={})
     assert _order_broken(_pool((5,), {5, 6}, [Table("r1", 0, (6,))]), _pool((6, 5), {5, 6}), **finish)
+
+
+# -- the sliding window the next step reads ---------------------------------------------
+
+SWA = CoordinatorConfig((KVCacheGroup("full_attention", 2), KVCacheGroup("sliding_window", 2, sliding_window=4)), 2, 2)
+
+
+def _window_broken(sliding: tuple[int, ...], computed: int, peak: int = 0) -> bool:
+    tables = (Table("r0", 0, tuple(range(10, 10 + _blocks(computed)))), Table("r0", 1, sliding))
+    held = Counter(b for t in tables for b in t.blocks if b != 0)
+    blocks = tuple(Block(i, held[i]) for i in range(30))
+    after = ManagerState(null_block=0, num_free=0, free_queue=(), blocks=blocks, hash_map=(), tables=tables)
+    t = _transition(after, before=after, config=SWA, regime=expected_regime(SWA, CAPS), running={"r0": computed},
+                    peaks={"r0": peak} if peak else {})
+    return bool(check_transition(t, only=["window_held"]))
+
+
+def _blocks(tokens: int) -> int:
+    return -(-tokens // 2)
+
+
+def test_a_sliding_window_table_holds_the_window_the_next_step_reads():
+    # Window 4, block 2, 7 computed: the next token (position 7) reads 4..7,
+    # slots 2 and 3; vLLM may have freed slots 0 and 1 (skipped tokens 0..3).
+    assert not _window_broken((0, 0, 21, 22), 7)
+    assert _window_broken((0, 0, 0, 22), 7)  # slot 2 freed one block too early
+    assert _window_broken((0, 0, 21), 7)  # slot 3 missing
+    assert not _window_broken((20, 0, 21, 22), 7)  # freeing late is not checked
+
+
+def test_the_window_is_the_one_of_the_most_tokens_the_request_had_computed():
+    # 5 computed now, 9 before a rollback: vLLM may have freed for 9 (slots 0..2).
+    assert not _window_broken((0, 0, 0), 5, peak=9)
+    assert _window_broken((0, 0, 0), 5)
