@@ -72,6 +72,7 @@ def test_the_real_second_group_defect_is_found_on_0_28_and_fixed_in_0_34(kvspec_
 TARGETED = {
     "free_cached_to_head": (Category.STATE_FREE_ORDER, "a freed cached block joins the tail"),
     "free_head_first": (Category.STATE_FREE_ORDER, "tail first (reverse slot order)"),
+    "window_frees_early": (Category.STATE_WINDOW, "the next step reads slots"),
 }
 
 

@@ -474,6 +474,11 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         return computed_blocks, hit_length
 
 
+class SlidingWindowManager(SingleTypeKVCacheManager):
+    def get_num_skipped_tokens(self, num_computed_tokens):
+        return max(0, num_computed_tokens - self.sliding_window + 1)
+
+
 class MambaManager(SingleTypeKVCacheManager):
     @classmethod
     def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool):
@@ -495,6 +500,8 @@ class MambaManager(SingleTypeKVCacheManager):
     ("hit_keeps_trimmed_blocks", "del computed[num_blocks:]", None),
     ("free_head_first", "free_blocks(reversed(self.pop_blocks_for_free(request_id)))",
      "free_blocks(self.pop_blocks_for_free(request_id))"),
+    ("window_frees_early", "max(0, num_computed_tokens - self.sliding_window + 1)",
+     "max(0, (num_computed_tokens - self.sliding_window + 1) + self.block_size)"),
 ])
 def test_state_operators_rewrite_the_managers(name, removed, added):
     from kvspec.subjects.mutation import STATE_MUTANTS
