@@ -483,3 +483,25 @@ def test_the_window_is_the_one_of_the_most_tokens_the_request_had_computed():
     # 5 computed now, 9 before a rollback: vLLM may have freed for 9 (slots 0..2).
     assert not _window_broken((0, 0, 0), 5, peak=9)
     assert _window_broken((0, 0, 0), 5)
+
+
+def test_the_oracle_carries_a_requests_peak_until_it_stops_running():
+    from kvspec.oracles.state import StateOracle
+
+    def state(sliding):
+        fa, held = list(range(10, 15)), [b for b in sliding if b]
+        blocks = [[b, 1, []] for b in fa + held]
+        return {"null_block": 0, "num_free": 0, "num_blocks": 30, "free_runs": [], "blocks": blocks,
+                "hash_map": [], "tables": [["r0", 0, fa, 0], ["r0", 1, list(sliding), 0]]}
+
+    def window_alarm(oracle, op, computed, sliding, preempted=()):
+        answer = {"result": {"preempted": list(preempted)}, "running": {"r0": computed}, "handed_for_zeroing": [],
+                  "state": state(sliding)}
+        return [d for d in oracle.check(op, answer) if d.category is Category.STATE_WINDOW]
+
+    oracle = StateOracle(Program(SWA, 30, 128), CAPS, {"state": state((0, 0, 0, 23, 24))})
+    assert not window_alarm(oracle, {"do": "schedule"}, 9, (0, 0, 0, 23, 24))
+    # Truncated to 5 (a failed load): slots 1-2 were freed for 9, legitimately.
+    assert not window_alarm(oracle, {"do": "evict", "id": "r0"}, 5, (0, 0, 0, 23, 24))
+    # Preempted and running again within the step: its peak starts over at 5.
+    assert window_alarm(oracle, {"do": "schedule"}, 5, (0, 0, 0, 23, 24), preempted=["r0"])
