@@ -80,6 +80,8 @@ class Category(str, enum.Enum):
     STATE_BLOCK_ESTIMATE = "state_block_estimate"
     STATE_EVICTED_FINDABLE = "state_evicted_findable"
     STATE_RETENTION_HIT = "state_retention_hit"
+    STATE_FREE_ORDER = "state_free_order"
+    STATE_WINDOW = "state_window"
 
     @property
     def is_state(self) -> bool:
@@ -123,6 +125,10 @@ _MEANINGS = {
     Category.STATE_LEAK: "blocks are missing from the free queue when no request holds any",
     Category.STATE_BLOCK_ESTIMATE: "an allocation took more free blocks than the groups' estimates the scheduler checked",
     Category.STATE_RETENTION_HIT: "a resend or sibling request hit less than what retention kept for it (hits lost)",
+    Category.STATE_FREE_ORDER: "the free queue's order breaks vLLM's eviction contract (least recently used "
+                               "first, a freed request's blocks tail first)",
+    Category.STATE_WINDOW: "a sliding-window group no longer holds a block inside the window the request's next "
+                           "step reads",
     Category.STATE_ZEROING: "a block handed out for zeroing is not one the operation placed",
     Category.STATE_ZEROING_MISSED: "a fresh attention block on a layout vLLM zeroes was not handed out for zeroing",
     Category.STATE_EVICTED_FINDABLE: "a block evict_blocks evicted (a failed KV load) is still findable by a lookup: "

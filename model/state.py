@@ -72,8 +72,9 @@ class ManagerState:
     def from_dict(cls, data: dict[str, Any], previous: "ManagerState | None" = None,
                   same: Iterable[str] = ()) -> "ManagerState":
         """From the worker's compact snapshot (``Machine.snapshot``): blocks
-        left out are unreferenced and keyless; the free queue comes as
-        sorted [first, last] runs.  The parts named in ``same`` are those of
+        left out are unreferenced and keyless; the free queue comes head
+        first as [first, last] runs of consecutive ids, ascending or
+        descending (first > last).  The parts named in ``same`` are those of
         ``previous`` (read from the same data before), not parsed again."""
         same = set(same) if previous is not None and previous.listed is not None else set()
         if "blocks" in same and len(previous.blocks) == data["num_blocks"]:
@@ -91,8 +92,7 @@ class ManagerState:
                     blocks[block_id] = block
                 listed.append(block)
             blocks_t, listed_t = tuple(blocks), tuple(listed)
-        queue = previous.free_queue if "free_runs" in same else tuple(
-            i for first, last in data["free_runs"] for i in range(first, last + 1))
+        queue = previous.free_queue if "free_runs" in same else _queue(data["free_runs"])
         hash_map = previous.hash_map if "hash_map" in same else tuple((k, b) for k, b in data["hash_map"])
         tables = previous.tables if "tables" in same else tuple(
             Table(t[0], t[1], tuple(t[2]), t[3]) for t in data["tables"])
@@ -122,6 +122,13 @@ class ManagerState:
 
     def tables_of(self, request: str) -> list[Table]:
         return [t for t in self.tables if t.request == request]
+
+
+def _queue(runs: list[list[int]]) -> tuple[int, ...]:
+    out: list[int] = []
+    for first, last in runs:
+        out.extend(range(first, last + 1) if first <= last else range(first, last - 1, -1))
+    return tuple(out)
 
 
 @functools.lru_cache(maxsize=8)
@@ -174,6 +181,9 @@ class Transition:
     # The block ids the manager's evict_blocks was given during the operation
     # (the engine driver observes the calls: a failed KV load).
     evicted: tuple[int, ...] = ()
+    # Running requests -> the most computed tokens each had since it last
+    # started running (the oracle carries it; absent: its ``running`` count).
+    peaks: dict[str, int] = attrs.field(factory=dict)
 
 
 @attrs.frozen
@@ -290,6 +300,114 @@ def _hash_map(t: Transition) -> list[str]:
     return out[:3]
 
 
+
+def _free_order(t: Transition) -> list[str]:
+    # vLLM's queue (FreeKVCacheBlockQueue) changes only by: allocation popping
+    # the head, a cache hit removing ("touching") a block where it lies, and
+    # free_blocks putting blocks that reach count 0 at the tail (keyed ones:
+    # the LRU order) or, from 0.26, at the head (keyless ones), each call in
+    # the order it is given -- reversed table order when a request is freed.
+    if t.before is None:
+        return []
+    q0, q1 = t.before.free_queue, t.after.free_queue
+    if q0 is q1 or q0 == q1 or len(set(q1)) < len(q1):  # a duplicate is free_list's finding
+        return []
+    where = {b: i for i, b in enumerate(q1)}
+    touched = {b for lk in t.lookups for blocks in lk.group_blocks for b in blocks}
+    rest = [b for b in q0 if b not in touched]
+    ambiguous = touched & set(q0)  # a hit left in place, or touched and freed again: either
+    # Allocation took the head: at least everything up to the last block gone.
+    k_min = max((i + 1 for i, b in enumerate(rest) if b not in where), default=0)
+    # Only an allocation pops, and only a scheduler step allocates; a block it
+    # took may be freed again before the step ends (a preemption, a Mamba
+    # state block passed over, a copy-on-write block released at the step's
+    # end; the last two unseen in any table, so any step on a layout with a
+    # sliding-window or Mamba group may have freed).
+    frees = bool(t.gone) or _released(t) or any(g.kind is not GroupKind.FULL_ATTENTION for g in t.config.groups)
+    may_return = t.op == "schedule" and frees
+    if not may_return or not rest or rest[-1] not in where:
+        return _split_order(t, rest, k_min, where, ambiguous, may_return)[:3]
+    # Such a block is back at an end, where it may look unmoved, so how much
+    # of the head was taken is not observed: the queue keeps the order if some
+    # split of the old queue into a head taken and survivors explains it.
+    # Reported: the split whose survivors are the longest tail of the old
+    # queue found in order (the likeliest).
+    run = [b for b in q1 if b not in ambiguous]
+    p, matched = run.index(rest[-1]), 0
+    while matched <= p and matched < len(rest) and run[p - matched] == rest[-1 - matched]:
+        matched += 1
+    likeliest = max(k_min, len(rest) - matched)
+    first = _split_order(t, rest, likeliest, where, ambiguous, may_return)
+    if not first:
+        return []
+    for k in range(k_min, len(rest) + 1):
+        if k != likeliest and not _split_order(t, rest, k, where, ambiguous, may_return):
+            return []
+    return first[:3]
+
+
+def _split_order(t: Transition, rest: list[int], k: int, where: dict[int, int], ambiguous: set[int],
+                 may_return: bool) -> list[str]:
+    """What breaks the order if the operation took ``rest[:k]`` (the old
+    queue less hits) from the head and ``rest[k:]`` stayed free."""
+    q0, q1 = t.before.free_queue, t.after.free_queue
+    popped, kept = rest[:k], rest[k:]
+    back = [b for b in popped if b in where]  # taken and freed again within the operation
+    out = []
+    if back and not may_return:
+        out.append(f"block {back[0]} left the free queue's head while block {rest[k - 1]}, behind it, was taken "
+                   "(allocation pops from the head), and the operation freed nothing it could have come back by")
+    positions = [where[b] for b in kept]
+    for a, b, pa, pb in zip(kept, kept[1:], positions, positions[1:]):
+        if pb < pa:
+            out.append(f"blocks {a} and {b} stayed free but changed their order in the queue")
+            break
+    if not positions:
+        return out
+    lo, hi = min(positions), max(positions)
+    survivors = set(kept)
+    inside = [b for b in q1[lo:hi + 1] if b not in survivors and b not in ambiguous]
+    if inside:
+        out.append(f"block {inside[0]}, newly free, lies among blocks that stayed free (freed blocks go to the "
+                   "head or the tail of the queue)")
+    # A free block never gains a key, so one keyed now was keyed when freed.
+    blocks = t.after.blocks
+    early = [b for b in q1[:lo] if b not in ambiguous and 0 <= b < len(blocks) and blocks[b].keys]
+    if early and t.op not in ("reset", "evict"):
+        out.append(f"block {early[0]}, newly free and cached, lies ahead of blocks that stayed free (a freed "
+                   "cached block joins the tail: least recently used first)")
+    return out + _freed_tail_first(t, where, set(q0) - set(back))
+
+
+def _released(t: Transition) -> bool:
+    """Whether a block held before the operation is held less after it."""
+    before, after = t.before.held() if t.before else Counter(), t.after.held()
+    return any(after.get(b, 0) < n for b, n in before.items() if b != t.after.null_block)
+
+
+def _freed_tail_first(t: Transition, where: dict[int, int], stayed: set[int]) -> list[str]:
+    # A freed request's full-attention blocks held by it alone reach count 0
+    # in one free_blocks call given in reverse slot order; keyed and keyless
+    # ones may go to different ends, each end in that order.  (Sliding-window
+    # and Mamba groups may free part of a table earlier in the same operation,
+    # a separate call, so their order is not checked here.)
+    null, held, blocks = t.after.null_block, t.before.held(), t.after.blocks
+    for request in t.gone:
+        for table in t.before.tables_of(request):
+            if t.config.groups[table.group].kind is not GroupKind.FULL_ATTENTION:
+                continue
+            for keyed in (True, False):
+                order = [(where[b], slot, b) for slot, b in enumerate(table.blocks)
+                         if b != null and held.get(b) == 1 and b in where and b not in stayed
+                         and bool(blocks[b].keys) is keyed]
+                order.sort()
+                for (_, s1, b1), (_, s2, b2) in zip(order, order[1:]):
+                    if s2 > s1:
+                        return [f"request {request}, group {table.group}: freed block {b1} (slot {s1}) lies ahead "
+                                f"of block {b2} (slot {s2}) in the free queue; a freed request's blocks join it "
+                                "tail first (reverse slot order)"]
+    return []
+
 # -- per-request tables --------------------------------------------------------------
 
 def _append_only(t: Transition) -> list[str]:
@@ -330,6 +448,31 @@ def _covers_computed(t: Transition) -> list[str]:
         if table.cached > len(table.blocks):
             out.append(f"request {table.request}, group {table.group}: {table.cached} blocks counted as "
                        f"offered for registration, the table has {len(table.blocks)}")
+    return out[:3]
+
+
+def _window_held(t: Transition) -> list[str]:
+    # vLLM frees a sliding-window table's slots below the window of the
+    # tokens it counts as processed (get_num_skipped_tokens: computed - W + 1,
+    # less retained extra tokens from 0.28), never more.  A request's count
+    # can fall (rejected drafts, a failed load truncating it) after slots were
+    # freed for a larger one, so the window is taken from its peak: weaker,
+    # never a false alarm for that.
+    out = []
+    null = t.after.null_block
+    for table in t.after.tables:
+        computed = t.running.get(table.request)
+        group = t.config.groups[table.group]
+        if not computed or group.kind is not GroupKind.SLIDING_WINDOW:
+            continue
+        peak = max(computed, t.peaks.get(table.request, 0))
+        first, end = max(0, peak - group.sliding_window + 1) // group.block_size, _cdiv(computed, group.block_size)
+        gone = [i for i in range(first, end) if i >= len(table.blocks) or table.blocks[i] == null]
+        if gone:
+            out.append(f"request {table.request}, group {table.group} (sliding window {group.sliding_window}, block "
+                       f"{group.block_size}): {computed} computed tokens (at most {peak} while running), the next "
+                       f"step reads slots {first}..{end - 1}, slot {gone[0]} is "
+                       f"{'missing' if gone[0] >= len(table.blocks) else 'the null block'}")
     return out[:3]
 
 
@@ -580,10 +723,28 @@ INVARIANTS: tuple[Invariant, ...] = (
               "a running request's full-attention table holds at least cdiv(computed, block) real blocks "
               "(at least, not exactly: drafts and lookahead allocate ahead), and no more blocks are counted "
               "as offered for registration than it holds", _covers_computed, exact=False),
+    Invariant("window_held", Category.STATE_WINDOW,
+              "a running request's sliding-window table holds real blocks in every slot from the window of its "
+              "computed tokens (the first token its next step reads, computed - W + 1) up to its last computed "
+              "token.  Weaker than exact: the window is taken from the most tokens the request had computed "
+              "since it last started running (a count that fell back, by rejected drafts or a failed load, may "
+              "have had slots freed for the larger one; that vLLM frees on the processed count is not checked), "
+              "and that slots below the window are freed is not checked", _window_held, exact=False),
     Invariant("forgets", Category.STATE_FORGET,
               "after free or preemption no group keeps a table for the request", _forgets),
     Invariant("reset", Category.STATE_RESET,
               "reset_prefix_cache succeeds iff no block is held, and then leaves no key", _reset),
+    Invariant("free_order", Category.STATE_FREE_ORDER,
+              "the free queue keeps vLLM's eviction order over each operation: the blocks taken from the queue, "
+              "other than cache hits of the operation's lookups, are a head of it, and the blocks that stay free "
+              "keep their order and form one run; newly free blocks join at the head or the tail, and a cached "
+              "one at the tail; a freed or preempted request's full-attention blocks that it alone held join in "
+              "reverse slot order (keyed and keyless ones each). Weaker than exact: a scheduler step that frees "
+              "(on a layout with a sliding-window or Mamba group, any step) may take a block and free it again, "
+              "back at an end where it may look unmoved, so how much of the head was taken is not observed and "
+              "the rule holds if any split of the old queue into a head taken and survivors explains the new one; "
+              "where keyless blocks go (head from 0.26, tail before) and the order of sliding-window and Mamba "
+              "blocks freed are not predicted; a hit block still in the queue after the operation may lie anywhere", _free_order, exact=False),
     Invariant("no_leak", Category.STATE_LEAK,
               "when no request holds a block, every block but the null one is free", _no_leak),
     Invariant("zeroing", Category.STATE_ZEROING,
@@ -613,9 +774,11 @@ INVARIANTS: tuple[Invariant, ...] = (
 
 # What the state model does not decide, said with every verdict that uses it.
 OUT_OF_SCOPE = (
-    "the order of the free queue (eviction order) is not checked",
-    "which blocks sliding-window and Mamba groups keep is checked only as tables that never change a "
-    "slot except to null, and under retention only through the hits it owes (retention_hit, engine programs): "
+    "the free queue's order when a KV connector frees cached blocks to its head (0.34's SimpleKVOffload "
+    "lazy mode) or unpins blocks (HiSparse): neither is driven",
+    "which blocks Mamba groups keep is checked only as tables that never change a slot except to null, "
+    "and sliding-window groups only for the window the next step reads; under retention both only "
+    "through the hits it owes (retention_hit, engine programs): "
     + RETENTION_SCOPE,
     "hit lengths on layouts of two or more groups are checked for their bounds and their agreement across "
     "groups, not predicted (they are predicted on one-group full-attention models; the hit-length "

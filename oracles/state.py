@@ -30,6 +30,7 @@ class StateOracle:
         self.state = ManagerState.from_dict(opened["state"])
         self.compact: dict[str, Any] = opened["state"]  # the last state as the worker sent it, whole
         self.running: dict[str, int] = {}
+        self.peaks: dict[str, int] = {}  # running requests -> most computed tokens since they started running
         self.state_checked = False  # the opened state is never a transition's after: held to nothing yet
         # Engine programs: the history retention's owed hits are read from.
         self.ledger = None if retention is None else RetentionLedger(retention)
@@ -54,7 +55,9 @@ class StateOracle:
         after = ManagerState.from_dict(sent, previous=self.state, same=same)
         lookups = tuple(self._lookup(lk, op, after) for lk in result.get("lookups", ()))
         self.compact = sent
-        self.running = dict(answer["running"])
+        # A request freed or preempted by the operation starts again from what it has now.
+        peaks = {r: n if r in gone else max(n, self.peaks.get(r, 0)) for r, n in answer["running"].items()}
+        self.running, self.peaks = dict(answer["running"]), peaks
         # A prompt counts as computed after the step whose schedule() took its
         # last token (vLLM keys the blocks there; under async scheduling the
         # output may still be in flight, and a later lookup reads them anyway).
@@ -64,7 +67,7 @@ class StateOracle:
             op=_OPS.get(op["do"], op["do"]), request=op.get("id"), before=self.state, after=after, config=self.config,
             regime=self.regime, capabilities=self.capabilities, running=self.running, lookups=lookups, gone=gone,
             reset_succeeded=result.get("reset"), handed_for_zeroing=tuple(answer.get("handed_for_zeroing", ())),
-            allocations=allocations, evicted=tuple(result.get("evicted", ())))
+            allocations=allocations, evicted=tuple(result.get("evicted", ())), peaks=peaks)
         found = check_transition(transition, before_checked=self.state_checked)
         self.state, self.state_checked = after, not found
         return [Discrepancy(invariant.category, None, None,

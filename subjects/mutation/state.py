@@ -170,6 +170,33 @@ def _free_keeps_cached_count(src: Source) -> tuple[str, list[Edit]]:
     return where, [src.replace(call, "pass")]
 
 
+def _free_cached_to_head(src: Source) -> tuple[str, list[Edit]]:
+    where, method = _method(src, "BlockPool", "free_blocks")
+    call = exactly_one([n for n in walk(method.body) if _is_queue_call(n, "append_n")],
+                       f"`self.free_block_queue.append_n(...)` in {where}")
+    return where, [src.replace(call.value.func, "self.free_block_queue.prepend_n")]
+
+
+def _free_head_first(src: Source) -> tuple[str, list[Edit]]:
+    where, method = _method(src, "SingleTypeKVCacheManager", "free")
+    # `free_blocks(reversed(...))` (0.26 on) or `ordered_blocks = reversed(req_blocks)` (before).
+    call = exactly_one([n for n in walk(method.body) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                        and n.func.id == "reversed" and len(n.args) == 1],
+                       f"`reversed(...)` in {where}")
+    return where, [src.replace(call, src.segment(call.args[0]))]
+
+
+def _window_frees_early(src: Source) -> tuple[str, list[Edit]]:
+    where, method = _method(src, "SlidingWindowManager", "get_num_skipped_tokens")
+    # `return max(0, num_computed_tokens - self.sliding_window + 1 [- extra])`: one block more skipped.
+    call = exactly_one([n.value for n in walk(method.body)
+                        if isinstance(n, ast.Return) and isinstance(n.value, ast.Call)
+                        and isinstance(n.value.func, ast.Name) and n.value.func.id == "max"
+                        and len(n.value.args) == 2 and is_const(n.value.args[0], 0)],
+                       f"`return max(0, ...)` in {where}")
+    return where, [src.replace(call.args[1], f"({src.segment(call.args[1])}) + self.block_size")]
+
+
 STATE_MUTANTS: tuple[MutationOperator, ...] = (
     MutationOperator(
         "touch_keeps_free_block",
@@ -184,6 +211,21 @@ STATE_MUTANTS: tuple[MutationOperator, ...] = (
         "free_leaks_cached_blocks",
         "BlockPool.free_blocks never returns cached blocks to the free queue (the pool leaks)",
         "", _free_leaks_cached, BLOCK_POOL_FILE, side="state"),
+    MutationOperator(
+        "free_cached_to_head",
+        "BlockPool.free_blocks puts freed cached blocks at the head of the free queue instead of its tail "
+        "(the most recently used cached blocks are evicted first: LRU eviction broken, hit rate falls)",
+        "", _free_cached_to_head, BLOCK_POOL_FILE, side="state"),
+    MutationOperator(
+        "free_head_first",
+        "SingleTypeKVCacheManager.free returns a request's blocks in table order instead of reversed (the "
+        "shared prefix is evicted before the request's own tail)",
+        "", _free_head_first, MANAGER_FILE, side="state"),
+    MutationOperator(
+        "window_frees_early",
+        "SlidingWindowManager.get_num_skipped_tokens counts one block more than the tokens before the window "
+        "(the block holding the window's first tokens is freed while the next step still reads it)",
+        "", _window_frees_early, MANAGER_FILE, side="state"),
     MutationOperator(
         "new_block_double_ref",
         "BlockPool.get_new_blocks hands blocks out with a reference count of 2 (freed blocks never free)",

@@ -5,7 +5,7 @@ and the engine driver read the same way (stdlib + vLLM only)."""
 
 import operator
 
-__all__ = ["StateReader"]
+__all__ = ["StateReader", "queue_runs"]
 
 
 class StateReader:
@@ -21,7 +21,7 @@ class StateReader:
         self._key_ids = {}
         self._sent = None  # the last snapshot answered, for deltas
         self._keys_memo = {}  # block id -> ((hash, extra keys), key ids)
-        self._free_memo = (None, None)  # the free ids sorted, and their runs
+        self._free_memo = (None, None)  # the free ids in queue order, and their runs
         self._columns = None  # the last read's hashes, ref counts and blocks part
         self._make_key = None  # vLLM's make_block_hash_with_group_id (False: this vLLM has none)
 
@@ -59,9 +59,9 @@ class StateReader:
         return sorted(entries)
 
     def _free_runs(self):
-        ids = sorted(self._free_queue())
+        ids = self._free_queue()
         if ids != self._free_memo[0]:
-            self._free_memo = (ids, _runs(ids))
+            self._free_memo = (ids, queue_runs(ids))
         return self._free_memo[1]
 
     def _free_queue(self):
@@ -81,8 +81,8 @@ class StateReader:
     def snapshot(self, delta=False):
         """The manager's observable state, compact: blocks neither referenced
         nor keyed are left out (``num_blocks`` says how many there are), the
-        free queue is sent as sorted runs [first, last] (a block queued twice
-        starts a new run; its order is not checked).  With ``delta``, a part
+        free queue is sent head first as runs [first, last] of consecutive
+        ids, ascending or descending (first > last): its order is checked.  With ``delta``, a part
         equal to the one last sent is named in ``same`` instead: the whole
         state is still read and compared every time, only not re-sent."""
         tables = []
@@ -186,13 +186,20 @@ class StateReader:
         return [make(h, 0) in cache for h in request.block_hashes]
 
 
-def _runs(ids):
-    """Sorted ids as [first, last] runs of consecutive ids; a repeated id
-    starts a new run, so the count and any duplicate survive."""
+def queue_runs(ids):
+    """The queue, head first, as [first, last] runs of ids each one above
+    (ascending) or below (descending, first > last) the one before; a
+    repeated id starts a new run, so the order, the count and any duplicate
+    survive.  Freed tables come back reversed, so both directions are common."""
     runs = []
+    step = 0  # the direction of the last run: +1, -1, or 0 (one id so far)
     for block_id in ids:
-        if runs and block_id == runs[-1][1] + 1:
-            runs[-1][1] = block_id
-        else:
-            runs.append([block_id, block_id])
+        if runs:
+            run = runs[-1]
+            delta = block_id - run[1]
+            if delta in (1, -1) and step in (0, delta):
+                run[1], step = block_id, delta
+                continue
+        runs.append([block_id, block_id])
+        step = 0
     return runs

@@ -420,6 +420,7 @@ class BlockPool:
 @pytest.mark.parametrize("name, removed, added", [
     ("touch_keeps_free_block", "self.free_block_queue.remove(block)", None),
     ("free_leaks_cached_blocks", "self.free_block_queue.append_n(last)", None),
+    ("free_cached_to_head", "self.free_block_queue.append_n(last)", "self.free_block_queue.prepend_n(last)"),
     ("reset_ignores_held_blocks", "if num_used_blocks != 1:", "if False:"),
     ("new_block_double_ref", "block.ref_cnt = 1", "block.ref_cnt = 2"),
     ("free_cached_block_misses", "if not block:", "if not block or block.ref_cnt == 0:"),
@@ -440,6 +441,9 @@ class SingleTypeKVCacheManager:
         if self.enable_caching:
             self.block_pool.touch(new_computed_blocks)
         req_blocks.extend(new_computed_blocks)
+
+    def free(self, request_id):
+        self.block_pool.free_blocks(reversed(self.pop_blocks_for_free(request_id)))
 
     def allocate_new_blocks(self, request_id, num_tokens):
         req_blocks = self.req_to_blocks[request_id]
@@ -470,6 +474,11 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         return computed_blocks, hit_length
 
 
+class SlidingWindowManager(SingleTypeKVCacheManager):
+    def get_num_skipped_tokens(self, num_computed_tokens):
+        return max(0, num_computed_tokens - self.sliding_window + 1)
+
+
 class MambaManager(SingleTypeKVCacheManager):
     @classmethod
     def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool):
@@ -489,6 +498,10 @@ class MambaManager(SingleTypeKVCacheManager):
     ("allocate_floors_partial_block", "cdiv(num_tokens, self.block_size)", "num_tokens // self.block_size"),
     ("mamba_hit_unpadded", "computed.extend([block_pool.null_block] * i)", None),
     ("hit_keeps_trimmed_blocks", "del computed[num_blocks:]", None),
+    ("free_head_first", "free_blocks(reversed(self.pop_blocks_for_free(request_id)))",
+     "free_blocks(self.pop_blocks_for_free(request_id))"),
+    ("window_frees_early", "max(0, num_computed_tokens - self.sliding_window + 1)",
+     "max(0, (num_computed_tokens - self.sliding_window + 1) + self.block_size)"),
 ])
 def test_state_operators_rewrite_the_managers(name, removed, added):
     from kvspec.subjects.mutation import STATE_MUTANTS

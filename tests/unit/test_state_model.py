@@ -4,6 +4,8 @@ model.program refuses what a worker must never be sent."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import attrs
 import pytest
 from hypothesis import given, settings
@@ -351,3 +353,173 @@ def test_a_block_evict_blocks_named_must_not_stay_findable():
     assert ("evicted_unfindable", "block 2") in found
     # Without an evict_blocks call the rule says nothing of keyed blocks.
     assert Category.STATE_EVICTED_FINDABLE not in _broken(_transition(_state()))
+
+
+# -- free-queue order (vLLM's eviction contract) --------------------------------------
+
+def _pool(queue: tuple[int, ...], keyed: set[int], tables=()) -> ManagerState:
+    """Blocks 0-9 on one full-attention group: the queued ones free, ``keyed``
+    ones cached, each table slot one reference."""
+    held = {b: sum(t.blocks.count(b) for t in tables) for b in range(10)}
+    blocks = tuple(Block(i, held[i], (f"k{i}",) if i in keyed else ()) for i in range(10))
+    return ManagerState(null_block=0, num_free=len(queue), free_queue=queue, blocks=blocks,
+                        hash_map=tuple((f"k{i}", i) for i in sorted(keyed)), tables=tuple(tables))
+
+
+ONE_GROUP = CoordinatorConfig((KVCacheGroup("full_attention", 2),), 2, 2)
+
+
+def _order_broken(before: ManagerState, after: ManagerState, **changes) -> bool:
+    fields = dict(config=ONE_GROUP, regime=expected_regime(ONE_GROUP, CAPS), running={})
+    fields.update(changes)
+    return bool(check_transition(_transition(after, before=before, **fields), only=["free_order"]))
+
+
+def test_allocation_takes_the_queues_head():
+    r0 = Table("r0", 0, (5,))
+    before = _pool((5, 6, 7), set())
+    assert not _order_broken(before, _pool((6, 7), set(), [r0]), running={"r0": 1})
+    # Taking the tail (most recently freed) instead breaks LRU eviction.
+    assert _order_broken(before, _pool((5, 6), set(), [Table("r0", 0, (7,))]), running={"r0": 1})
+
+
+def test_a_hit_is_taken_where_it_lies_and_survivors_keep_their_order():
+    before = _pool((5, 6, 7, 8), {6})
+    hit = Lookup("r0", hit=2, group_blocks=((6,),), num_tokens=3)
+    after = _pool((5, 7, 8), {6}, [Table("r0", 0, (6,))])
+    assert not _order_broken(before, after, lookups=(hit,), running={"r0": 2})
+    # The same queue without a lookup that returned block 6: not a head taken.
+    assert _order_broken(before, after, running={"r0": 2})
+    # Survivors swapped.
+    assert _order_broken(before, _pool((5, 8, 7), {6}, [Table("r0", 0, (6,))]), lookups=(hit,),
+                         running={"r0": 2})
+
+
+def test_a_freed_requests_blocks_join_tail_first():
+    r0 = Table("r0", 0, (1, 2, 3), 3)
+    before = _pool((5, 6, 7), {1, 2, 3}, [r0])
+    freed = dict(op="finish", request="r0", gone=("r0",))
+    # Cached blocks join the tail, the table's last block first.
+    assert not _order_broken(before, _pool((5, 6, 7, 3, 2, 1), {1, 2, 3}), **freed)
+    assert _order_broken(before, _pool((5, 6, 7, 1, 2, 3), {1, 2, 3}), **freed)  # head first
+    assert _order_broken(before, _pool((3, 2, 1, 5, 6, 7), {1, 2, 3}), **freed)  # cached ones ahead of the LRU
+    assert _order_broken(before, _pool((5, 3, 2, 1, 6, 7), {1, 2, 3}), **freed)  # among the survivors
+
+
+def test_keyless_freed_blocks_may_join_either_end_but_tail_first():
+    r0 = Table("r0", 0, (1, 2, 3))
+    before = _pool((5, 6, 7), set(), [r0])
+    freed = dict(op="finish", request="r0", gone=("r0",))
+    assert not _order_broken(before, _pool((3, 2, 1, 5, 6, 7), set()), **freed)  # 0.26+: reused first
+    assert not _order_broken(before, _pool((5, 6, 7, 3, 2, 1), set()), **freed)  # 0.23-0.25
+    assert _order_broken(before, _pool((1, 2, 3, 5, 6, 7), set()), **freed)
+
+
+def test_a_block_shared_with_a_running_request_is_not_freed_with_the_table():
+    # r1 still holds block 1: only 3 and 2 reach count 0, in that order.
+    r0, r1 = Table("r0", 0, (1, 2, 3), 3), Table("r1", 0, (1, 4), 1)
+    before = _pool((5, 6), {1, 2, 3}, [r0, r1])
+    after = _pool((5, 6, 3, 2), {1, 2, 3}, [r1])
+    assert not _order_broken(before, after, op="finish", request="r0", gone=("r0",), running={"r1": 3})
+
+
+def test_a_block_taken_and_freed_again_within_one_operation():
+    # r0 is given block 5 from the head, then preempted in the same step:
+    # 5 comes back (keyless: to the head on 0.26+), 6 and 7 keep their order.
+    r0 = Table("r0", 0, (1,))
+    before = _pool((5, 6, 7), set(), [r0])
+    assert not _order_broken(before, _pool((5, 1, 6, 7), set()), gone=("r0",))
+    # With nothing freed, 5 cannot have left and come back: 7 was taken from the tail.
+    assert _order_broken(_pool((5, 6, 7), set()), _pool((5, 6), set(), [Table("r1", 0, (7,))]), running={"r1": 1})
+
+
+def test_the_free_queue_is_read_in_queue_order_from_descending_and_ascending_runs():
+    from kvspec.subjects.vllm_side.state_reader import queue_runs
+
+    queue = [5, 4, 3, 7, 8, 9, 9, 2, 1]
+    assert queue_runs(queue) == [[5, 3], [7, 9], [9, 9], [2, 1]]
+    data = _compact(num_free=9, num_blocks=10, free_runs=queue_runs(queue))
+    assert list(ManagerState.from_dict(data).free_queue) == queue
+
+
+def test_a_mamba_layouts_step_may_take_and_free_a_block_unseen():
+    # MambaManager frees, within one allocation, state blocks it took from the
+    # head (seen on vLLM 0.28 and 0.34, two-group Mamba layouts): no table shows them.
+    mamba = CoordinatorConfig((KVCacheGroup("mamba_align", 2),), 2, 2)
+    fields = dict(config=mamba, regime=expected_regime(mamba, CAPS), running={"r0": 1})
+    before, after = _pool((5, 6, 7), set()), _pool((5, 7), set(), [Table("r0", 0, (6,))])
+    assert not _order_broken(before, after, **fields)
+    assert _order_broken(before, after, running={"r0": 1})  # one full-attention group: 5 was passed over
+
+
+def test_a_block_taken_and_released_at_the_steps_end_may_look_like_a_survivor():
+    # vLLM 0.34.0, Mamba "align" + full attention: a step takes 3 and 4 for
+    # r0, frees r1's passed-over Mamba state 6 (cached: to the tail), takes 5
+    # as a copy-on-write block that gets the source's keys, and releases it at
+    # the step's end (cached: to the tail again).  5 looks like a survivor
+    # with 6 ahead of it; taken and returned is what explains the queue.
+    hybrid = CoordinatorConfig((KVCacheGroup("mamba_align", 2), KVCacheGroup("full_attention", 2)), 2, 2)
+    fields = dict(config=hybrid, regime=expected_regime(hybrid, CAPS), running={"r0": 3, "r1": 5})
+    r1 = Table("r1", 0, (6, 7))
+    before = _pool((3, 4, 5), {5, 6}, [r1])
+    after = _pool((6, 5), {5, 6}, [Table("r0", 0, (3,)), Table("r0", 1, (4,)), Table("r1", 0, (0, 7))])
+    assert not _order_broken(before, after, **fields)
+    # No allocation, no block comes back: a finish putting cached 6 ahead of 5 breaks LRU.
+    finish = dict(op="finish", request="r1", gone=("r1",), running={})
+    assert _order_broken(_pool((5,), {5, 6}, [Table("r1", 0, (6,))]), _pool((6, 5), {5, 6}), **finish)
+
+
+# -- the sliding window the next step reads ---------------------------------------------
+
+SWA = CoordinatorConfig((KVCacheGroup("full_attention", 2), KVCacheGroup("sliding_window", 2, sliding_window=4)), 2, 2)
+
+
+def _window_broken(sliding: tuple[int, ...], computed: int, peak: int = 0) -> bool:
+    tables = (Table("r0", 0, tuple(range(10, 10 + _blocks(computed)))), Table("r0", 1, sliding))
+    held = Counter(b for t in tables for b in t.blocks if b != 0)
+    blocks = tuple(Block(i, held[i]) for i in range(30))
+    after = ManagerState(null_block=0, num_free=0, free_queue=(), blocks=blocks, hash_map=(), tables=tables)
+    t = _transition(after, before=after, config=SWA, regime=expected_regime(SWA, CAPS), running={"r0": computed},
+                    peaks={"r0": peak} if peak else {})
+    return bool(check_transition(t, only=["window_held"]))
+
+
+def _blocks(tokens: int) -> int:
+    return -(-tokens // 2)
+
+
+def test_a_sliding_window_table_holds_the_window_the_next_step_reads():
+    # Window 4, block 2, 7 computed: the next token (position 7) reads 4..7,
+    # slots 2 and 3; vLLM may have freed slots 0 and 1 (skipped tokens 0..3).
+    assert not _window_broken((0, 0, 21, 22), 7)
+    assert _window_broken((0, 0, 0, 22), 7)  # slot 2 freed one block too early
+    assert _window_broken((0, 0, 21), 7)  # slot 3 missing
+    assert not _window_broken((20, 0, 21, 22), 7)  # freeing late is not checked
+
+
+def test_the_window_is_the_one_of_the_most_tokens_the_request_had_computed():
+    # 5 computed now, 9 before a rollback: vLLM may have freed for 9 (slots 0..2).
+    assert not _window_broken((0, 0, 0), 5, peak=9)
+    assert _window_broken((0, 0, 0), 5)
+
+
+def test_the_oracle_carries_a_requests_peak_until_it_stops_running():
+    from kvspec.oracles.state import StateOracle
+
+    def state(sliding):
+        fa, held = list(range(10, 15)), [b for b in sliding if b]
+        blocks = [[b, 1, []] for b in fa + held]
+        return {"null_block": 0, "num_free": 0, "num_blocks": 30, "free_runs": [], "blocks": blocks,
+                "hash_map": [], "tables": [["r0", 0, fa, 0], ["r0", 1, list(sliding), 0]]}
+
+    def window_alarm(oracle, op, computed, sliding, preempted=()):
+        answer = {"result": {"preempted": list(preempted)}, "running": {"r0": computed}, "handed_for_zeroing": [],
+                  "state": state(sliding)}
+        return [d for d in oracle.check(op, answer) if d.category is Category.STATE_WINDOW]
+
+    oracle = StateOracle(Program(SWA, 30, 128), CAPS, {"state": state((0, 0, 0, 23, 24))})
+    assert not window_alarm(oracle, {"do": "schedule"}, 9, (0, 0, 0, 23, 24))
+    # Truncated to 5 (a failed load): slots 1-2 were freed for 9, legitimately.
+    assert not window_alarm(oracle, {"do": "evict", "id": "r0"}, 5, (0, 0, 0, 23, 24))
+    # Preempted and running again within the step: its peak starts over at 5.
+    assert window_alarm(oracle, {"do": "schedule"}, 5, (0, 0, 0, 23, 24), preempted=["r0"])
