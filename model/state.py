@@ -181,6 +181,8 @@ class Transition:
     # The block ids the manager's evict_blocks was given during the operation
     # (the engine driver observes the calls: a failed KV load).
     evicted: tuple[int, ...] = ()
+    # Waiting requests holding blocks for a KV load in flight, after the op.
+    loading: tuple[str, ...] = ()
     # Running requests -> the most computed tokens each had since it last
     # started running (the oracle carries it; absent: its ``running`` count).
     peaks: dict[str, int] = attrs.field(factory=dict)
@@ -479,8 +481,8 @@ def _window_held(t: Transition) -> list[str]:
 def _forgets(t: Transition) -> list[str]:
     out = []
     for request in t.gone:
-        if request in t.running:
-            continue  # preempted and admitted again within the step
+        if request in t.running or request in t.loading:
+            continue  # admitted again within the step (running, or holding blocks for a new KV load)
         left = t.after.tables_of(request)
         if left:
             out.append(f"request {request} was freed, yet group {left[0].group} still holds a table for it "
@@ -731,7 +733,8 @@ INVARIANTS: tuple[Invariant, ...] = (
               "have had slots freed for the larger one; that vLLM frees on the processed count is not checked), "
               "and that slots below the window are freed is not checked", _window_held, exact=False),
     Invariant("forgets", Category.STATE_FORGET,
-              "after free or preemption no group keeps a table for the request", _forgets),
+              "after free or preemption no group keeps a table for the request, unless the same operation admitted it "
+              "again (running, or holding blocks for a new KV load)", _forgets),
     Invariant("reset", Category.STATE_RESET,
               "reset_prefix_cache succeeds iff no block is held, and then leaves no key", _reset),
     Invariant("free_order", Category.STATE_FREE_ORDER,

@@ -67,7 +67,8 @@ class StateOracle:
             op=_OPS.get(op["do"], op["do"]), request=op.get("id"), before=self.state, after=after, config=self.config,
             regime=self.regime, capabilities=self.capabilities, running=self.running, lookups=lookups, gone=gone,
             reset_succeeded=result.get("reset"), handed_for_zeroing=tuple(answer.get("handed_for_zeroing", ())),
-            allocations=allocations, evicted=tuple(result.get("evicted", ())), peaks=peaks)
+            allocations=allocations, evicted=tuple(result.get("evicted", ())), peaks=peaks,
+            loading=tuple(result.get("loading", ())))
         found = check_transition(transition, before_checked=self.state_checked)
         self.state, self.state_checked = after, not found
         return [Discrepancy(invariant.category, None, None,

@@ -199,6 +199,12 @@ def _profile_line(p: Any) -> str:
 
 def affected_lines(f: Finding) -> list[str]:
     """Who is affected: the assessed deployment profiles, or why nobody can say yet."""
+    # An engine finding is reached by its engine flags whatever the catalog says.
+    reached = f.inputs.get("how_a_user_reaches_it") if isinstance(f.inputs, dict) else None
+    if isinstance(reached, str) and (f.reach is None or not f.reach.profiles):
+        catalog = ("no deployment profile of the catalog was checked for it" if f.reach is None
+                   else "no deployment profile of the catalog reaches it")
+        return [f"{reached}; {catalog}"]
     if f.reach is None:
         knobs = " (the configurations that take this branch are listed as knobs under the evidence)" \
             if f.explanation and f.explanation.knobs else ""

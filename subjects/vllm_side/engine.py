@@ -236,6 +236,7 @@ class EngineMachine:
         self.handed = []
         self.allocations = []
         self.evicted = []  # block ids each evict_blocks call named, this operation
+        self.released = []  # requests whose blocks the manager's free gave back, this operation
         # kvspec's connector's loads the "worker" runs: asynchronous ones
         # pending (steps left before finished_recving), in start order.
         self.pending_loads = []
@@ -323,6 +324,16 @@ class EngineMachine:
                 return evict(block_ids, *args, **kwargs)
 
             manager.evict_blocks = evict_blocks
+        release = manager.free
+
+        def free(request, *args, **kwargs):
+            # Blocks given back while the request stays with the scheduler
+            # (e.g. an asynchronous load that failed with nothing valid: vLLM
+            # frees it and admits it again, maybe within the same step).
+            self.released.append(request.request_id)
+            return release(request, *args, **kwargs)
+
+        manager.free = free
 
     # -- operations -------------------------------------------------------------
     def _arrive(self, op):
@@ -495,9 +506,13 @@ class EngineMachine:
         # requests, or preempted): no table may stay.  A finished request a
         # connector still reads keeps its blocks until the transfer ends.
         requests = self.scheduler.requests
-        result["freed"] = sorted(r for r in running_before - set(running)
-                                 if r not in requests or requests[r].status == self.RequestStatus.PREEMPTED)
+        result["freed"] = sorted({r for r in running_before - set(running)
+                                  if r not in requests or requests[r].status == self.RequestStatus.PREEMPTED}
+                                 | set(self.released))
         waiting = [r.request_id for r in requests.values() if r.request_id not in running]
+        # Waiting requests that hold blocks for a KV load in flight.
+        remote = getattr(self.RequestStatus, "WAITING_FOR_REMOTE_KVS", None)
+        result["loading"] = sorted(r.request_id for r in requests.values() if r.status == remote)
         state = self.reader.snapshot(delta=True)
         # Blocks the scheduler holds outside the tables until an in-flight step ends.
         state["held_elsewhere"] = sorted(b.block_id for _, blocks in getattr(self.scheduler, "deferred_frees", ())
@@ -510,7 +525,7 @@ class EngineMachine:
         for its ``schedule()`` alone, read before its outputs were processed.
         ``observe`` off (the benchmark's unchecked baseline only): no state read."""
         self.observe = observe
-        self.lookups, self.handed, self.allocations, self.evicted = [], [], [], []
+        self.lookups, self.handed, self.allocations, self.evicted, self.released = [], [], [], [], []
         self.scheduled = None
         kind = op["do"]
         running_before = {r.request_id for r in self.scheduler.running}
