@@ -126,11 +126,11 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                  "synchronous connector load must count every block allocate_slots then takes"),
     # Found by retention_hit through the engine on 0.30.0/0.31.0 (toy-nemotron-h,
     # --max-num-batched-tokens 64); the probe through vLLM's Scheduler, built the
-    # engine's way, shows it under dense (0.24.0-0.28.0) and sparse (0.29.0-0.31.0)
+    # engine's way, shows it under dense (0.23.0-0.28.0) and sparse (0.29.0-0.31.0)
     # retention alike and not from 0.32.0: the chunk stop, not the retention mask.
     # Before 0.28.0 the toy's engine defaults build no align group (the flags in
-    # ``needs``); 0.23.0 and older: the engine builder does not run there.
-    KnownBug(Category.STATE_RETENTION_HIT, "0.24.0", "0.32.0",
+    # ``needs``); 0.23.0 is the oldest release the engine builder runs on.
+    KnownBug(Category.STATE_RETENTION_HIT, "0.23.0", "0.32.0",
              "prefill of a prompt whose length is a multiple of the Mamba block runs in one chunk to the prompt's "
              "end on a Mamba 'align' hybrid (_mamba_block_aligned_split stops at num_tokens - num_tokens % block), "
              "so no Mamba state is made at the replay boundary (num_tokens - 1 floored to the block), the highest "
