@@ -10,6 +10,7 @@ from kvspec.model.capabilities import expected_regime
 from kvspec.model.domain import CoordinatorConfig, GroupKind, KVCacheGroup
 from kvspec.model.variants import variant
 from kvspec.model.workload import LAYOUTS, Workload, layout
+from kvspec.model.retention import common_prefix
 from kvspec.oracles.ideal_cache import SpecCache
 from kvspec.report.hitrate import render_text
 from kvspec.report.hitrate_plot import render_svg
@@ -26,15 +27,6 @@ def _ideal(config, workload=SMALL, rule=None):
     regime = expected_regime(config, CAPS)
     cache = SpecCache(config, regime) if rule is None else SpecCache(config, regime, rule)
     return replay(workload, cache)
-
-
-def _common_prefix(a, b):
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def test_workload_is_deterministic_and_multi_turn():
@@ -65,7 +57,7 @@ def test_ideal_hits_are_landing_points_within_what_earlier_requests_computed(nam
     assert result.hit_tokens > 0
     for outcome, request in zip(result.outcomes, requests):
         earlier = [r.prompt + r.output for r in requests[:request.index]]
-        shared = max((_common_prefix(request.prompt, tokens) for tokens in earlier), default=0)
+        shared = max((common_prefix(request.prompt, tokens) for tokens in earlier), default=0)
         assert outcome.hit % config.hash_block_size == 0
         assert outcome.hit <= min(shared, len(request.prompt) - 1)
 
