@@ -255,7 +255,7 @@ def history() -> str:
     if data is None:
         parts.append(_missing(name, command))
     else:
-        from kvspec.report.history import render_table
+        from kvspec.report.history import render_explanations, render_table
 
         rows = data["releases"]
         planned = data["planned"]
@@ -263,7 +263,11 @@ def history() -> str:
                                   "--vllm": f"{planned[0]}..{planned[-1]}"})
         parts += [f"Status: {data['status']}, {len(rows)} of {len(planned)} releases "
                   f"(`{data['schema']}`, [the file](../results/{name})).",
-                  render_table(rows, symbolic=any("symbolic" in r for r in rows))]
+                  render_table(rows, symbolic=any("symbolic" in r for r in rows)),
+                  "## Each finding explained",
+                  "Matched against the [known vLLM bugs](known-bugs.md) by category, words and release range "
+                  "(`kvspec.report.history.render_explanations`).",
+                  render_explanations(rows)]
     return _page("Release history", f"`docs/results/{name}`, rendered by `kvspec.report.history`", *parts)
 
 

@@ -101,7 +101,8 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
     KnownBug(Category.SUBJECT_CRASH, "0.26.0", "0.28.0",
              "find_longest_cache_hit asserts 'SlidingWindowManager does not support fine-grained (partial) cache "
              "hits' with partial hash hits and a sliding-window group whose block differs from the hash block",
-             "does not support fine-grained (partial) cache hits"),
+             "does not support fine-grained (partial) cache hits",
+             name="sliding_window_partial_hit_assertion"),
     KnownBug(Category.STATE_TABLE_APPEND_ONLY, "0.26.0", "0.28.0",
              "after an admission with KV-connector tokens the Mamba manager copies-on-write into the running "
              "request's table, which must stay append-only", "append_only:",

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["render_table"]
+__all__ = ["render_table", "render_explanations"]
+
+_COLUMNS = (("registration", None), ("lookup (hit length)", "lookup"), ("stateful", "stateful"),
+            ("engine", "engine"))
 
 
 def render_table(rows: list[dict[str, Any]], symbolic: bool) -> str:
@@ -59,3 +62,36 @@ def _stateful(cell: dict[str, Any] | None) -> str:
     if others:  # found within Hypothesis's search after the first: not a complete list
         text += "; also broken: " + "; ".join(f"{o['summary'][0]} -- program: {o['case_text']}" for o in others)
     return text
+
+
+def render_explanations(rows: list[dict[str, Any]]) -> str:
+    """Each finding of the table, explained: the known vLLM bug
+    (``model/known.py``) whose category and words it has and whose release
+    range holds the row's release, or said to be unexplained (a new vLLM bug or
+    a gap in kvspec's model, for a reader to settle)."""
+    from kvspec.model.finding import Category
+    from kvspec.model.known import known_bugs
+
+    lines = []
+    for row in rows:
+        if row["status"] in ("unsupported", "error"):
+            continue
+        for label, key in _COLUMNS:
+            cell = row if key is None else row.get(key)
+            failure = (cell or {}).get("failure")
+            if not failure:
+                continue
+            failures = [failure] + list((cell or {}).get("other_failures") or [])
+            for one in failures:
+                try:
+                    category = Category(one["category"])
+                except ValueError:
+                    category = None
+                summary = one["summary"][0] if one.get("summary") else ""
+                bugs = known_bugs(row["version"], category, summary) if category else []
+                what = (f"the known vLLM bug `{bugs[0].name}` (first in {bugs[0].first}, "
+                        f"{'fixed in ' + bugs[0].fixed_in if bugs[0].fixed_in else 'still open'})" if bugs
+                        else "not explained by a known bug: a new vLLM bug or a gap in kvspec's model, "
+                             "not settled here")
+                lines.append(f"- {row['version']}, {label}: `{one['category']}`: {what}")
+    return "\n".join(lines) if lines else "Every column of every release held: nothing to explain."
