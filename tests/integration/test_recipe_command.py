@@ -61,6 +61,10 @@ def test_the_recipe_command_on_a_checkout(which, tmp_path):
         assert set(runs["engine"]["known_met"]) <= {"mamba_estimate_below_allocation_after_connector_load"}
         assert "0" in runs["engine"]["engine_settings"]["retention_interval"]
         assert "AsyncScheduler" in runs["engine"]["engine_settings"]["scheduler_class"]
+        # The OK verdict names the known vLLM bugs the run met (never a bare "no discrepancy" over them).
+        met = {**runs["stateful"]["known_met"], **runs["engine"]["known_met"]}
+        (verdict,) = [line for line in run.stdout.splitlines() if line.startswith("VERDICT")]
+        assert all(name in verdict for name in met) and (not met or "known vLLM bugs met" in verdict), verdict
     else:
         assert run.returncode == Outcome.FINDING.exit_code, run.stdout[-3000:] + run.stderr[-3000:]
         assert report.startswith("# kvspec check: FINDING")
