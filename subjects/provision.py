@@ -19,7 +19,9 @@ every tree it caches itself, in ``checked-hash`` mode, removes any other
 ``.pyc`` there, and records the bytecode's digest beside the sources'.  A
 ``.pyc`` that is not what kvspec compiled (an unchecked-hash file planted in
 ``__pycache__``, say) fails verification and the bytecode is compiled again;
-workers on kvspec's trees write none of their own (PYTHONDONTWRITEBYTECODE).
+workers on kvspec's trees write none of their own (``-B``, since ``-I`` ignores
+PYTHONDONTWRITEBYTECODE: a tree changed under one process would be rebuilt
+under another's feet).
 """
 
 from __future__ import annotations

@@ -114,8 +114,13 @@ def resolve_subject(subject: Subject) -> tuple[str, str | None]:
 def interpreter_args(root: str | None) -> list[str]:
     """Flags for a subject's interpreter: isolated (``-I``: no PYTHONPATH, no
     user site, no script directory on ``sys.path``) when kvspec names the
-    tree; the current environment keeps its own path."""
-    return ["-I"] if root is not None else []
+    tree; the current environment keeps its own path.  In kvspec's own trees
+    Python writes no bytecode (``-B``: ``-I`` ignores PYTHONDONTWRITEBYTECODE):
+    a tree holds only what kvspec compiled and verifies, and a tree that
+    changed under one worker is rebuilt under another's feet."""
+    if root is None:
+        return []
+    return ["-I", "-B"] if _inside(root, cache_root()) else ["-I"]
 
 
 def subject_env(root: str | None) -> dict[str, str]:
@@ -126,7 +131,7 @@ def subject_env(root: str | None) -> dict[str, str]:
     env.pop("KVSPEC_SUBJECT_TREE", None)
     if root is not None:
         env["KVSPEC_SUBJECT_TREE"] = root
-        if _inside(root, cache_root()):  # kvspec's trees hold only the bytecode kvspec compiled and verifies
+        if _inside(root, cache_root()):  # for children started without -I (interpreter_args gives -B)
             env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.setdefault("VLLM_TARGET_DEVICE", "cpu")
     env["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"

@@ -240,7 +240,8 @@ def run_repro(script: ReproScript, crash_type: str | None, timeout: float = 600)
         path = Path(tmp) / "repro.py"
         path.write_text(script.code, encoding="utf-8")
         try:
-            out = subprocess.run([str(python), str(path)], capture_output=True, text=True, env=env, cwd=tmp,
+            # -B: the release tree keeps only the bytecode kvspec compiled and verifies.
+            out = subprocess.run([str(python), "-B", str(path)], capture_output=True, text=True, env=env, cwd=tmp,
                                  timeout=timeout, start_new_session=True)
         except subprocess.TimeoutExpired:
             return ReproRun(False, None, f"timed out after {timeout:.0f} s", time.perf_counter() - start,

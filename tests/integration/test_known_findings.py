@@ -76,10 +76,10 @@ def test_the_standalone_reproduction_shows_the_mechanism_on_every_release_it_nam
     python, tree = ensure_runtime(), ensure_release(version)
     env = {**os.environ, "PYTHONPATH": str(tree), "VLLM_LOGGING_LEVEL": "ERROR"}
     env.pop("VLLM_TARGET_DEVICE", None)
-    mechanism = subprocess.run([str(python), str(REPRO)], capture_output=True, text=True, env=env, timeout=600)
+    mechanism = subprocess.run([str(python), "-B", str(REPRO)], capture_output=True, text=True, env=env, timeout=600)
     assert mechanism.returncode != 0
     assert "the Mamba group took 2 blocks after estimating 1" in mechanism.stderr, mechanism.stderr[-2000:]
-    crash = subprocess.run([str(python), str(REPRO), "4"], capture_output=True, text=True, env=env, timeout=600)
+    crash = subprocess.run([str(python), "-B", str(REPRO), "4"], capture_output=True, text=True, env=env, timeout=600)
     assert "ValueError: Cannot get 1 free blocks from the pool" in crash.stderr, crash.stderr[-2000:]
     assert CONNECTOR_BUG.carried_by(version) and CONNECTOR_BUG.reproduction.endswith(REPRO.name)
 
@@ -143,7 +143,7 @@ def test_a_block_aligned_mamba_prompt_loses_its_replay_hit_until_0_32(version, f
     env = {**os.environ, "KVSPEC_SUBJECT_TREE": str(tree), "VLLM_TARGET_DEVICE": "cpu", "VLLM_LOGGING_LEVEL": "ERROR"}
     # The folder the worker points its kvspec namespace at (the package's parent, links not followed).
     root = os.path.dirname(os.path.dirname(os.path.abspath(worker.__file__)))
-    run = subprocess.run([str(python), "-I", str(ALIGNED), root,
+    run = subprocess.run([str(python), "-I", "-B", str(ALIGNED), root,
                           json.dumps({"num_gpu_blocks_override": 64, **flags})],
                          capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]

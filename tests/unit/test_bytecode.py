@@ -85,3 +85,20 @@ def test_a_failed_download_leaves_the_cached_tree_in_place(cached_tree, monkeypa
     with pytest.raises(ProvisionError, match="no package index"):
         ensure_release(VERSION)
     assert (cached_tree / "vllm" / "mod.py").read_text() == "VALUE = 'changed'\n"
+
+
+def test_a_process_importing_a_cached_tree_writes_no_bytecode_into_it(cached_tree):
+    """Subjects' processes run isolated (-I), which ignores PYTHONDONTWRITEBYTECODE:
+    the flag must be on the command line, or a worker writes .pyc files into a
+    cached tree and the next verification rebuilds it under a running worker."""
+    from kvspec.subjects.subject import interpreter_args, subject_env
+
+    root = str(ensure_release(VERSION))
+    (Path(root) / "vllm" / "fresh.py").write_text("VALUE = 1\n")  # a module with no bytecode yet
+    code = "import sys, vllm.fresh; print(sys.flags.dont_write_bytecode)"
+    env = {**subject_env(root), "PYTHONPATH": root}
+    out = subprocess.run([sys.executable, *interpreter_args(root), "-c",
+                          f"import sys; sys.path.insert(0, {root!r}); {code}"],
+                         capture_output=True, text=True, env=env, check=True, cwd=root)
+    assert out.stdout.strip() == "1"
+    assert not list((Path(root) / "vllm" / "__pycache__").glob("fresh.*.pyc"))
