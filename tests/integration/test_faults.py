@@ -230,11 +230,15 @@ def test_a_worker_killed_while_importing_vllm_is_infrastructure_not_a_setup_erro
         proc.close()
 
 
-def test_a_planted_pyc_in_a_mutant_tree_is_rebuilt_not_imported(tmp_path, capsys):
+def test_a_planted_pyc_in_a_mutant_tree_is_rebuilt_not_imported(tmp_path, capsys, monkeypatch):
     """The release's coordinator compiled unchecked-hash into the mutant's
     __pycache__ would run the release's code as the mutant (issue 28: exit 0,
     "no discrepancy" on refloor_50062)."""
     import py_compile
+
+    # A mutant tree of its own: the rebuild must not pull the shared one from
+    # under tests running beside this one (pytest-xdist).
+    monkeypatch.setattr("kvspec.subjects.mutation.trees.cache_root", lambda: tmp_path / "cache")
 
     operator = mutant("refloor_50062")
     tree = mutant_tree("0.33.0", operator.name)
