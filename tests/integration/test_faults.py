@@ -130,7 +130,15 @@ def test_an_interrupt_while_shrinking_keeps_the_counterexample(tmp_path):
     assert heading.startswith("## kvspec fuzz: INTERRUPTED") and "DISCREPANCY" in heading
 
 
-def test_a_restored_mutant_tree_is_rebuilt_not_trusted(tmp_path, capsys):
+@pytest.fixture
+def private_mutants(tmp_path, monkeypatch):
+    """Mutant trees of this test's own: a test that damages a tree and has it
+    rebuilt must not pull the shared one from under the tests running beside
+    it (pytest-xdist), nor be answered by their rebuild."""
+    monkeypatch.setattr("kvspec.subjects.mutation.trees.cache_root", lambda: tmp_path / "cache")
+
+
+def test_a_restored_mutant_tree_is_rebuilt_not_trusted(private_mutants, capsys):
     operator = mutant("refloor_50062")
     tree = mutant_tree("0.33.0", operator.name)
     target = tree / operator.target_file
@@ -230,15 +238,11 @@ def test_a_worker_killed_while_importing_vllm_is_infrastructure_not_a_setup_erro
         proc.close()
 
 
-def test_a_planted_pyc_in_a_mutant_tree_is_rebuilt_not_imported(tmp_path, capsys, monkeypatch):
+def test_a_planted_pyc_in_a_mutant_tree_is_rebuilt_not_imported(private_mutants, capsys):
     """The release's coordinator compiled unchecked-hash into the mutant's
     __pycache__ would run the release's code as the mutant (issue 28: exit 0,
     "no discrepancy" on refloor_50062)."""
     import py_compile
-
-    # A mutant tree of its own: the rebuild must not pull the shared one from
-    # under tests running beside this one (pytest-xdist).
-    monkeypatch.setattr("kvspec.subjects.mutation.trees.cache_root", lambda: tmp_path / "cache")
 
     operator = mutant("refloor_50062")
     tree = mutant_tree("0.33.0", operator.name)
