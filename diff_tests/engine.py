@@ -201,13 +201,19 @@ def engine_database_key(subject_label: str) -> bytes:
     return f"{subject_label}|engine".encode()
 
 
-def engine_machine(proc: SubjectProcess, on_program: Callable[..., None],
-                   on_violation: Callable[[Failure], None], known: tuple[KnownBug, ...] = (),
+def engine_machine(subject: SubjectProcess | Callable[[], SubjectProcess], on_program: Callable[..., None],
+                   on_violation: Callable[[Failure], None],
+                   known: tuple[KnownBug, ...] | Callable[[], tuple[KnownBug, ...]] = (),
                    on_known: Callable[[KnownBug, Failure], None] = lambda bug, failure: None
                    ) -> type[RuleBasedStateMachine]:
-    """The rule-based machine on one live subject.  A program that meets a
-    known vLLM bug of ``known`` (recognised by its mechanism) is handed to
-    ``on_known`` and ends there; the search goes on."""
+    """The rule-based machine on one live subject, or on a function that
+    gives it on first use (the shipped pytest test: no worker starts while
+    tests are collected).  A program that meets a known vLLM bug of
+    ``known`` (recognised by its mechanism; a function is asked once the
+    subject is live) is handed to ``on_known`` and ends there; the search
+    goes on."""
+    live = subject if callable(subject) else (lambda: subject)
+    known_bugs_of = known if callable(known) else (lambda: known)
 
     class EngineStateMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
@@ -231,12 +237,12 @@ def engine_machine(proc: SubjectProcess, on_program: Callable[..., None],
         @initialize(setup=engine_setups(), first=st.lists(st.tuples(_ARRIVAL, _LOAD), min_size=1, max_size=3))
         def open(self, setup: EngineSetup, first: list[tuple[tuple[int, int, int, int, int, int], Any]]) -> None:
             try:
-                opened = proc.session({"op": "open_engine", "setup": setup.message()})
+                opened = live().session({"op": "open_engine", "setup": setup.message()})
             except KvspecError as error:
                 raise _Abort(error) from error
             self.program = EngineProgram(setup)
             if opened.get("environment"):
-                raise _Abort(SetupError(f"{proc.subject.label}: the vLLM runtime cannot import what the engine "
+                raise _Abort(SetupError(f"{live().subject.label}: the vLLM runtime cannot import what the engine "
                                         f"needs ({opened.get('error')})"))
             if opened.get("unsupported"):
                 # A flag this release does not take: a setup it cannot express, counted and said.
@@ -259,7 +265,7 @@ def engine_machine(proc: SubjectProcess, on_program: Callable[..., None],
                 on_program(self, refused=f"not checked: kvspec cannot model what the engine built: {error}")
                 reject()
             self.block = config.scheduler_block_size
-            self.oracle = StateOracle(self.program, proc.capabilities, opened, config=config,
+            self.oracle = StateOracle(self.program, live().capabilities, opened, config=config,
                                       retention=retention_layout(self.derived, config))
             on_program(self)
             for arrival, load in first:
@@ -270,7 +276,7 @@ def engine_machine(proc: SubjectProcess, on_program: Callable[..., None],
             # finding records it (run["engine_settings"]) for the reader and
             # for an upstream reproduction's hand-built KVCacheConfig.
             failure = Failure(self.taken(), tuple(found), {**reply, "derived": self.derived})
-            bug = recognise(known, found)
+            bug = recognise(known_bugs_of(), found)
             if bug is not None:  # a known vLLM bug again: said, and the search goes on
                 self.inert = True
                 on_known(bug, failure)
@@ -288,7 +294,7 @@ def engine_machine(proc: SubjectProcess, on_program: Callable[..., None],
             if self.inert:
                 return
             try:
-                reply = proc.session({"op": "engine_ops", "ops": list(ops)})
+                reply = live().session({"op": "engine_ops", "ops": list(ops)})
             except KvspecError as error:
                 raise _Abort(error) from error
             if reply.get("kvspec_error"):

@@ -7,9 +7,12 @@ the plugin's options (``--kvspec-vllm``, ``--kvspec-vllm-src``,
 examples by ``--kvspec-profile``.  The properties are plain module-level
 Hypothesis tests, so coverage-guided engines (HypoFuzz) can run them too;
 their body is ``kvspec fuzz``'s (``kvspec.diff_tests.property``).  The
-stateful differential is Hypothesis's rule-based state machine
-(``kvspec.diff_tests.stateful``), one ``TestStateInvariants_*`` class per
-subject, run by pytest and HypoFuzz alike.
+stateful differential (``kvspec.diff_tests.stateful``, the manager driven
+as the scheduler drives it) and the engine differential
+(``kvspec.diff_tests.engine``, vLLM's real Scheduler) are Hypothesis's
+rule-based state machines, one ``TestStateInvariants_*`` and one
+``TestEngineInvariants_*`` class per subject, run by pytest and HypoFuzz
+alike.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from kvspec.diff_tests import session
 from kvspec.diff_tests.hypothesis_compat import mark_state_machine_test, set_database_key
 from kvspec.diff_tests.property import run_batch
+from kvspec.diff_tests.engine import engine_database_key, engine_machine
 from kvspec.diff_tests.stateful import STEPS_PER_PROGRAM, StateViolation, programs_database_key, state_machine
 from kvspec.model.known import known_bugs
 from kvspec.diff_tests.strategies import batches, lookup_batches
@@ -79,12 +83,18 @@ def test_seed_geometry_on_real_vllm(kvspec_subject):
 
 
 PROGRAMS_PER_EXAMPLE = 4  # the profile's examples per stateful program
+# An engine program is about as many operations, each an engine step or two
+# checked transitions, through the real Scheduler: a sixteenth of the profile's
+# examples keeps its test's time near the others'.
+ENGINE_PROGRAMS_PER_EXAMPLE = 16
 
 
-def _state_invariant_tests(subject_id: str):
-    """The stateful differential for one of the session's subjects, as the
-    unittest-style class Hypothesis gives every state machine (no fixtures:
-    the subject comes from the plugin, started on first use)."""
+def _invariant_tests(subject_id: str, contract: str):
+    """The stateful (``contract="state"``: the manager as the scheduler
+    drives it) or engine (``"engine"``: vLLM's real Scheduler) differential
+    for one of the session's subjects, as the unittest-style class Hypothesis
+    gives every state machine (no fixtures: the subject comes from the
+    plugin, started on first use)."""
     programs: list[int] = []
     met: dict[str, int] = {}
 
@@ -94,27 +104,32 @@ def _state_invariant_tests(subject_id: str):
     def on_known(bug, failure) -> None:
         met[bug.name] = met.get(bug.name, 0) + 1
 
-    machine = state_machine(lambda: session.live(subject_id),
-                            on_program=lambda m, refused=None: programs.append(refused is None), known=known,
-                            on_known=on_known)
-    # Keyed apart per subject in the example database, like `kvspec fuzz --stateful`.
-    set_database_key(machine, programs_database_key(session.label(subject_id)))
+    def on_program(machine, refused=None) -> None:
+        programs.append(refused is None)
 
-    class StateInvariants(machine.TestCase):
-        """Every model.state invariant after every operation of vLLM's
-        KVCacheManager driven as the scheduler drives it."""
+    if contract == "engine":
+        machine = engine_machine(lambda: session.live(subject_id), on_program, lambda failure: None, known, on_known)
+        key, per_example = engine_database_key(session.label(subject_id)), ENGINE_PROGRAMS_PER_EXAMPLE
+    else:
+        machine = state_machine(lambda: session.live(subject_id), on_program=on_program, known=known,
+                                on_known=on_known)
+        key, per_example = programs_database_key(session.label(subject_id)), PROGRAMS_PER_EXAMPLE
+    # Keyed apart per subject in the example database, like `kvspec fuzz --stateful` / `--engine`.
+    set_database_key(machine, key)
 
+    class Invariants(machine.TestCase):
         def runTest(self):
             proc = session.live(subject_id)  # starts the worker and loads the kvspec profile first
-            # A program is about 25 operations, each checked: a quarter of the
-            # profile's examples as programs keeps this test's time near the others'.
             version = _release(proc)
-            # On a release with known state bugs, a failure is reported as found
-            # (shrinking a stateful program costs minutes, and the bug is known).
-            phases = [p for p in Phase if p is not Phase.shrink or not known_bugs(version)]
+            # A failure is reported as found, unshrunk, on a release with known
+            # state bugs (shrinking a stateful program costs minutes, and the bug
+            # is known) and always through the engine (its programs' shrinking
+            # took over five minutes on a mutant; `kvspec fuzz --engine` shrinks).
+            shrink = contract == "state" and not known_bugs(version)
+            phases = [p for p in Phase if p is not Phase.shrink or shrink]
             chosen = settings(deadline=None, suppress_health_check=list(HealthCheck),
                               stateful_step_count=STEPS_PER_PROGRAM, phases=phases,
-                              max_examples=max(1, settings().max_examples // PROGRAMS_PER_EXAMPLE))
+                              max_examples=max(1, settings().max_examples // per_example))
             programs.clear()
             met.clear()
             try:
@@ -126,7 +141,7 @@ def _state_invariant_tests(subject_id: str):
             # Not vacuous: the budget's programs really drove the subject.
             assert sum(programs) >= chosen.max_examples, (
                 f"kvspec: {sum(programs)} of {chosen.max_examples} programs ran ({len(programs) - sum(programs)} "
-                "geometries refused): the stateful differential did not exercise the subject")
+                f"setups refused): the {contract} differential did not exercise the subject")
             # A known vLLM bug met along the way is said, never passed: the whole
             # budget ran and nothing else broke.
             if met:
@@ -136,16 +151,22 @@ def _state_invariant_tests(subject_id: str):
 
         mark_state_machine_test(runTest, machine)
 
-    return StateInvariants
+    Invariants.__doc__ = (
+        "Every model.state invariant after every engine step of vLLM's real Scheduler (engine-built "
+        "configurations, the release's defaults), plus the seam's contracts." if contract == "engine" else
+        "Every model.state invariant after every operation of vLLM's KVCacheManager driven as the scheduler "
+        "drives it (hand-built configurations).")
+    return Invariants
 
 
-def _test_class_name(subject_id: str) -> str:
-    return "TestStateInvariants_" + re.sub(r"\W", "_", subject_id)
+def _test_class_name(contract: str, subject_id: str) -> str:
+    return f"Test{contract.capitalize()}Invariants_" + re.sub(r"\W", "_", subject_id)
 
 
-def _declare_state_invariant_tests() -> None:
+def _declare_invariant_tests() -> None:
     for subject_id in session.subject_ids():
-        globals()[_test_class_name(subject_id)] = _state_invariant_tests(subject_id)
+        for contract in ("state", "engine"):
+            globals()[_test_class_name(contract, subject_id)] = _invariant_tests(subject_id, contract)
 
 
-_declare_state_invariant_tests()
+_declare_invariant_tests()

@@ -10,6 +10,8 @@ import xml.etree.ElementTree as ET
 
 from kvspec.subjects.provision import ensure_release
 
+from tests.support import mutant_tree
+
 
 def test_pyargs_run_against_a_source_tree(tmp_path):
     tree = ensure_release("0.33.0")  # stands for a contributor's checkout: a directory holding vllm/
@@ -28,3 +30,16 @@ def test_pyargs_run_against_a_source_tree(tmp_path):
     assert props["kvspec_vllm_version"] == "0.33.0"
     assert int(props["kvspec_examples"]) >= 200 and int(props["kvspec_cases"]) > 200
     assert props["kvspec_discrepancies"] == "0"
+
+
+def test_the_shipped_engine_contract_fails_on_a_mutant(tmp_path):
+    """``TestEngineInvariants_*`` (vLLM's real Scheduler) is a test that can
+    fail: a sliding window that frees a block the next step reads is caught."""
+    tree = mutant_tree("0.34.0", "window_frees_early")
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "--pyargs", "kvspec.diff_tests.test_differential", "-k", "TestEngineInvariants",
+         "--kvspec-vllm-src", str(tree), "--kvspec-profile", "dev", "-p", "no:cacheprovider", "-q",
+         "--hypothesis-seed=0"],  # a seed whose twelve programs reach the window (seed 1 meets another bug first)
+        cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "1 failed" in run.stdout and "state_window: window_held: request" in run.stdout, run.stdout[-3000:]
