@@ -194,6 +194,9 @@ class Allocation:
     estimates: tuple[int | None, ...]  # per group, the last get_num_blocks_to_allocate (None: not asked)
     free_before: int
     free_after: int | None  # None: allocate_slots raised
+    # Per group, the blocks it took from the pool (get_new_blocks) in the
+    # allocation (empty: not observed).
+    taken: tuple[int, ...] = ()
 
 
 @attrs.frozen
@@ -647,8 +650,17 @@ def _block_estimate(t: Transition) -> list[str]:
         taken = a.free_before - a.free_after
         if taken > estimated:
             out.append(f"allocate_slots for request {a.request} took {taken} free blocks; the groups estimated "
-                       f"{estimated} ({', '.join('-' if e is None else str(e) for e in a.estimates)})")
+                       f"{estimated} ({', '.join('-' if e is None else str(e) for e in a.estimates)})"
+                       + _groups_over_estimate(t, a))
     return out[:3]
+
+
+def _groups_over_estimate(t: Transition, a: Allocation) -> str:
+    """Which groups took more than they estimated, by kind: the mechanism a
+    broken estimate is known by (``model.known``), not its numbers."""
+    over = [f"group {i} ({t.config.groups[i].kind.value}) took {n} against its estimate {e or 0}"
+            for i, (n, e) in enumerate(zip(a.taken, a.estimates)) if i < len(t.config.groups) and n > (e or 0)]
+    return "; " + ", ".join(over) if over else ""
 
 
 def _evicted_findable(t: Transition) -> list[str]:

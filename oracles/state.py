@@ -45,7 +45,8 @@ class StateOracle:
         gone = tuple(result.get("preempted", ())) + tuple(result.get("freed", ()))
         if op["do"] in ("finish", "preempt"):
             gone += (op["id"],)
-        allocations = tuple(Allocation(a["request"], tuple(a["estimates"]), a["free_before"], a["free_after"])
+        allocations = tuple(Allocation(a["request"], tuple(a["estimates"]), a["free_before"], a["free_after"],
+                                       tuple(a.get("taken", ())))
                             for a in result.get("allocations", ()))
         sent = answer["state"]
         same = sent.get("same", ())

@@ -213,6 +213,23 @@ def build_engine(setup):
     return scheduler, hasher, derived
 
 
+
+class _CountingPool:
+    """A group's view of the shared block pool that counts the blocks the
+    group takes (``get_new_blocks``) into ``taken[index]``; everything else
+    is the pool's own."""
+
+    def __init__(self, pool, taken: list, index: int) -> None:
+        self._pool, self._taken, self._index = pool, taken, index
+
+    def get_new_blocks(self, num_blocks, *args, **kwargs):
+        blocks = self._pool.get_new_blocks(num_blocks, *args, **kwargs)
+        self._taken[self._index] += len(blocks)
+        return blocks
+
+    def __getattr__(self, name):
+        return getattr(self._pool, name)
+
 class EngineMachine:
     """One engine: requests added, steps taken, requests aborted, the cache
     reset; after every operation the state and what the step observed."""
@@ -277,8 +294,12 @@ class EngineMachine:
         def allocate_slots(request, *args, **kwargs):
             # Each group's last estimate (the admission gate asks first for the
             # whole prompt, then for this allocation) against the free blocks
-            # the allocation then takes: the seam's own contract.
+            # the allocation then takes: the seam's own contract.  Each group
+            # reaches the pool through its own ``block_pool`` attribute: a
+            # counting view there says which group took the blocks (a broken
+            # estimate's identity is its group's kind).
             estimates = [None] * len(groups)
+            taken = [0] * len(groups)
             for index, g in enumerate(groups):
                 original = g.get_num_blocks_to_allocate
 
@@ -288,14 +309,16 @@ class EngineMachine:
                     return n
 
                 g.get_num_blocks_to_allocate = recorded
-            entry = {"request": request.request_id, "estimates": estimates, "free_before": pool.get_num_free_blocks(),
-                     "free_after": None}
+                g.block_pool = _CountingPool(pool, taken, index)
+            entry = {"request": request.request_id, "estimates": estimates, "taken": taken,
+                     "free_before": pool.get_num_free_blocks(), "free_after": None}
             self.allocations.append(entry)
             try:
                 out = allocate(request, *args, **kwargs)
             finally:
                 for g in groups:
                     del g.get_num_blocks_to_allocate
+                    g.block_pool = pool
             entry["allocated"] = out is not None
             entry["free_after"] = pool.get_num_free_blocks()
             return out

@@ -52,8 +52,8 @@ def test_the_derived_geometry_is_kvspecs_config():
         derived_config({**derived, "groups": [{"kind": "mla_sparse", "block_size": 64, "eagle": False}]})
 
 
-def _transition(allocations):
-    config = CoordinatorConfig((KVCacheGroup(GroupKind.FULL_ATTENTION, 4),), 4, 4)
+def _transition(allocations, kinds=(GroupKind.FULL_ATTENTION,)):
+    config = CoordinatorConfig(tuple(KVCacheGroup(k, 4) for k in kinds), 4, 4)
     state = ManagerState(null_block=0, num_free=3, free_queue=(1, 2, 3), blocks=(), hash_map=(), tables=())
     return Transition(op="schedule", request=None, before=state, after=state, config=config,
                       regime=expected_regime(config, Capabilities()), capabilities=Capabilities(), running={},
@@ -67,6 +67,19 @@ def test_block_estimate_flags_an_allocation_that_took_more_than_estimated():
     assert rule.check(_transition([Allocation("r0", (1, 1), 10, None)])) == []  # raised: the crash is the finding
     broken = rule.check(_transition([Allocation("r0", (1, 0), 10, 8)]))
     assert broken and "took 2 free blocks; the groups estimated 1" in broken[0]
+
+
+def test_block_estimate_names_the_groups_that_took_more_than_they_estimated():
+    """A broken estimate is known by which group kinds broke it (the driver
+    counts each group's takes from the pool), not by its numbers."""
+    rule = next(i for i in INVARIANTS if i.name == "block_estimate")
+    kinds = (GroupKind.MAMBA_ALIGN, GroupKind.FULL_ATTENTION)
+    (broken,) = rule.check(_transition([Allocation("r0", (1, 1), 10, 7, taken=(2, 1))], kinds))
+    assert broken.endswith("; group 0 (mamba_align) took 2 against its estimate 1")
+    (broken,) = rule.check(_transition([Allocation("r0", (1, 1), 10, 7, taken=(1, 2))], kinds))
+    assert broken.endswith("; group 1 (full_attention) took 2 against its estimate 1")
+    (unattributed,) = rule.check(_transition([Allocation("r0", (1, 1), 10, 7)], kinds))
+    assert unattributed.endswith("the groups estimated 2 (1, 1)")
 
 
 def test_speculative_decoding_needs_the_toys_drafter():

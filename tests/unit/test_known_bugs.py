@@ -48,6 +48,19 @@ def test_one_bug_one_identity_by_its_mechanism():
     assert not [b for b in KNOWN_BUGS if "free blocks from the pool" in b.signature and b is not bug]
 
 
+def test_a_broken_estimate_is_the_known_bug_only_when_mamba_groups_broke_it():
+    """The identity is the mechanism: an estimate a full-attention or sliding
+    window group broke is another bug, whatever the words around it."""
+    head = "block_estimate: allocate_slots for request r0 took 6 free blocks; the groups estimated 4 (1, 1, 2); "
+    mamba = head + "group 0 (mamba_align) took 2 against its estimate 1, group 1 (mamba_align) took 2 against its estimate 1"
+    window = head + "group 2 (sliding_window) took 3 against its estimate 2"
+    mixed = head + "group 0 (mamba_align) took 2 against its estimate 1, group 2 (full_attention) took 3 against its estimate 2"
+    assert [b.name for b in known_bugs("0.34.0", Category.STATE_BLOCK_ESTIMATE, mamba)] == [
+        "mamba_estimate_below_allocation_after_connector_load"]
+    assert known_bugs("0.34.0", Category.STATE_BLOCK_ESTIMATE, window) == []
+    assert known_bugs("0.34.0", Category.STATE_BLOCK_ESTIMATE, mixed) == []
+
+
 def test_a_failure_is_recognised_only_if_all_of_it_is_one_known_bug():
     from kvspec.oracles.registration import Discrepancy
 
