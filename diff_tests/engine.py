@@ -30,7 +30,8 @@ from kvspec.model.engine import (MODELLED_STEPS, OWN_CONNECTOR, TOY_MODELS, Engi
 from kvspec.model.errors import InfrastructureError, KvspecError, SetupError
 from kvspec.model.finding import Category
 from kvspec.model.known import KnownBug, known_bugs, recognise
-from kvspec.model.state import scope_text
+from kvspec.model.domain import KVCacheGroup
+from kvspec.model.state import Allocation, groups_over_estimate, scope_text
 from kvspec.oracles.registration import Discrepancy
 from kvspec.oracles.state import StateOracle
 from kvspec.subjects.process import SubjectProcess
@@ -318,7 +319,7 @@ def engine_machine(subject: SubjectProcess | Callable[[], SubjectProcess], on_pr
             if not reply.get("ok"):  # vLLM raised on the operation after the last answer
                 failed = reply.get("index", len(reply.get("answers", ())))
                 self.ops.append(ops[failed])
-                self._fail([_crash(ops[failed], reply)], reply)
+                self._fail([_crash(ops[failed], reply, self.oracle.config.groups)], reply)
 
         def _arrive(self, tokens: list[int], max_tokens: int, load: Any = None) -> None:
             name = f"r{self.serial}"
@@ -399,10 +400,28 @@ def check_answer(oracle: StateOracle, op: dict[str, Any], answer: dict[str, Any]
     return oracle.check(op, answer)
 
 
-def _crash(op: dict[str, Any], reply: dict[str, Any]) -> Discrepancy:
+def _crash(op: dict[str, Any], reply: dict[str, Any], groups: tuple[KVCacheGroup, ...] = ()) -> Discrepancy:
     error = reply.get("error", "unknown error")
     return Discrepancy(Category.SUBJECT_CRASH, None, None,
-                       detail=f"vLLM raised during {describe_engine_op(op)} through the real Scheduler: {error}")
+                       detail=f"vLLM raised during {describe_engine_op(op)} through the real Scheduler: {error}"
+                       + _raised_in_allocation(reply, groups))
+
+
+def _raised_in_allocation(reply: dict[str, Any], groups: tuple[KVCacheGroup, ...]) -> str:
+    """For a crash inside allocate_slots: which groups had asked the pool
+    for more than they estimated (the crash's mechanism, as block_estimate
+    names it for an allocation that succeeded)."""
+    allocations = reply.get("allocations") or ()
+    last = allocations[-1] if allocations else None
+    if not isinstance(last, dict) or last.get("free_after") is not None:
+        return ""
+    try:
+        allocation = Allocation(str(last["request"]), tuple(last["estimates"]), int(last["free_before"]), None,
+                                tuple(int(n) for n in last.get("taken", ())))
+    except (KeyError, TypeError, ValueError):
+        return ""
+    over = groups_over_estimate(groups, allocation, "asked for")
+    return f" (in allocate_slots for request {allocation.request}{over})" if over else ""
 
 
 def fuzz_engine(proc: SubjectProcess, max_examples: int, seed: int, database: ExampleDatabase | None = None,
@@ -511,7 +530,7 @@ def drive_engine_program(proc: SubjectProcess, program: EngineProgram) -> Iterat
         index = reply.get("index")
         op = program.ops[index] if index is not None and index < len(program.ops) else None
         yield EngineStepRecord(op or {"do": "unknown"}, reply,
-                               (_crash(op, reply) if op else StateOracle.crash(None, reply),))
+                               (_crash(op, reply, config.groups) if op else StateOracle.crash(None, reply),))
 
 
 def replay_engine_program(proc: SubjectProcess, program: EngineProgram) -> tuple[list[Discrepancy], dict[str, Any]]:

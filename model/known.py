@@ -52,16 +52,16 @@ class KnownBug:
     fix: str = ""
     # An upstream bug report's title (empty: the category's meaning).
     title: str = ""
-    # The mechanism a summary of ``category`` must show beyond the signature
-    # (e.g. which group kinds broke the rule), where the invariant names it.
+    # The mechanism a summary must show beyond its words (e.g. which group
+    # kinds broke an estimate), where the invariant or the crash names it.
     mechanism: Callable[[str], bool] | None = None
 
     def matches(self, summary: str, category: Category | None = None) -> bool:
         """Whether a discrepancy's summary (of ``category``, if given) is this bug showing."""
-        if (self.signature in summary and category in (None, self.category)
-                and (self.mechanism is None or self.mechanism(summary))):
-            return True
-        return any(sig in summary and category in (None, cat) for cat, sig in self.also_shows)
+        if self.mechanism is not None and not self.mechanism(summary):
+            return False
+        shows = ((self.category, self.signature),) + self.also_shows
+        return any(sig in summary and category in (None, cat) for cat, sig in shows)
 
     def shows_as(self, category: Category) -> bool:
         return category is self.category or any(cat is category for cat, _ in self.also_shows)
@@ -78,13 +78,15 @@ def _sliding_window_eagle_lookahead(config: CoordinatorConfig, caps: Capabilitie
             and any(g.kind is GroupKind.SLIDING_WINDOW for g in eagle))
 
 
-_OVER_ESTIMATE = re.compile(r"group \d+ \((\w+)\) took \d+ against its estimate")
+_OVER_ESTIMATE = re.compile(r"group \d+ \((\w+)\) (?:took|asked for) \d+ against its estimate")
 
 
 def _only_mamba_over_estimate(summary: str) -> bool:
-    """Every group that took more than it estimated is a Mamba group
-    (model.state's block_estimate names them; a summary recorded before it
-    did names none and is known by its words alone)."""
+    """Every group that took (or, in an allocation that raised, asked for)
+    more than it estimated is a Mamba group (model.state's block_estimate
+    and the engine's crash summary name them; a summary recorded before they
+    did, or of a crash outside allocate_slots, names none and is known by
+    its words alone)."""
     return all(kind == "mamba_align" for kind in _OVER_ESTIMATE.findall(summary))
 
 

@@ -24,13 +24,13 @@ import attrs
 
 from .arith import INT
 from .capabilities import Capabilities, ExpectedRegime
-from .domain import CoordinatorConfig, GroupKind
+from .domain import CoordinatorConfig, GroupKind, KVCacheGroup
 from .finding import Category
 from .lookup import hit_blocks
 from .retention import RETENTION_SCOPE
 
 __all__ = ["Allocation", "Block", "Table", "ManagerState", "Lookup", "Transition", "Invariant", "INVARIANTS",
-           "OUT_OF_SCOPE", "check_transition", "scope_text"]
+           "OUT_OF_SCOPE", "check_transition", "scope_text", "groups_over_estimate"]
 
 
 @attrs.frozen
@@ -194,8 +194,8 @@ class Allocation:
     estimates: tuple[int | None, ...]  # per group, the last get_num_blocks_to_allocate (None: not asked)
     free_before: int
     free_after: int | None  # None: allocate_slots raised
-    # Per group, the blocks it took from the pool (get_new_blocks) in the
-    # allocation (empty: not observed).
+    # Per group, the blocks it asked the pool for (get_new_blocks) in the
+    # allocation, all taken unless the allocation raised (empty: not observed).
     taken: tuple[int, ...] = ()
 
 
@@ -656,10 +656,16 @@ def _block_estimate(t: Transition) -> list[str]:
 
 
 def _groups_over_estimate(t: Transition, a: Allocation) -> str:
-    """Which groups took more than they estimated, by kind: the mechanism a
-    broken estimate is known by (``model.known``), not its numbers."""
-    over = [f"group {i} ({t.config.groups[i].kind.value}) took {n} against its estimate {e or 0}"
-            for i, (n, e) in enumerate(zip(a.taken, a.estimates)) if i < len(t.config.groups) and n > (e or 0)]
+    return groups_over_estimate(t.config.groups, a, "took")
+
+
+def groups_over_estimate(groups: tuple[KVCacheGroup, ...], a: Allocation, verb: str) -> str:
+    """Which groups took (or, in an allocation that raised, asked the pool
+    for) more blocks than they estimated, by kind: the mechanism a broken
+    estimate is known by (``model.known``), not its numbers.  Empty when
+    none did or the takes were not observed."""
+    over = [f"group {i} ({groups[i].kind.value}) {verb} {n} against its estimate {e or 0}"
+            for i, (n, e) in enumerate(zip(a.taken, a.estimates)) if i < len(groups) and n > (e or 0)]
     return "; " + ", ".join(over) if over else ""
 
 

@@ -216,16 +216,17 @@ def build_engine(setup):
 
 class _CountingPool:
     """A group's view of the shared block pool that counts the blocks the
-    group takes (``get_new_blocks``) into ``taken[index]``; everything else
-    is the pool's own."""
+    group asks for (``get_new_blocks``) into ``taken[index]``; everything
+    else is the pool's own."""
 
     def __init__(self, pool, taken: list, index: int) -> None:
         self._pool, self._taken, self._index = pool, taken, index
 
     def get_new_blocks(self, num_blocks, *args, **kwargs):
-        blocks = self._pool.get_new_blocks(num_blocks, *args, **kwargs)
-        self._taken[self._index] += len(blocks)
-        return blocks
+        # Counted as asked: an allocation that raises ("Cannot get N free
+        # blocks") still says which group asked for more than it estimated.
+        self._taken[self._index] += num_blocks
+        return self._pool.get_new_blocks(num_blocks, *args, **kwargs)
 
     def __getattr__(self, name):
         return getattr(self._pool, name)

@@ -59,6 +59,26 @@ def test_a_broken_estimate_is_the_known_bug_only_when_mamba_groups_broke_it():
         "mamba_estimate_below_allocation_after_connector_load"]
     assert known_bugs("0.34.0", Category.STATE_BLOCK_ESTIMATE, window) == []
     assert known_bugs("0.34.0", Category.STATE_BLOCK_ESTIMATE, mixed) == []
+    crash = ("subject_crash: vLLM raised during engine step through the real Scheduler: ValueError: Cannot get 2 "
+             "free blocks from the pool (in allocate_slots for request r1; group {}) asked for 2 against its estimate 1)")
+    assert known_bugs("0.34.0", Category.SUBJECT_CRASH, crash.format("0 (mamba_align")) != []
+    assert known_bugs("0.34.0", Category.SUBJECT_CRASH, crash.format("1 (full_attention")) == []
+
+
+def test_a_crash_inside_allocate_slots_names_the_groups_that_asked_for_more_than_they_estimated():
+    from kvspec.diff_tests.engine import _crash
+
+    groups = (KVCacheGroup(GroupKind.MAMBA_ALIGN, 16), KVCacheGroup(GroupKind.FULL_ATTENTION, 16))
+    reply = {"error": "ValueError: Cannot get 2 free blocks from the pool",
+             "allocations": [{"request": "r0", "estimates": [1, 1], "taken": [1, 1], "free_before": 9, "free_after": 7},
+                             {"request": "r1", "estimates": [1, 1], "taken": [2, 0], "free_before": 1,
+                              "free_after": None}]}
+    detail = _crash({"do": "step"}, reply, groups).detail
+    assert detail.endswith("(in allocate_slots for request r1; group 0 (mamba_align) asked for 2 against its estimate 1)")
+    # Raised elsewhere (the last allocation completed), or nothing observed: the words alone.
+    done = {**reply, "allocations": reply["allocations"][:1]}
+    assert _crash({"do": "step"}, done, groups).detail.endswith("from the pool")
+    assert _crash({"do": "step"}, {"error": "ValueError: x", "allocations": "junk"}, groups).detail.endswith(": x")
 
 
 def test_a_failure_is_recognised_only_if_all_of_it_is_one_known_bug():
