@@ -41,7 +41,7 @@ from .property import Failure
 from .stateful import StatefulResult, _machine_test, _violation, run_machine_test
 
 __all__ = ["EngineResult", "fuzz_engine", "replay_engine_program", "engine_setups", "engine_draw_scope",
-           "engine_database_key"]
+           "engine_database_key", "engine_machine", "engine_crash"]
 
 STEPS_PER_PROGRAM = 40
 MAX_IN_FLIGHT = 6
@@ -319,7 +319,7 @@ def engine_machine(subject: SubjectProcess | Callable[[], SubjectProcess], on_pr
             if not reply.get("ok"):  # vLLM raised on the operation after the last answer
                 failed = reply.get("index", len(reply.get("answers", ())))
                 self.ops.append(ops[failed])
-                self._fail([_crash(ops[failed], reply, self.oracle.config.groups)], reply)
+                self._fail([engine_crash(ops[failed], reply, self.oracle.config.groups)], reply)
 
         def _arrive(self, tokens: list[int], max_tokens: int, load: Any = None) -> None:
             name = f"r{self.serial}"
@@ -400,7 +400,8 @@ def check_answer(oracle: StateOracle, op: dict[str, Any], answer: dict[str, Any]
     return oracle.check(op, answer)
 
 
-def _crash(op: dict[str, Any], reply: dict[str, Any], groups: tuple[KVCacheGroup, ...] = ()) -> Discrepancy:
+def engine_crash(op: dict[str, Any], reply: dict[str, Any], groups: tuple[KVCacheGroup, ...] = ()) -> Discrepancy:
+    """The finding of an engine operation vLLM raised on."""
     error = reply.get("error", "unknown error")
     return Discrepancy(Category.SUBJECT_CRASH, None, None,
                        detail=f"vLLM raised during {describe_engine_op(op)} through the real Scheduler: {error}"
@@ -530,7 +531,7 @@ def drive_engine_program(proc: SubjectProcess, program: EngineProgram) -> Iterat
         index = reply.get("index")
         op = program.ops[index] if index is not None and index < len(program.ops) else None
         yield EngineStepRecord(op or {"do": "unknown"}, reply,
-                               (_crash(op, reply, config.groups) if op else StateOracle.crash(None, reply),))
+                               (engine_crash(op, reply, config.groups) if op else StateOracle.crash(None, reply),))
 
 
 def replay_engine_program(proc: SubjectProcess, program: EngineProgram) -> tuple[list[Discrepancy], dict[str, Any]]:

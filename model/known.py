@@ -90,6 +90,16 @@ def _only_mamba_over_estimate(summary: str) -> bool:
     return all(kind == "mamba_align" for kind in _OVER_ESTIMATE.findall(summary))
 
 
+_MISSIZED_HIT = re.compile(r"group \d+ \((\w+)\(block \d+[^)]*\)\) returned \d+ blocks for a hit")
+
+
+def _only_full_attention_missized(summary: str) -> bool:
+    """Every group whose blocks did not match the hit is a full-attention
+    group (hit_groups names them; the per-request lookup contract names none
+    and is known by its words)."""
+    return all(kind == "full_attention" for kind in _MISSIZED_HIT.findall(summary))
+
+
 def _has_mamba(config: CoordinatorConfig) -> bool:
     return any(g.kind is GroupKind.MAMBA_ALIGN for g in config.groups)
 
@@ -98,7 +108,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
     KnownBug(Category.STATE_HIT_GROUPS, "0.23.0", "0.29.0",
              "the hybrid lookup trims only the first full-attention group to the reconciled hit; a second one "
              "(another block size, or a draft model's) returns blocks past the hit",
-             "hit_groups:", name="second_full_attention_group_untrimmed"),
+             "hit_groups:", name="second_full_attention_group_untrimmed", mechanism=_only_full_attention_missized),
     # The same vLLM bug (#52828's shape), seen by the hit-length differential on one request.
     KnownBug(Category.LOOKUP_CONTRACT, "0.23.0", "0.29.0",
              "the hybrid lookup trims only the first full-attention group to the reconciled hit; a second one "

@@ -66,19 +66,19 @@ def test_a_broken_estimate_is_the_known_bug_only_when_mamba_groups_broke_it():
 
 
 def test_a_crash_inside_allocate_slots_names_the_groups_that_asked_for_more_than_they_estimated():
-    from kvspec.diff_tests.engine import _crash
+    from kvspec.diff_tests.engine import engine_crash
 
     groups = (KVCacheGroup(GroupKind.MAMBA_ALIGN, 16), KVCacheGroup(GroupKind.FULL_ATTENTION, 16))
     reply = {"error": "ValueError: Cannot get 2 free blocks from the pool",
              "allocations": [{"request": "r0", "estimates": [1, 1], "taken": [1, 1], "free_before": 9, "free_after": 7},
                              {"request": "r1", "estimates": [1, 1], "taken": [2, 0], "free_before": 1,
                               "free_after": None}]}
-    detail = _crash({"do": "step"}, reply, groups).detail
+    detail = engine_crash({"do": "step"}, reply, groups).detail
     assert detail.endswith("(in allocate_slots for request r1; group 0 (mamba_align) asked for 2 against its estimate 1)")
     # Raised elsewhere (the last allocation completed), or nothing observed: the words alone.
     done = {**reply, "allocations": reply["allocations"][:1]}
-    assert _crash({"do": "step"}, done, groups).detail.endswith("from the pool")
-    assert _crash({"do": "step"}, {"error": "ValueError: x", "allocations": "junk"}, groups).detail.endswith(": x")
+    assert engine_crash({"do": "step"}, done, groups).detail.endswith("from the pool")
+    assert engine_crash({"do": "step"}, {"error": "ValueError: x", "allocations": "junk"}, groups).detail.endswith(": x")
 
 
 def test_a_failure_is_recognised_only_if_all_of_it_is_one_known_bug():
@@ -95,3 +95,11 @@ def test_a_failure_is_recognised_only_if_all_of_it_is_one_known_bug():
 
 def test_nothing_is_kept_out_of_the_stateful_draw():
     assert all(stateful_exclusions(v) == () for v in ("0.25.1", "0.26.0", "0.28.0", "0.33.0", "0.34.0"))
+
+
+def test_an_untrimmed_group_is_the_known_bug_only_when_it_is_full_attention():
+    line = "hit_groups: request r1: group 1 ({}) returned 3 blocks for a hit of 32 tokens; every group must hold cdiv(hit, 16) = 2"
+    full = line.format("full_attention(block 16)")
+    window = line.format("sliding_window(block 16, window 32)")
+    assert [b.name for b in known_bugs("0.28.0", Category.STATE_HIT_GROUPS, full)] == ["second_full_attention_group_untrimmed"]
+    assert known_bugs("0.28.0", Category.STATE_HIT_GROUPS, window) == []
