@@ -1,5 +1,5 @@
 """The worker reuses a KVCacheManager across cases of one geometry, freed and
-reset between them (``oracles/worker.py``: ``_recorded_manager``).  That must
+reset between them (``subjects/vllm_side/manager_driver.py``: ``_recorded_manager``).  That must
 be invisible: on real vLLM every reply, registration and lookup alike, equals
 the reply of a manager built for the case alone (``KVSPEC_FRESH_MANAGERS=1``)."""
 
