@@ -4,13 +4,22 @@
 the engine driver and the deployment probe raise it too, through
 ``planning``); ``BadOperation``: kvspec sent an operation it should not have;
 ``Rejected``: vLLM refused to build a manager for the configuration.
+
+Every error reply is made by ``error_reply`` and says why in one key,
+``error_kind``: one of the kinds ``kvspec.model.replies.ErrorKind`` names
+(this side has no attrs, so it spells them; the parent parses every reply
+once into that enum and refuses one it does not know).
 """
 
 import os
 import sys
 import traceback
 
-__all__ = ["Unsupported", "BadOperation", "Rejected", "exception_origin"]
+__all__ = ["Unsupported", "BadOperation", "Rejected", "exception_origin", "error_reply", "raised"]
+
+# The error kinds this side sends (``kvspec.model.replies.ErrorKind``).
+UNSUPPORTED, CONSTRUCT, DRIVE, KVSPEC, ENVIRONMENT, FATAL = (
+    "unsupported", "construct", "drive", "kvspec", "environment", "fatal")
 
 
 class Unsupported(Exception):
@@ -44,3 +53,13 @@ def exception_origin(exc):
         if path.startswith(_OURS):
             return {"origin": "kvspec", "where": f"{os.path.basename(path)}:{line} in {frame.f_code.co_name}"}
     return {"origin": "unknown"}
+
+
+def error_reply(kind, message, **extra):
+    """The reply that says the request failed, and why (``kind``)."""
+    return {"ok": False, "error_kind": kind, "error": message, **extra}
+
+
+def raised(exc):
+    """What an exception's reply says of it: its type and words."""
+    return f"{type(exc).__name__}: {exc}"

@@ -6,14 +6,16 @@ A handler turns what vLLM raised into the reply that says so: a vLLM
 exception is a finding, reported whole with its traceback and whose frames
 raised it (``errors.exception_origin``); a release that cannot do what was
 asked is ``unsupported``; a message kvspec should not have sent is kvspec's
-error, never vLLM's.
+error, never vLLM's.  Every error reply says which in ``error_kind``
+(``errors.error_reply``).
 """
 
 import json
 import time
 import traceback
 
-from .errors import BadOperation, Rejected, Unsupported, exception_origin
+from .errors import (CONSTRUCT, DRIVE, ENVIRONMENT, FATAL, KVSPEC, UNSUPPORTED, BadOperation, Rejected, Unsupported,
+                     error_reply, exception_origin, raised)
 from .introspection import mamba_layer_checkpoint_fields
 from .manager_driver import Driver, prefill_chunks
 from .state_machine import Machine
@@ -27,8 +29,7 @@ def serve(lines, send):
     try:
         driver = Driver()
     except Exception as exc:  # the subject cannot even be imported
-        send({"ok": False, "fatal": True, "error": f"{type(exc).__name__}: {exc}",
-              "traceback": traceback.format_exc()})
+        send(error_reply(FATAL, raised(exc), traceback=traceback.format_exc()))
         return 1
     send({"ok": True, "capabilities": driver.capabilities})
     for line in lines:
@@ -53,13 +54,11 @@ def _run_one(driver, case):
     try:
         reply = {"ok": True, **driver.run(case)}
     except Unsupported as exc:
-        reply = {"ok": False, "unsupported": True, "error": str(exc)}
+        reply = error_reply(UNSUPPORTED, str(exc))
     except Rejected as exc:
-        reply = {"ok": False, "phase": "construct", "error": str(exc),
-                 "traceback": traceback.format_exc()}
+        reply = error_reply(CONSTRUCT, str(exc), traceback=traceback.format_exc())
     except BaseException as exc:  # a vLLM exception is a finding, reported whole
-        reply = {"ok": False, "phase": "drive", "error": f"{type(exc).__name__}: {exc}",
-                 "traceback": traceback.format_exc(), **exception_origin(exc)}
+        reply = error_reply(DRIVE, raised(exc), traceback=traceback.format_exc(), **exception_origin(exc))
     reply["seconds"] = time.perf_counter() - started
     return reply
 
@@ -68,9 +67,9 @@ def _prefill_chunks_op(driver, request):
     try:
         return prefill_chunks(driver, request)
     except Unsupported as exc:
-        return {"ok": False, "unsupported": True, "error": str(exc)}
+        return error_reply(UNSUPPORTED, str(exc))
     except BaseException as exc:
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+        return error_reply(DRIVE, raised(exc), traceback=traceback.format_exc())
 
 
 def _machine_op(driver, request):
@@ -79,20 +78,19 @@ def _machine_op(driver, request):
     exception stops the batch and is reported whole with the operation's index."""
     if request["op"] == "machine_trace":
         if driver.machine is None:
-            return {"ok": False, "kvspec_error": "no machine is open", "no_machine": True}
+            return error_reply(KVSPEC, "no machine is open")
         return {"ok": True, "trace": driver.machine.trace}
     if request["op"] == "machine_ops" and driver.machine is None:  # kvspec's error (a fresh worker), not vLLM's
-        return {"ok": False, "kvspec_error": "no machine is open on this worker", "no_machine": True}
+        return error_reply(KVSPEC, "no machine is open on this worker")
     if request["op"] == "open_machine":
         try:
             driver.machine = Machine(driver, request["case"])
         except Unsupported as exc:
-            return {"ok": False, "unsupported": True, "error": str(exc)}
+            return error_reply(UNSUPPORTED, str(exc))
         except ImportError as exc:  # the runtime lacks a module vLLM imports: the machine's, not vLLM's
-            return {"ok": False, "environment": True, "error": f"{type(exc).__name__}: {exc}"}
+            return error_reply(ENVIRONMENT, raised(exc))
         except BaseException as exc:  # vLLM refused the configuration
-            return {"ok": False, "phase": "construct", "error": f"{type(exc).__name__}: {exc}",
-                    "traceback": traceback.format_exc(), **exception_origin(exc)}
+            return error_reply(CONSTRUCT, raised(exc), traceback=traceback.format_exc(), **exception_origin(exc))
         machine = driver.machine
         return {"ok": True, "state": machine.snapshot(), "groups": len(machine.groups),
                 # What this vLLM lets the machine do, and the retention it took.
@@ -104,12 +102,12 @@ def _machine_op(driver, request):
         try:
             answers.append(driver.machine.apply(op, request.get("observe", True)))
         except Unsupported as exc:
-            return {"ok": False, "unsupported": True, "error": str(exc), "answers": answers}
+            return error_reply(UNSUPPORTED, str(exc), answers=answers)
         except BadOperation as exc:
-            return {"ok": False, "kvspec_error": str(exc), "index": index, "answers": answers}
+            return error_reply(KVSPEC, str(exc), index=index, answers=answers)
         except BaseException as exc:  # a vLLM exception mid-sequence is a finding, reported whole
-            return {"ok": False, "phase": "drive", "index": index, "error": f"{type(exc).__name__}: {exc}",
-                    "traceback": traceback.format_exc(), "answers": answers, **exception_origin(exc)}
+            return error_reply(DRIVE, raised(exc), index=index, traceback=traceback.format_exc(), answers=answers,
+                               **exception_origin(exc))
     return {"ok": True, "answers": answers}
 
 
@@ -126,30 +124,24 @@ def _engine_op(driver, request):
         try:
             driver.engine = EngineMachine(request["setup"])
         except Unsupported as exc:
-            return {"ok": False, "unsupported": True, "error": str(exc)}
+            return error_reply(UNSUPPORTED, str(exc))
         except ImportError as exc:
-            return {"ok": False, "environment": True, "error": f"{type(exc).__name__}: {exc}"}
+            return error_reply(ENVIRONMENT, raised(exc))
         except BaseException as exc:  # vLLM's configuration code refused the setup
-            return {"ok": False, "phase": "construct", "error": f"{type(exc).__name__}: {exc}",
-                    "traceback": traceback.format_exc(), **exception_origin(exc)}
+            return error_reply(CONSTRUCT, raised(exc), traceback=traceback.format_exc(), **exception_origin(exc))
         engine = driver.engine
         return {"ok": True, "derived": engine.derived, "state": engine.reader.snapshot()}
     if getattr(driver, "engine", None) is None:
-        return {"ok": False, "kvspec_error": "no engine is open (the worker was restarted, or none was built)"}
+        return error_reply(KVSPEC, "no engine is open (the worker was restarted, or none was built)")
     answers = []
     for index, op in enumerate(request["ops"]):
         try:
             answers.append(driver.engine.apply(op, request.get("observe", True)))
         except BaseException as exc:
             origin = exception_origin(exc)
-            reply = {"ok": False, "index": index, "error": f"{type(exc).__name__}: {exc}",
-                     "traceback": traceback.format_exc(), "answers": answers, **origin}
-            if origin["origin"] == "vllm":
-                reply["phase"] = "drive"
-                reply["allocations"] = driver.engine.allocations
-            else:
-                reply["kvspec_error"] = f"{type(exc).__name__}: {exc}"
-            return reply
+            extra = {"allocations": driver.engine.allocations} if origin["origin"] == "vllm" else {}
+            return error_reply(DRIVE if origin["origin"] == "vllm" else KVSPEC, raised(exc), index=index,
+                               traceback=traceback.format_exc(), answers=answers, **origin, **extra)
     return {"ok": True, "answers": answers}
 
 
@@ -159,10 +151,9 @@ def _session_op(driver, request):
             return driver.open_session(request["case"])
         return driver.session_actions(request["actions"])
     except Unsupported as exc:
-        return {"ok": False, "unsupported": True, "error": str(exc)}
+        return error_reply(UNSUPPORTED, str(exc))
     except BaseException as exc:  # a vLLM exception mid-replay is reported whole
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(),
-                **exception_origin(exc)}
+        return error_reply(DRIVE, raised(exc), traceback=traceback.format_exc(), **exception_origin(exc))
 
 
 def _stats(driver, request):
@@ -171,7 +162,7 @@ def _stats(driver, request):
 
 
 def _unknown(driver, request, send):
-    send({"ok": False, "kvspec_error": f"unknown request {request.get('op')!r}"})
+    send(error_reply(KVSPEC, f"unknown request {request.get('op')!r}"))
 
 
 def _one(handler):

@@ -353,7 +353,7 @@ def prefill_chunks(driver, request):
     split = getattr(Scheduler, "_mamba_block_aligned_split", None)
     reserve = getattr(Scheduler, "_reserve_prefill_lookahead", None)
     if split is None:
-        return {"ok": False, "unsupported": True, "error": "this vLLM's scheduler has no _mamba_block_aligned_split"}
+        raise Unsupported("this vLLM's scheduler has no _mamba_block_aligned_split")
     manager = driver._manager(case)
     scheduler = _mtp_scheduler(manager, case)
     out = []

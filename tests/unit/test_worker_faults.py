@@ -43,8 +43,7 @@ def test_an_exception_raised_in_the_workers_own_frames_is_kvspecs(fake_vllm):
         return loop._machine_op(types.SimpleNamespace(machine=None), {"op": "machine_ops", "ops": [{}]})
 
     # The fresh worker's refusal is kvspec's error, never an exception.
-    assert through_the_worker() == {"ok": False, "kvspec_error": "no machine is open on this worker",
-                                    "no_machine": True}
+    assert through_the_worker() == {"ok": False, "error_kind": "kvspec", "error": "no machine is open on this worker"}
     try:
         state_machine.Machine.apply(None, {"do": "finish"})
     except Exception as exc:  # noqa: BLE001
