@@ -31,6 +31,7 @@ from kvspec.model.errors import InfrastructureError, KvspecError, SetupError
 from kvspec.model.finding import Category
 from kvspec.model.known import KnownBug, known_bugs, recognise
 from kvspec.model.domain import KVCacheGroup
+from kvspec.model.replies import ErrorKind, WorkerError, record_of
 from kvspec.model.state import Allocation, groups_over_estimate, scope_text
 from kvspec.oracles.registration import Discrepancy
 from kvspec.oracles.state import StateOracle
@@ -38,7 +39,7 @@ from kvspec.subjects.process import SubjectProcess
 
 from .fuzz import _Abort
 from .property import Failure
-from .stateful import StatefulResult, _machine_test, _violation, run_machine_test
+from .stateful import StatefulResult, _failed_at, _machine_test, _violation, run_machine_test
 
 __all__ = ["EngineResult", "fuzz_engine", "replay_engine_program", "engine_setups", "engine_draw_scope",
            "engine_database_key", "engine_machine", "engine_crash"]
@@ -242,19 +243,19 @@ def engine_machine(subject: SubjectProcess | Callable[[], SubjectProcess], on_pr
             except KvspecError as error:
                 raise _Abort(error) from error
             self.program = EngineProgram(setup)
-            if opened.get("environment"):
+            if opened.failed_as(ErrorKind.ENVIRONMENT):
                 raise _Abort(SetupError(f"{live().subject.label}: the vLLM runtime cannot import what the engine "
-                                        f"needs ({opened.get('error')})"))
-            if opened.get("unsupported"):
+                                        f"needs ({opened.error.message})"))
+            if opened.failed_as(ErrorKind.UNSUPPORTED):
                 # A flag this release does not take: a setup it cannot express, counted and said.
-                on_program(self, refused=f"not expressible on this release: {opened.get('error')}")
+                on_program(self, refused=f"not expressible on this release: {opened.error.message}")
                 reject()
-            if not opened.get("ok"):
-                if opened.get("origin") == "kvspec":
+            if not opened.ok:
+                if opened.error.in_kvspecs_code:
                     raise _Abort(InfrastructureError(f"kvspec's engine driver failed building {setup.describe()}: "
-                                                     f"{opened.get('error')} (a kvspec bug)"))
+                                                     f"{opened.error.message} (a kvspec bug)"))
                 # vLLM's configuration code refused the flags: not an engine it runs.
-                on_program(self, refused=opened.get("error", "refused"))
+                on_program(self, refused=opened.error.message)
                 reject()
             self.derived = opened["derived"]
             try:
@@ -298,10 +299,10 @@ def engine_machine(subject: SubjectProcess | Callable[[], SubjectProcess], on_pr
                 reply = live().session({"op": "engine_ops", "ops": list(ops)})
             except KvspecError as error:
                 raise _Abort(error) from error
-            if reply.get("kvspec_error"):
+            if reply.failed_as(ErrorKind.KVSPEC):
                 raise _Abort(InfrastructureError(f"kvspec's engine driver failed on "
-                                                 f"{describe_engine_op(ops[reply.get('index', 0)])}: "
-                                                 f"{reply['kvspec_error']} (a kvspec bug, not vLLM's)"))
+                                                 f"{describe_engine_op(ops[reply.error.index or 0])}: "
+                                                 f"{reply.error.message} (a kvspec bug, not vLLM's)"))
             for op, answer in zip(ops, reply.get("answers", ())):
                 self.ops.append(op)
                 found = check_answer(self.oracle, op, answer)
@@ -316,10 +317,11 @@ def engine_machine(subject: SubjectProcess | Callable[[], SubjectProcess], on_pr
                     self.preemptions += len(result.get("preempted", ()))
                     self.resets += bool(result.get("reset"))
                     self.evictions += len(result.get("evicted", ()))  # blocks a failed KV load invalidated
-            if not reply.get("ok"):  # vLLM raised on the operation after the last answer
-                failed = reply.get("index", len(reply.get("answers", ())))
+            if not reply.ok:  # vLLM raised on the operation after the last answer
+                failed = _failed_at(reply)
                 self.ops.append(ops[failed])
-                self._fail([engine_crash(ops[failed], reply, self.oracle.config.groups)], reply)
+                self._fail([engine_crash(ops[failed], reply.error, reply.get("allocations"),
+                                         self.oracle.config.groups)], reply)
 
         def _arrive(self, tokens: list[int], max_tokens: int, load: Any = None) -> None:
             name = f"r{self.serial}"
@@ -400,20 +402,20 @@ def check_answer(oracle: StateOracle, op: dict[str, Any], answer: dict[str, Any]
     return oracle.check(op, answer)
 
 
-def engine_crash(op: dict[str, Any], reply: dict[str, Any], groups: tuple[KVCacheGroup, ...] = ()) -> Discrepancy:
-    """The finding of an engine operation vLLM raised on."""
-    error = reply.get("error", "unknown error")
+def engine_crash(op: dict[str, Any], error: WorkerError, allocations: Any = (),
+                 groups: tuple[KVCacheGroup, ...] = ()) -> Discrepancy:
+    """The finding of an engine operation vLLM raised on (``allocations``:
+    the operation's allocate_slots calls as the worker observed them)."""
     return Discrepancy(Category.SUBJECT_CRASH, None, None,
-                       detail=f"vLLM raised during {describe_engine_op(op)} through the real Scheduler: {error}"
-                       + _raised_in_allocation(reply, groups))
+                       detail=f"vLLM raised during {describe_engine_op(op)} through the real Scheduler: "
+                              f"{error.message}" + _raised_in_allocation(allocations, groups))
 
 
-def _raised_in_allocation(reply: dict[str, Any], groups: tuple[KVCacheGroup, ...]) -> str:
+def _raised_in_allocation(allocations: Any, groups: tuple[KVCacheGroup, ...]) -> str:
     """For a crash inside allocate_slots: which groups had asked the pool
     for more than they estimated (the crash's mechanism, as block_estimate
     names it for an allocation that succeeded)."""
-    allocations = reply.get("allocations") or ()
-    last = allocations[-1] if allocations else None
+    last = allocations[-1] if isinstance(allocations, (list, tuple)) and allocations else None
     if not isinstance(last, dict) or last.get("free_after") is not None:
         return ""
     try:
@@ -497,8 +499,8 @@ class EngineStepRecord:
     answered and what broke (nothing: every rule held)."""
 
     op: dict[str, Any]
-    answer: dict[str, Any]
-    found: tuple[Discrepancy, ...]
+    answer: dict[str, Any] = attrs.field(converter=record_of)  # a reply's record, or an answer of one
+    found: tuple[Discrepancy, ...] = ()
 
 
 def drive_engine_program(proc: SubjectProcess, program: EngineProgram) -> Iterator[EngineStepRecord]:
@@ -507,14 +509,14 @@ def drive_engine_program(proc: SubjectProcess, program: EngineProgram) -> Iterat
     one record per operation up to the first that broke a rule (or vLLM
     raised); a subject that cannot build the engine raises."""
     opened = proc.session({"op": "open_engine", "setup": program.setup.message()})
-    if opened.get("ok"):
+    if opened.ok:
         yield EngineStepRecord({"do": "open"}, opened, ())
     else:
-        if opened.get("environment"):
-            raise SetupError(f"the vLLM runtime cannot import what the engine needs ({opened.get('error')})")
-        if opened.get("unsupported") or opened.get("origin") == "kvspec":
-            raise InfrastructureError(f"this subject cannot build the engine: {opened.get('error')}")
-        yield EngineStepRecord({"do": "open"}, opened, (StateOracle.refused(opened),))
+        if opened.failed_as(ErrorKind.ENVIRONMENT):
+            raise SetupError(f"the vLLM runtime cannot import what the engine needs ({opened.error.message})")
+        if opened.failed_as(ErrorKind.UNSUPPORTED) or opened.error.in_kvspecs_code:
+            raise InfrastructureError(f"this subject cannot build the engine: {opened.error.message}")
+        yield EngineStepRecord({"do": "open"}, opened, (StateOracle.refused(opened.error),))
         return
     config = derived_config(opened["derived"])
     oracle = StateOracle(program, proc.capabilities, opened, config=config,
@@ -525,13 +527,14 @@ def drive_engine_program(proc: SubjectProcess, program: EngineProgram) -> Iterat
         yield EngineStepRecord(op, answer, found)
         if found:
             return
-    if not reply.get("ok"):
-        if reply.get("kvspec_error"):
-            raise InfrastructureError(f"the engine program cannot run on this subject: {reply['kvspec_error']}")
-        index = reply.get("index")
+    if not reply.ok:
+        if reply.failed_as(ErrorKind.KVSPEC):
+            raise InfrastructureError(f"the engine program cannot run on this subject: {reply.error.message}")
+        index = reply.error.index
         op = program.ops[index] if index is not None and index < len(program.ops) else None
         yield EngineStepRecord(op or {"do": "unknown"}, reply,
-                               (engine_crash(op, reply, config.groups) if op else StateOracle.crash(None, reply),))
+                               (engine_crash(op, reply.error, reply.get("allocations"), config.groups) if op
+                                else StateOracle.crash(None, reply.error),))
 
 
 def replay_engine_program(proc: SubjectProcess, program: EngineProgram) -> tuple[list[Discrepancy], dict[str, Any]]:

@@ -12,6 +12,7 @@ from typing import Any
 import attrs
 
 from kvspec.model.case import Case
+from kvspec.model.replies import record_of
 from kvspec.oracles.lookup import check_case, exact_lookup_applies
 from kvspec.oracles.registration import Discrepancy
 from kvspec.subjects.protocol import case_message
@@ -23,7 +24,8 @@ __all__ = ["Failure", "Tally", "run_batch"]
 class Failure:
     case: Case
     discrepancies: tuple[Discrepancy, ...]
-    reply: dict[str, Any]  # the subject's raw observations (or its traceback)
+    # The subject's raw observations (or its traceback): a reply's record.
+    reply: dict[str, Any] = attrs.field(converter=record_of)
     flaky: bool = False
 
     @property

@@ -33,6 +33,7 @@ from kvspec.model.finding import Category
 from kvspec.model.known import KnownBug, known_bugs, recognise
 from kvspec.model.outcome import Outcome
 from kvspec.model.program import Program, describe_op
+from kvspec.model.replies import ErrorKind, Reply, record_of
 from kvspec.model.state import scope_text
 from kvspec.oracles.registration import Discrepancy
 from kvspec.oracles.state import StateOracle
@@ -326,14 +327,14 @@ def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
             except KvspecError as error:
                 raise _Abort(error) from error
             self.program = geometry
-            if opened.get("environment"):
+            if opened.failed_as(ErrorKind.ENVIRONMENT):
                 raise _Abort(SetupError(f"{proc.subject.label}: the vLLM runtime cannot import what the "
-                                        f"manager needs ({opened.get('error')})"))
-            if not opened.get("ok"):
-                if opened.get("unsupported"):
-                    on_program(self, refused=opened.get("error", "refused"))
+                                        f"manager needs ({opened.error.message})"))
+            if not opened.ok:
+                if opened.failed_as(ErrorKind.UNSUPPORTED):
+                    on_program(self, refused=opened.error.message)
                     reject()
-                self._fail(geometry, [StateOracle.refused(opened)], opened)
+                self._fail(geometry, [StateOracle.refused(opened.error)], opened)
             if opened.get("retention_interval") != geometry.retention_interval and not (
                     geometry.retention_interval is None and opened.get("retention_interval") in (None, 0)):
                 raise _Abort(InfrastructureError(
@@ -367,13 +368,13 @@ def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
             except KvspecError as error:  # the worker, not vLLM: no input is to blame
                 self.failed = True  # the teardown sends nothing more: the first cause is the one reported
                 raise _Abort(error) from error
-            if reply.get("kvspec_error"):
+            if reply.failed_as(ErrorKind.KVSPEC):
                 raise _Abort(InfrastructureError(f"kvspec sent an operation the worker refused "
-                                                 f"({describe_op(ops[reply.get('index', 0)])}): "
-                                                 f"{reply['kvspec_error']} (a kvspec bug)"))
-            if reply.get("unsupported"):
+                                                 f"({describe_op(ops[reply.error.index or 0])}): "
+                                                 f"{reply.error.message} (a kvspec bug)"))
+            if reply.failed_as(ErrorKind.UNSUPPORTED):
                 raise _Abort(InfrastructureError(f"the worker cannot drive {describe_op(ops[0])} on this vLLM: "
-                                                 f"{reply.get('error')}"))
+                                                 f"{reply.error.message}"))
             for index, (op, answer) in enumerate(zip(ops, reply.get("answers", ()))):
                 self.ops.append(op)
                 found = self.oracle.check(op, answer) if check else None
@@ -388,10 +389,10 @@ def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
                 self.preemptions += len(result.get("preempted", ())) + (op["do"] == "preempt")
                 self.evictions += len(result.get("evicted", ()))
                 self.resets += bool(result.get("reset"))
-            if not reply.get("ok"):  # vLLM raised on the operation after the last answer
-                failed = reply.get("index", len(reply.get("answers", ())))
+            if not reply.ok:  # vLLM raised on the operation after the last answer
+                failed = _failed_at(reply)
                 self.ops.append(ops[failed])
-                self._fail(self.taken(), [StateOracle.crash(ops[failed], reply)], reply)
+                self._fail(self.taken(), [StateOracle.crash(ops[failed], reply.error)], reply)
 
         def taken(self) -> Program:
             """The program so far: the geometry and every operation applied."""
@@ -687,6 +688,13 @@ def _reduced(proc: SubjectProcess, failure: Failure) -> Failure:
     return attrs.evolve(failure, case=program, discrepancies=tuple(found), reply=reply)
 
 
+def _failed_at(reply: Reply) -> int:
+    """The operation of a batch the failed ``reply`` stopped at: the one its
+    error names, else the one after the last answered."""
+    index = reply.error.index
+    return index if index is not None else len(reply.get("answers", ()))
+
+
 def _exception(reply: dict[str, Any]) -> str | None:
     """The exception type of a crash (None for a broken invariant)."""
     error = reply.get("error")
@@ -697,23 +705,22 @@ def replay_program(proc: SubjectProcess, program: Program) -> tuple[list[Discrep
     """Run a recorded program on ``proc`` and check every step: the
     discrepancies of the first step that has any (none: it passes here)."""
     opened = proc.session({"op": "open_machine", "case": program.machine_case()})
-    if not opened.get("ok"):
-        if opened.get("environment"):
-            raise SetupError(f"the vLLM runtime cannot import what the manager needs ({opened.get('error')})")
-        if opened.get("unsupported"):
-            raise InfrastructureError(f"this subject cannot drive the program: {opened.get('error')}")
-        return [StateOracle.refused(opened)], opened
+    if not opened.ok:
+        if opened.failed_as(ErrorKind.ENVIRONMENT):
+            raise SetupError(f"the vLLM runtime cannot import what the manager needs ({opened.error.message})")
+        if opened.failed_as(ErrorKind.UNSUPPORTED):
+            raise InfrastructureError(f"this subject cannot drive the program: {opened.error.message}")
+        return [StateOracle.refused(opened.error)], record_of(opened)
     oracle = StateOracle(program, proc.capabilities, opened)
     reply = proc.session({"op": "machine_ops", "ops": [dict(op) for op in program.ops]})
     for op, answer in zip(program.ops, reply.get("answers", ())):
         found = oracle.check(op, answer)
         if found:
             return found, answer
-    if not reply.get("ok"):
-        if reply.get("kvspec_error") or reply.get("unsupported"):
-            raise InfrastructureError(f"the program cannot run on this subject: "
-                                      f"{reply.get('kvspec_error') or reply.get('error')}")
-        index = reply.get("index")
+    if not reply.ok:
+        if reply.failed_as(ErrorKind.KVSPEC) or reply.failed_as(ErrorKind.UNSUPPORTED):
+            raise InfrastructureError(f"the program cannot run on this subject: {reply.error.message}")
+        index = reply.error.index
         op = program.ops[index] if index is not None and index < len(program.ops) else None
-        return [StateOracle.crash(op, reply)], reply
-    return [], reply
+        return [StateOracle.crash(op, reply.error)], record_of(reply)
+    return [], record_of(reply)

@@ -77,9 +77,9 @@ def test_seed_geometry_on_real_vllm(kvspec_subject):
     """vLLM's own #52419 geometry: [22, 22] on every release since 0.28."""
     seed = corpus_case("seed_52419")
     reply = kvspec_subject.run(case_message(Case(seed.config, 22, (prefill(22),))))
-    assert reply["ok"], reply
+    assert reply.ok, reply.error
     assert reply["calls"][0]["num_tokens"] == list(seed.expected["spec"])
-    assert reply["regime"]["partial_hash_hits"] is True
+    assert reply.regime.partial_hash_hits is True
 
 
 PROGRAMS_PER_EXAMPLE = 4  # the profile's examples per stateful program

@@ -33,6 +33,7 @@ from kvspec.model.arith import INT
 from kvspec.model.capabilities import Capabilities, expected_regime
 from kvspec.model.deployments import CATALOG, Derivation, profile as profile_named
 from kvspec.model.finding import Category, Finding, Reach
+from kvspec.model.replies import ErrorKind
 from kvspec.model.spec import inputs_for_group, registration_bound
 
 __all__ = ["assess", "attach", "rule_impact", "knob_lines", "ACCEPTANCE_ONLY"]
@@ -285,7 +286,9 @@ def _assess(finding: Finding, *, proc=None, hitrate: bool = True,
     rule = variant(diagnosis).rule if diagnosis else None
     # The live subject is driven only for registration-side findings, and not
     # when the worker itself died on the case (every request would kill it again).
-    died = bool((finding.observations or {}).get("crashed"))
+    observations = finding.observations or {}
+    # (``crashed``: how a finding stored before the error kinds says it.)
+    died = observations.get("error_kind") == ErrorKind.CRASHED.value or bool(observations.get("crashed"))
     registration = (finding.category in _REGISTRATION or finding.category is Category.SUBJECT_CRASH) and not died
     if rule is None and not (proc is not None and registration):
         why = ("the worker process died on the case" if died else

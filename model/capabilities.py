@@ -1,7 +1,7 @@
 """What a vLLM tree can do, and the one rule that turns it into a regime.
 
 ``Capabilities`` is found by introspecting a tree's code (the worker does it,
-``subjects/worker.py``), never by its version string: a PR branch or a
+``subjects/vllm_side/introspection.py``), never by its version string: a PR branch or a
 checkout between releases has no trustworthy version.  Everything kvspec
 derives from a tree's era -- the regime the oracle predicts, the dimensions
 the strategies generate, the inputs the symbolic harness admits, the rule a

@@ -3,7 +3,7 @@
 The stateful differential (``diff_tests/stateful.py``) builds programs one
 operation at a time; a failing one, shrunk, is what a finding records and a
 replay reruns.  Operations are plain dicts in the worker's vocabulary
-(``subjects/worker.py``, ``Machine.apply``): ``arrive`` (id, tokens, external) queues
+(``subjects/vllm_side/state_machine.py``, ``Machine.apply``): ``arrive`` (id, tokens, external) queues
 a request (``external``: tokens a KV connector offers past its local hit); ``schedule`` (budget, drafts, accepted) runs one scheduler step
 over the running and waiting requests; ``finish`` and ``preempt`` (id);
 ``reset``; ``evict`` (id, from_block) as a failed KV load does.

@@ -4,7 +4,7 @@ The registration differential sees two numbers per request; bugs in this code
 live in the *state*: per-group block tables, blocks shared between requests
 and with the prefix cache, reference counts, the free-block queue, the hash
 map.  ``ManagerState`` is what a worker reads of vLLM's ``KVCacheManager``
-after an operation (``subjects/worker.py``, ``Machine.snapshot``);
+after an operation (``subjects/vllm_side/state_machine.py``, ``Machine.snapshot``);
 ``INVARIANTS`` are the rules, each written once, each with its scope: exact
 where vLLM's own contract is exact, and the weaker statement kvspec does check
 where the model is not exact (sliding-window and Mamba tables, eviction

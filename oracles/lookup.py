@@ -32,6 +32,7 @@ from kvspec.model.case import Case
 from kvspec.model.domain import GroupKind
 from kvspec.model.finding import Category
 from kvspec.model.lookup import dense_lookup_hit, group_reach, hit_alignment, hit_blocks, lookup_need
+from kvspec.model.replies import Reply
 from kvspec.model.spec import inputs_for_group
 
 from .registration import Discrepancy, compare, expected_calls
@@ -124,10 +125,10 @@ def admissible_hits(case: Case, capabilities: Capabilities, handed: list[int]) -
             if not contract_violations(case, capabilities, h, handed)]
 
 
-def compare_lookup(case: Case, capabilities: Capabilities, reply: dict[str, Any]) -> list[Discrepancy]:
+def compare_lookup(case: Case, capabilities: Capabilities, reply: Reply) -> list[Discrepancy]:
     """Discrepancies of the later request's hit (empty if the reply has no
     probe, e.g. the writer already failed: ``oracle.compare`` reports that)."""
-    if not reply.get("ok") or case.probe is None or "probe" not in reply:
+    if not reply.ok or case.probe is None or "probe" not in reply:
         return []
     probe = case.probe
     hit = reply["probe"]["hit"]
@@ -145,7 +146,7 @@ def compare_lookup(case: Case, capabilities: Capabilities, reply: dict[str, Any]
     return []
 
 
-def check_case(case: Case, caps: Capabilities, reply: dict[str, Any]) -> list[Discrepancy]:
+def check_case(case: Case, caps: Capabilities, reply: Reply) -> list[Discrepancy]:
     """Every check a reply is subject to: registration first (a lookup after a
     wrong registration would only restate it), then the later request's hit
     when the case has a lookup probe."""

@@ -32,6 +32,7 @@ from kvspec.model.arith import INT
 from kvspec.model.case import Case
 from kvspec.model.domain import CoordinatorConfig
 from kvspec.model.lookup import draft_dependency_end, eagle_drop_tail
+from kvspec.model.replies import Reply
 from kvspec.model.spec import inputs_for_group
 
 __all__ = ["HASH_SCHEMES", "StaleReuse", "stale_reuse", "model_predicts_stale", "fix_rejects",
@@ -68,12 +69,12 @@ class StaleReuse:
                 "shared": self.case.probe.shared, "writer_tokens": self.case.writer_tokens}
 
 
-def stale_reuse(case: Case, scheme: str, reply: dict[str, Any]) -> StaleReuse | None:
+def stale_reuse(case: Case, scheme: str, reply: Reply) -> StaleReuse | None:
     """The subject's answer for ``case``, judged: stale when the last kept
     position's draft KV read a writer token at or past the shared prefix
     (and that token existed: the writer had computed or sampled it)."""
     probe = reply.get("probe")
-    if not reply.get("ok") or probe is None or probe["hit"] < 1:
+    if not reply.ok or probe is None or probe["hit"] < 1:
         return None
     kept = probe["hit"] - 1
     read_up_to = draft_dependency_end(INT, kept, case.config.num_prefill_lookahead)

@@ -18,6 +18,7 @@ from kvspec.model.capabilities import Capabilities, ExpectedRegime, expected_reg
 from kvspec.model.case import Case
 from kvspec.model.domain import GroupRegistration
 from kvspec.model.finding import Category
+from kvspec.model.replies import ErrorKind, MalformedReply, Reply
 from kvspec.model.spec import RegistrationRule, StepsRule, evaluate_config, registration_bound
 
 __all__ = ["Discrepancy", "expected_calls", "compare"]
@@ -86,27 +87,29 @@ def expected_calls(case: Case, regime: ExpectedRegime, observed: list[dict],
     return out
 
 
-def compare(case: Case, capabilities: Capabilities, reply: dict[str, Any],
+def compare(case: Case, capabilities: Capabilities, reply: Reply,
             rule: RegistrationRule = registration_bound) -> list[Discrepancy]:
     """Discrepancies between the spec's prediction and one subject reply."""
-    if not reply.get("ok"):
-        if reply.get("phase") == "construct":
+    if reply.error is not None:
+        if reply.error.kind is ErrorKind.CONSTRUCT:
             return [Discrepancy(Category.PRECONDITION, None, None,
-                                detail=f"vLLM rejects a configuration the model accepts: {reply['error']}")]
-        return [Discrepancy(Category.SUBJECT_CRASH, None, None, detail=reply.get("error", "unknown error"))]
+                                detail=f"vLLM rejects a configuration the model accepts: {reply.error.message}")]
+        return [Discrepancy(Category.SUBJECT_CRASH, None, None, detail=reply.error.message)]
     regime = expected_regime(case.config, capabilities)
-    observed_regime = reply["regime"]
+    observed_regime = reply.regime
+    if observed_regime is None:
+        raise MalformedReply("a case reply that is ok carries the regime vLLM chose")
     found: list[Discrepancy] = []
-    if observed_regime["partial_hash_hits"] != regime.partial_hash_hits:
+    if observed_regime.partial_hash_hits != regime.partial_hash_hits:
         found.append(Discrepancy(
             Category.REGIME_MISMATCH, None, None,
             detail=f"partial hash hits: the model derives {regime.partial_hash_hits}, "
-                   f"vLLM chose {observed_regime['partial_hash_hits']}"))
-    if tuple(observed_regime["use_eagle"]) != regime.eagle:
+                   f"vLLM chose {observed_regime.partial_hash_hits}"))
+    if observed_regime.use_eagle != regime.eagle:
         found.append(Discrepancy(
             Category.REGIME_MISMATCH, None, None,
             detail=f"per-group EAGLE: the model derives {list(regime.eagle)}, "
-                   f"vLLM chose {observed_regime['use_eagle']}"))
+                   f"vLLM chose {list(observed_regime.use_eagle)}"))
     if found:
         return found  # a bound under another regime would only restate it
     calls = reply["calls"]

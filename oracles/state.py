@@ -9,6 +9,7 @@ from typing import Any
 from kvspec.model.capabilities import Capabilities, expected_regime
 from kvspec.model.finding import Category
 from kvspec.model.program import describe_op
+from kvspec.model.replies import WorkerError
 from kvspec.model.retention import RetentionLayout, RetentionLedger
 from kvspec.model.state import Allocation, Lookup, ManagerState, Transition, check_transition
 
@@ -99,16 +100,14 @@ class StateOracle:
         return entries
 
     @staticmethod
-    def refused(reply: dict[str, Any]) -> Discrepancy:
+    def refused(error: WorkerError) -> Discrepancy:
         """vLLM would not build a manager the constructor's own validators accept."""
-        return Discrepancy(Category.PRECONDITION, None, None,
-                           detail=f"vLLM refused the geometry: {reply.get('error', 'unknown error')}")
+        return Discrepancy(Category.PRECONDITION, None, None, detail=f"vLLM refused the geometry: {error.message}")
 
     @staticmethod
-    def crash(op: dict[str, Any] | None, reply: dict[str, Any]) -> Discrepancy:
+    def crash(op: dict[str, Any] | None, error: WorkerError) -> Discrepancy:
         where = f" during {describe_op(op)}" if op else ""
-        return Discrepancy(Category.SUBJECT_CRASH, None, None,
-                           detail=f"vLLM raised{where}: {reply.get('error', 'unknown error')}")
+        return Discrepancy(Category.SUBJECT_CRASH, None, None, detail=f"vLLM raised{where}: {error.message}")
 
 
 # An engine operation in the state model's words (model.program.OPERATIONS).

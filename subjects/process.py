@@ -18,6 +18,10 @@ message for it that would reach a fresh worker (the one that held it died or
 was ended) is an ``InfrastructureError``, never sent.  An error reply says
 whose frames raised (``origin``): one raised in kvspec's own worker code is
 kvspec's bug, an ``InfrastructureError`` too, never a vLLM finding.
+
+Every reply is parsed once, as it is read, into a ``model.replies.Reply``
+(one ``ErrorKind`` when it failed); a reply the protocol does not allow is
+kvspec's error (``InfrastructureError``), never a finding.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from typing import Any, Iterator
 from kvspec.model.about import OLDEST_SUPPORTED
 from kvspec.model.capabilities import Capabilities, reference_capabilities
 from kvspec.model.errors import InfrastructureError
+from kvspec.model.replies import ErrorKind, MalformedReply, Reply
 
 from .subject import (
     SubjectError,
@@ -135,6 +140,11 @@ class _Death:
         return f"exited (exit {self.code})"
 
 
+def _crashed(message: str) -> Reply:
+    """The reply for a worker that vLLM's code ended (it cannot say so itself)."""
+    return Reply.parse({"ok": False, "error_kind": ErrorKind.CRASHED.value, "error": message})
+
+
 class SubjectProcess:
     """A live worker for one subject."""
 
@@ -192,10 +202,10 @@ class SubjectProcess:
                    if stalled else death.describe())
             raise InfrastructureError(f"{self.subject.label}: the worker {how} while importing vLLM, before "
                                       f"it answered (last stderr: {death.tail})")
-        if not hello.get("ok"):  # the worker's own clean report that the import failed
+        if not hello.ok:  # the worker's own clean report that the import failed
             self._kill()
             raise SubjectError(f"{self.subject.label}: cannot import vLLM's coordinator "
-                               f"({hello.get('error') or self._stderr_tail()})")
+                               f"({hello.error.message or self._stderr_tail()})")
         report = hello["capabilities"]
         self.capabilities = Capabilities.from_dict(report)
         self.identity = {k: report.get(k) for k in ("vllm_version", "vllm_path", "git_commit")}
@@ -214,7 +224,7 @@ class SubjectProcess:
         self.scope_reduction = self._scope_reduction()
         return self
 
-    def _await_hello(self) -> dict[str, Any] | None:
+    def _await_hello(self) -> Reply | None:
         """The hello, or None: the worker closed its end, gave something that
         is not a reply, or gave none in time (``_timed_out``).  Importing vLLM
         can take minutes on a loaded machine, but it uses CPU all along: a
@@ -230,7 +240,7 @@ class SubjectProcess:
                 return None
             reply = self._read(left)
             if not self._timed_out:
-                return reply if isinstance(reply, dict) else None
+                return reply
             now_cpu = _cpu_time(self._proc.pid)
             if now_cpu is None or now_cpu != cpu:
                 cpu, moved = now_cpu, time.monotonic()
@@ -281,9 +291,11 @@ class SubjectProcess:
         tail = self._stderr.read().strip().splitlines()[-lines:]
         return " | ".join(tail) or "no output"
 
-    def _read(self, timeout: float | None = None) -> dict[str, Any] | None:
-        """The next reply; None if the worker closed its end or gave none in
-        time (``_timed_out`` says which)."""
+    def _read(self, timeout: float | None = None) -> Reply | None:
+        """The next reply, parsed; None if the worker closed its end or gave
+        none in time (``_timed_out`` says which).  A JSON object the protocol
+        does not allow ends the worker and is an ``InfrastructureError``:
+        kvspec's two sides disagree, and nothing they said is a finding."""
         self._timed_out = False
         if self._lines is None:
             return None
@@ -297,9 +309,16 @@ class SubjectProcess:
         if not line:
             return None
         try:
-            return json.loads(line)
+            record = json.loads(line)
         except ValueError:
             return None
+        try:
+            return Reply.parse(record)
+        except MalformedReply as exc:
+            self._kill()
+            self._forget()
+            raise InfrastructureError(f"{self.subject.label}: the worker's reply is malformed ({exc}); "
+                                      "a kvspec bug, not a vLLM finding") from None
 
     def _send(self, message: dict[str, Any]) -> bool:
         self._ensure_started()
@@ -350,7 +369,7 @@ class SubjectProcess:
         return self._reap(timed_out=self._timed_out)
 
     # -- one case, a retry on a fresh worker ----------------------------------
-    def _retry(self, case: dict[str, Any], first: _Death) -> dict[str, Any]:
+    def _retry(self, case: dict[str, Any], first: _Death) -> Reply:
         """Run ``case`` alone on a fresh worker after ``first``; see the module's
         docstring for what each outcome means."""
         if self._send({"op": "run", "case": case}):
@@ -360,25 +379,24 @@ class SubjectProcess:
                 return reply
         second = self._failed()
         if first.by_its_own_code and second.by_its_own_code:
-            return {"ok": False, "phase": "drive", "crashed": True,
-                    "error": f"the vLLM worker exited (exit {second.code}) during the case, again on a "
-                             f"fresh worker: {second.tail}"}
+            return _crashed(f"the vLLM worker exited (exit {second.code}) during the case, again on a "
+                            f"fresh worker: {second.tail}")
         raise InfrastructureError(
             f"{self.subject.label}: the worker {first.describe()}, then {second.describe()} on a fresh "
             f"worker, on the same case; kvspec cannot tell vLLM from the machine here, so nothing is "
             f"reported as a finding (last stderr: {second.tail})")
 
-    def run(self, case: dict[str, Any]) -> dict[str, Any]:
+    def run(self, case: dict[str, Any]) -> Reply:
         """One case."""
         for reply in self.stream([case]):
             return reply
         raise AssertionError("unreachable: a stream of one case yields one reply")
 
-    def run_many(self, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def run_many(self, cases: list[dict[str, Any]]) -> list[Reply]:
         """Several cases, each reply in turn."""
         return list(self.stream(cases))
 
-    def stream(self, cases: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    def stream(self, cases: list[dict[str, Any]]) -> Iterator[Reply]:
         """Replies one by one as the worker finishes them (the caller's work on
         a reply overlaps the worker's on the next).  A caller that stops early
         still leaves the protocol in step: the rest is drained."""
@@ -412,7 +430,7 @@ class SubjectProcess:
             yield self._retry(pending[answered], self._failed())
             pending = pending[answered + 1:]
 
-    def session(self, message: dict[str, Any]) -> dict[str, Any]:
+    def session(self, message: dict[str, Any]) -> Reply:
         """One exchange of a multi-request replay (``open_session`` or
         ``session_actions``, see ``subjects/drivers/hitrate.py``).  A replay
         cannot resume on a fresh worker, so a worker that stops is an
@@ -433,20 +451,19 @@ class SubjectProcess:
             reply = self._read()
             if reply is not None:
                 if message.get("op") in _OPENS:
-                    self._opened_on = self._spawns if reply.get("ok") else None
-                if reply.get("origin") == "kvspec":
+                    self._opened_on = self._spawns if reply.ok else None
+                if reply.error is not None and reply.error.in_kvspecs_code:
                     raise InfrastructureError(
-                        f"{self.subject.label}: kvspec's worker raised {reply.get('error')} in its own code "
-                        f"({reply.get('where')}), not in vLLM's: a kvspec bug, not a vLLM finding")
+                        f"{self.subject.label}: kvspec's worker raised {reply.error.message} in its own code "
+                        f"({reply.error.where}), not in vLLM's: a kvspec bug, not a vLLM finding")
                 return reply
         death = self._failed()
         if death.by_its_own_code:
-            return {"ok": False, "crashed": True,
-                    "error": f"the vLLM worker exited (exit {death.code}) during the replay: {death.tail}"}
+            return _crashed(f"the vLLM worker exited (exit {death.code}) during the replay: {death.tail}")
         raise InfrastructureError(f"{self.subject.label}: the worker {death.describe()} during the replay "
                                   f"(last stderr: {death.tail})")
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> Reply:
         """The worker's counters: cases run, KVCacheManagers built for them
         (fewer when managers are reused), whether reuse is on."""
         if self._send({"op": "stats"}):

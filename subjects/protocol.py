@@ -1,18 +1,26 @@
 """The wire between kvspec and a worker: one JSON object per line each way.
 
-Requests (``op``): ``run`` / ``run_many`` / ``stream`` (cases), ``open_session``
-/ ``session_actions`` (the hit-rate replay), ``open_machine`` (a
-``model.program.Program``'s ``machine_case``) / ``machine_ops`` (operations,
-answered each with its result and the manager's state after it) /
-``machine_trace`` (the vLLM calls they made), for the stateful differential,
-``prefill_chunks`` (vLLM's scheduler chunking of prompts on one geometry:
-``case`` and ``prompts``) and ``mamba_layer_checkpoint_fields`` (what the
-release's Mamba2 layer declares), for the MTP search, ``stats``, ``quit``.  A case is
-sent as ``case_message``; its reply carries ``ok``, then either the
-observations (``calls``, ``regime``, ``probe``) or ``error`` with ``phase``
-(``construct``: vLLM refused the configuration; ``drive``: vLLM raised) and a
-``traceback``.  The worker's first line is its hello: ``ok``, the
-introspected ``capabilities`` and where ``vllm`` came from.
+Requests (``op``): ``stream`` (cases, each answered as it is done, then an
+end marker) and ``run`` (one case: the retry on a fresh worker),
+``open_session`` / ``session_actions`` (the hit-rate replay), ``open_machine``
+(a ``model.program.Program``'s ``machine_case``) / ``machine_ops``
+(operations, answered each with its result and the manager's state after it)
+/ ``machine_trace`` (the vLLM calls they made), for the stateful
+differential, ``open_engine`` / ``engine_ops`` (a real Scheduler, for the
+engine differential), ``prefill_chunks`` (vLLM's scheduler chunking of
+prompts on one geometry: ``case`` and ``prompts``) and
+``mamba_layer_checkpoint_fields`` (what the release's Mamba2 layer declares),
+for the MTP search, ``stats``, ``quit``; the worker answers each through the
+handler its ``op`` names (``vllm_side/loop.py``).  A case is sent as
+``case_message``; its reply carries ``ok``, then the observations
+(``calls``, ``regime``, ``probe``).  An error reply says why in one key,
+``error_kind`` (``model.replies.ErrorKind``: ``construct``, vLLM refused the
+configuration; ``drive``, vLLM raised; ``unsupported``, ``kvspec``,
+``environment``, ``fatal``), with the ``error`` in words and, where vLLM
+raised, the ``traceback`` and whose frames raised it (``origin``, ``where``).
+The worker's first line is its hello: ``ok``, the introspected
+``capabilities`` and where ``vllm`` came from.  ``subjects/process.py``
+parses every reply once into a ``model.replies.Reply``.
 """
 
 from __future__ import annotations

@@ -35,7 +35,8 @@ sys.modules["kvspec"] = _namespace
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
-from kvspec.subjects.worker import introspect, use_subject_tree  # noqa: E402
+from kvspec.subjects.worker import use_subject_tree  # noqa: E402
+from kvspec.subjects.vllm_side.introspection import introspect  # noqa: E402
 
 use_subject_tree()
 

@@ -267,6 +267,7 @@ def _run_engine_program(subject, text: str, json_path) -> Outcome:
 
 def run(args: argparse.Namespace) -> Outcome:
     from kvspec.model.capabilities import expected_regime
+    from kvspec.model.replies import record_of
     from kvspec.oracles.registration import compare, expected_calls
     from kvspec.report.files import write_text
     from kvspec.subjects.process import SubjectProcess
@@ -316,19 +317,19 @@ def run(args: argparse.Namespace) -> Outcome:
     record: dict[str, Any] = {"subject": subject.as_dict(), "vllm_version": version, "case": case.as_dict(),
                               "corpus_case": entry.name if entry else None, "hash_scheme": scheme,
                               "profile": derived.as_dict() if derived is not None else None,
-                              "eagle_branch_live": regime.eagle_branch_live, "reply": reply,
+                              "eagle_branch_live": regime.eagle_branch_live, "reply": record_of(reply),
                               "not_covered": list(caps.not_covered())}
-    if not reply.get("ok"):
-        lines.append(f"vLLM raised ({reply.get('phase', 'drive')}): {reply.get('error')}")
+    if not reply.ok:
+        lines.append(f"vLLM raised ({reply.error.kind.value}): {reply.error.message}")
         found = compare(case, caps, reply)
         lines.append("VERDICT: DIFFERS: " + "; ".join(d.summary() for d in found))
         print("\n".join(lines))
         if json_path is not None:
             write_text(json_path, json.dumps({**record, "verdict": "differs"}, indent=2, sort_keys=True))
         return Outcome.FINDING
-    seen = reply["regime"]
-    lines.append(f"regime: partial hash hits spec {regime.partial_hash_hits}, vLLM {seen['partial_hash_hits']}; "
-                 f"per-group use_eagle spec {list(regime.eagle)}, vLLM {seen['use_eagle']}")
+    seen = reply.regime
+    lines.append(f"regime: partial hash hits spec {regime.partial_hash_hits}, vLLM {seen.partial_hash_hits}; "
+                 f"per-group use_eagle spec {list(regime.eagle)}, vLLM {list(seen.use_eagle)}")
     predicted = expected_calls(case, regime, reply["calls"])
     calls = []
     for index, (call, (tokens, blocks, _)) in enumerate(zip(reply["calls"], predicted)):

@@ -71,12 +71,15 @@ def subject_compared(subject: dict[str, Any], versions: dict[str, str]) -> dict[
 
 
 def diagnose(case, capabilities, reply: dict[str, Any]) -> tuple[str, ...]:
-    """Model variants (not the correct ones) that reproduce every observation."""
+    """Model variants (not the correct ones) that reproduce every observation
+    (``reply``: the record a failure keeps)."""
+    from kvspec.model.replies import Reply
     from kvspec.model.variants import VARIANTS, Conformance
     from kvspec.oracles.registration import compare
 
+    parsed = Reply.parse(reply)
     return tuple(v.name for v in VARIANTS if v.conformance is not Conformance.CORRECT
-                 and not compare(case, capabilities, reply, rule=v.rule))
+                 and not compare(case, capabilities, parsed, rule=v.rule))
 
 
 _NO_CALL_LEDGER = {

@@ -106,13 +106,13 @@ class SubjectCache:
         self.subject, self.config = subject, config
         self.regime = expected_regime(config, subject.capabilities)
         reply = subject.session({"op": "open_session", "case": session_case(config, workload)})
-        if not reply.get("ok"):
-            raise ReplayError(f"{self.name}: cannot build the manager: {reply.get('error')}")
+        if not reply.ok:
+            raise ReplayError(f"{self.name}: cannot build the manager: {reply.error.message}")
 
     def apply(self, actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
         reply = self.subject.session({"op": "session_actions", "actions": actions})
-        if not reply.get("ok"):
-            raise ReplayError(f"{self.name}: {reply.get('error')}\n{reply.get('traceback', '')}".rstrip())
+        if not reply.ok:
+            raise ReplayError(f"{self.name}: {reply.error.message}\n{reply.error.traceback or ''}".rstrip())
         return reply["answers"]
 
 

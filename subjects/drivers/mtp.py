@@ -65,8 +65,8 @@ def _chunks(subject, config: CoordinatorConfig, lookahead: int, mamba_fields: di
 
     reply = subject.session({"op": "prefill_chunks", "prompts": prompts,
                              "case": _message(Case(config, 1, (prefill(1),)), lookahead, mamba_fields)})
-    if not reply.get("ok"):
-        raise RuntimeError(f"prefill_chunks: {reply.get('error')}")
+    if not reply.ok:
+        raise RuntimeError(f"prefill_chunks: {reply.error.message}")
     return {r["prompt"]: r for r in reply["results"]}
 
 
@@ -77,7 +77,7 @@ def search_stale_reuse(subject, schemes: tuple[str, ...]) -> dict[str, dict[str,
     tokens, then shortest hit), the per-configuration counts beside the
     model's prediction, and the writers vLLM's own scheduler stalls."""
     fields_reply = subject.session({"op": "mamba_layer_checkpoint_fields"})
-    mamba_fields = fields_reply.get("fields", {}) if fields_reply.get("ok") else {}
+    mamba_fields = fields_reply.get("fields", {}) if fields_reply.ok else {}
     out: dict[str, dict[str, Any]] = {}
     for scheme in schemes:
         cases, messages, stalled = [], [], 0
@@ -113,8 +113,8 @@ def search_stale_reuse(subject, schemes: tuple[str, ...]) -> dict[str, dict[str,
         for case, reply in zip(cases, subject.run_many(messages)):
             row = rows[case.config.describe()]
             row["cases"] += 1
-            if not reply.get("ok"):
-                errors.append(reply.get("error", "unknown error"))
+            if not reply.ok:
+                errors.append(reply.error.message)
                 continue
             found = stale_reuse(case, scheme, reply)
             if found is not None:

@@ -46,7 +46,7 @@ def sweep(proc: SubjectProcess, case: Case, ns: range) -> dict[str, Any]:
     subject: list[list[int | None]] = [[] for _ in range(groups)]
     differing: list[int] = []
     for c, reply in zip(cases, replies):
-        calls = reply.get("calls") if reply.get("ok") else None
+        calls = reply.get("calls") if reply.ok else None
         if not calls:
             for g in range(groups):
                 spec[g].append(None)

@@ -6,12 +6,10 @@ Shared by the deployment probe and the engine driver (stdlib + vLLM only)."""
 import dataclasses
 import types
 
+from .errors import Unsupported  # one refusal for the whole worker side
+
 __all__ = ["Unsupported", "attention_spec", "mixer_class", "mamba_spec", "scheduler_groups", "spec_kind",
            "GROUPS_SOURCE"]
-
-
-class Unsupported(Exception):
-    """A configuration this release cannot express (said, never guessed)."""
 
 
 def attention_spec(vc, backend, num_kv_heads, head_size, sliding_window=None, draft=False,

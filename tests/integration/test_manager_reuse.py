@@ -1,5 +1,5 @@
 """The worker reuses a KVCacheManager across cases of one geometry, freed and
-reset between them (``oracles/worker.py``: ``_recorded_manager``).  That must
+reset between them (``subjects/vllm_side/manager_driver.py``: ``_recorded_manager``).  That must
 be invisible: on real vLLM every reply, registration and lookup alike, equals
 the reply of a manager built for the case alone (``KVSPEC_FRESH_MANAGERS=1``)."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, seed, settings
 
+from kvspec.model.replies import record_of
 from kvspec.pytest_plugin import DEFAULT_RELEASES
 from kvspec.subjects.process import SubjectProcess
 from kvspec.subjects.subject import release
@@ -35,8 +36,9 @@ def _replies(proc, drawn):
     out = []
     for batch in drawn:
         for reply in proc.stream([case_message(case) for case in batch]):
-            reply.pop("seconds")  # the only field that may differ
-            out.append(reply)
+            record = record_of(reply)
+            record.pop("seconds")  # the only field that may differ
+            out.append(record)
     return out
 
 

@@ -117,7 +117,8 @@ def test_an_oracle_that_disagrees_with_z3_and_the_subject_is_an_oracle_bug():
 
     seed = corpus_case("seed_52419")
     case = Case(seed.config, 22, (prefill(22),))
-    reply = {"ok": True, "regime": {"partial_hash_hits": True, "use_eagle": [True, False]},
+    reply = {"ok": True, "regime": {"coordinator": "HybridKVCacheCoordinator", "partial_hash_hits": True,
+                                    "use_eagle": [True, False], "block_sizes": [2, 8], "num_reprefillable_tokens": 0},
              "calls": [{"n": 22, "hashed_tokens": 22, "num_tokens": [22, 22],
                         "registered_blocks": [11, 2]}]}
     claim = Discrepancy("over_registration", 0, 22, expected_tokens=(18, 22),

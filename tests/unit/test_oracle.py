@@ -7,6 +7,7 @@ follow from the subject values written out beside each case.
 from kvspec.model.capabilities import expected_regime
 from kvspec.model.case import Case, decode, prefill
 from kvspec.model.corpus import case as corpus_case
+from kvspec.model.replies import Reply
 from kvspec.oracles.registration import compare
 from kvspec.subjects.protocol import case_message
 
@@ -17,9 +18,11 @@ SEED = corpus_case("seed_52419").config  # FA(2, EAGLE) + Mamba(8), S=8, H=2: pa
 
 
 def reply(tokens, blocks, n=22, hashed=22, partial=True, eagle=(True, False)):
-    return {"ok": True, "regime": {"partial_hash_hits": partial, "use_eagle": list(eagle)},
-            "calls": [{"n": n, "hashed_tokens": hashed, "num_tokens": tokens,
-                       "registered_blocks": blocks}]}
+    return Reply.parse({"ok": True, "regime": {"coordinator": "HybridKVCacheCoordinator", "partial_hash_hits": partial,
+                                               "use_eagle": list(eagle), "block_sizes": [2, 8],
+                                               "num_reprefillable_tokens": 0},
+                        "calls": [{"n": n, "hashed_tokens": hashed, "num_tokens": tokens,
+                                   "registered_blocks": blocks}]})
 
 
 CASE = Case(SEED, 22, (prefill(22),))
@@ -59,8 +62,13 @@ def test_call_count_mismatch():
 
 
 def test_crash_and_rejection():
-    assert compare(CASE, CAPS_033, {"ok": False, "phase": "drive", "error": "boom"})[0].category == "subject_crash"
-    assert compare(CASE, CAPS_033, {"ok": False, "phase": "construct", "error": "no"})[0].category == "precondition"
+    def failed(kind, error):
+        return compare(CASE, CAPS_033, Reply.parse({"ok": False, "error_kind": kind, "error": error}))
+
+    assert failed("drive", "boom")[0].category == "subject_crash"
+    assert failed("crashed", "the vLLM worker exited")[0].category == "subject_crash"
+    (refused,) = failed("construct", "no")
+    assert refused.category == "precondition" and refused.detail.endswith(": no")
 
 
 def test_regime_follows_capabilities():

@@ -10,7 +10,7 @@ import types
 import attrs
 import pytest
 
-from kvspec.subjects import worker
+from kvspec.subjects.vllm_side import errors, loop, state_machine
 
 
 def _raised(source: str, filename: str) -> BaseException:
@@ -35,23 +35,22 @@ def fake_vllm(tmp_path, monkeypatch):
 
 def test_an_exception_raised_in_vllms_frames_is_vllms(fake_vllm):
     exc = _raised("def call():\n    return None.apply\n", str(fake_vllm / "core.py"))
-    assert worker.exception_origin(exc) == {"origin": "vllm", "where": "core.py:2 in call"}
+    assert errors.exception_origin(exc) == {"origin": "vllm", "where": "core.py:2 in call"}
 
 
 def test_an_exception_raised_in_the_workers_own_frames_is_kvspecs(fake_vllm):
     def through_the_worker():
-        return worker._machine_op(types.SimpleNamespace(machine=None), {"op": "machine_ops", "ops": [{}]})
+        return loop._machine_op(types.SimpleNamespace(machine=None), {"op": "machine_ops", "ops": [{}]})
 
     # The fresh worker's refusal is kvspec's error, never an exception.
-    assert through_the_worker() == {"ok": False, "kvspec_error": "no machine is open on this worker",
-                                    "no_machine": True}
+    assert through_the_worker() == {"ok": False, "error_kind": "kvspec", "error": "no machine is open on this worker"}
     try:
-        worker.Machine.apply(None, {"do": "finish"})
+        state_machine.Machine.apply(None, {"do": "finish"})
     except Exception as exc:  # noqa: BLE001
-        origin = worker.exception_origin(exc)
+        origin = errors.exception_origin(exc)
     else:
         raise AssertionError("apply on nothing did not raise")
-    assert origin["origin"] == "kvspec" and origin["where"].startswith("worker.py:")
+    assert origin["origin"] == "kvspec" and origin["where"].startswith("state_machine.py:")
 
 
 def test_library_frames_under_vllm_are_passed_over(fake_vllm, tmp_path):
@@ -61,7 +60,7 @@ def test_library_frames_under_vllm_are_passed_over(fake_vllm, tmp_path):
     try:
         namespace["call"]()
     except ValueError as exc:
-        assert worker.exception_origin(exc)["origin"] == "vllm"
+        assert errors.exception_origin(exc)["origin"] == "vllm"
     else:
         raise AssertionError("the stand-in did not raise")
 

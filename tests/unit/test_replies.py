@@ -1,0 +1,131 @@
+"""A worker's replies, parsed once into typed values (``model.replies``), and
+the error kinds each side names (no vLLM needed): every error reply the
+worker's code makes parses to the kind it means, and a reply the protocol
+does not allow is kvspec's one-line error, never a vLLM finding."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+
+from kvspec.model.errors import InfrastructureError
+from kvspec.model.replies import ErrorKind, MalformedReply, ObservedRegime, Reply, record_of
+from kvspec.subjects import process
+from kvspec.subjects.process import SubjectProcess
+from kvspec.subjects.subject import current_environment
+from kvspec.subjects.vllm_side import errors, loop
+from kvspec.subjects.vllm_side.errors import BadOperation, Rejected, Unsupported
+
+REGIME = {"coordinator": "HybridKVCacheCoordinator", "partial_hash_hits": True, "use_eagle": [True, False],
+          "block_sizes": [2, 8], "num_reprefillable_tokens": 0}
+
+
+def test_an_ok_case_reply_carries_its_regime_typed_and_its_record_whole():
+    record = {"ok": True, "calls": [], "regime": REGIME, "seconds": 0.1}
+    reply = Reply.parse(record)
+    assert reply.ok and reply.error is None
+    assert reply.regime == ObservedRegime("HybridKVCacheCoordinator", True, (True, False), (2, 8), 0)
+    assert reply["calls"] == [] and reply.get("probe") is None and dict(reply) == record
+    assert record_of(reply) == record and json.loads(json.dumps(record_of(reply))) == record
+
+
+def test_an_error_reply_is_one_typed_error():
+    reply = Reply.parse({"ok": False, "error_kind": "drive", "error": "AssertionError: boom", "index": 3,
+                         "traceback": "Traceback ...", "origin": "vllm", "where": "kv_cache_manager.py:9 in f",
+                         "answers": [{}, {}, {}]})
+    assert not reply.ok and reply.failed_as(ErrorKind.DRIVE) and not reply.failed_as(ErrorKind.KVSPEC)
+    assert reply.error.message == "AssertionError: boom" and reply.error.index == 3
+    assert not reply.error.in_kvspecs_code and reply["answers"] == [{}, {}, {}]
+
+
+@pytest.mark.parametrize("record, says", [
+    ([], "a reply is a JSON object"),
+    ({"ok": "yes"}, "says ok true or false"),
+    ({"ok": True, "error_kind": "drive"}, "an ok reply carries no error_kind"),
+    ({"ok": False, "unsupported": True, "error": "old style"}, "names one of the error kinds"),
+    ({"ok": False, "error_kind": "boom", "error": "x"}, "names one of the error kinds"),
+    ({"ok": False, "error_kind": "drive"}, "says its error in words"),
+    ({"ok": False, "error_kind": "drive", "error": "x", "index": -1}, "index is an operation's position"),
+    ({"ok": False, "error_kind": "drive", "error": "x", "traceback": 7}, "traceback is text"),
+    ({"ok": True, "regime": {"partial_hash_hits": True}}, "regime names the coordinator"),
+    ({"ok": True, "regime": {**REGIME, "use_eagle": [1, 0]}}, "regime has a value of the wrong type"),
+])
+def test_a_reply_the_protocol_does_not_allow_is_refused_in_one_line(record, says):
+    with pytest.raises(MalformedReply, match=says) as refused:
+        Reply.parse(record)
+    assert "\n" not in str(refused.value)
+
+
+def test_the_worker_names_exactly_the_kinds_kvspec_parses():
+    sent = {errors.UNSUPPORTED, errors.CONSTRUCT, errors.DRIVE, errors.KVSPEC, errors.ENVIRONMENT, errors.FATAL}
+    # CRASHED is the parent's word: a worker that vLLM's code ended cannot say so.
+    assert sent == {k.value for k in ErrorKind} - {ErrorKind.CRASHED.value}
+
+
+class _Driver:
+    """A driver whose case run raises what it is given."""
+
+    machine = engine = None
+
+    def __init__(self, raising):
+        self.raising = raising
+
+    def run(self, case):
+        raise self.raising
+
+
+@pytest.mark.parametrize("raising, kind", [
+    (Unsupported("no num_prefill_lookahead"), ErrorKind.UNSUPPORTED),
+    (Rejected("ValueError: block size"), ErrorKind.CONSTRUCT),
+    (AssertionError("boom"), ErrorKind.DRIVE),
+])
+def test_each_failure_of_a_case_is_answered_with_its_kind(raising, kind):
+    reply = Reply.parse(loop._run_one(_Driver(raising), {}))
+    assert reply.failed_as(kind) and str(raising) in reply.error.message and "seconds" in reply
+
+
+def test_a_message_for_nothing_open_or_unknown_is_kvspecs_error():
+    driver = _Driver(None)
+    sent = []
+    for request in ({"op": "machine_ops", "ops": [{}]}, {"op": "machine_trace"}, {"op": "engine_ops", "ops": []},
+                    {"op": "run_many", "cases": []}):
+        loop.HANDLERS.get(request["op"], loop._unknown)(driver, request, sent.append)
+    assert [Reply.parse(r).error.kind for r in sent] == [ErrorKind.KVSPEC] * 4
+
+
+def test_a_bad_operation_is_kvspecs_error_with_its_index():
+    class Machine:
+        def apply(self, op, observe):
+            if op.get("id") == "gone":
+                raise BadOperation("finish names request 'gone', which is not running")
+            return {"result": {}}
+
+    driver = types.SimpleNamespace(machine=Machine())
+    reply = Reply.parse(loop._machine_op(driver, {"op": "machine_ops", "ops": [{}, {"id": "gone"}]}))
+    assert reply.failed_as(ErrorKind.KVSPEC) and reply.error.index == 1 and reply["answers"] == [{"result": {}}]
+
+
+def test_a_subject_that_cannot_be_imported_says_so_in_its_hello(monkeypatch):
+    def no_vllm():
+        raise ModuleNotFoundError("No module named 'vllm'")
+
+    monkeypatch.setattr(loop, "Driver", no_vllm)
+    sent = []
+    assert loop.serve([], sent.append) == 1
+    (hello,) = sent
+    assert Reply.parse(hello).failed_as(ErrorKind.FATAL)
+
+
+def test_a_malformed_reply_from_the_worker_is_kvspecs_error_in_one_line(tmp_path, monkeypatch):
+    # A stand-in worker whose hello is one the protocol does not allow (an
+    # error said the old way, without its kind).
+    stand_in = tmp_path / "worker.py"
+    stand_in.write_text("import json\nprint(json.dumps({'ok': False, 'fatal': True, 'error': 'no vllm'}))\n")
+    monkeypatch.setattr(process, "WORKER", stand_in)
+    with pytest.raises(InfrastructureError) as refused:
+        SubjectProcess(current_environment(), timeout=30)
+    message = str(refused.value)
+    assert "\n" not in message and "reply is malformed" in message and "not a vLLM finding" in message
+    assert "error kinds" in message
