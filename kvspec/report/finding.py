@@ -221,7 +221,8 @@ def affected_lines(f: Finding) -> list[str]:
             if f.explanation and f.explanation.knobs else ""
         return [f"not assessed: no deployment profile was checked for this finding{knobs}"]
     if not f.reach.profiles:
-        return ["no known deployment reaches it: hand-built geometry only"]
+        return ["no known deployment reaches it: hand-built geometry only (the catalog's profiles checked are "
+                "named in the impact line; no engine configuration was driven for it)"]
     out = [_profile_line(p) for p in f.reach.profiles]
     if f.reach.worst:
         out.append(f"worst affected: {_profile_line(f.reach.worst)}")
