@@ -313,7 +313,105 @@ def measure_engine_impact(proc, finding: Finding, say: Say = _quiet) -> Impact:
         say(f"  impact: the same on vLLM {stored['version']} unmutated")
         with SubjectProcess(release(stored["version"])) as base:
             reference_run = run_extended(base, extended, resends, found_at)
-    return impact_from_runs(finding, subject_run, reference_run, resends)
+    impact = impact_from_runs(finding, subject_run, reference_run, resends)
+    if finding.category is Category.STATE_BLOCK_ESTIMATE and impact.kind != "crash":
+        say(f"  impact: tightening the pool under the over-estimated allocation on {proc.subject.label}")
+        probe = pressure_probe(proc, program)
+        if probe is not None and reference_run is not None:
+            with SubjectProcess(release(stored["version"])) as base:  # the release must not raise there too
+                ops = _probe_ops(probe, program)
+                reply = _drive(base, attrs.evolve(program.setup, num_gpu_blocks=probe["num_gpu_blocks"]), ops)
+            if reply is None or not reply.get("ok"):
+                probe = None
+        if probe is not None:
+            impact = _with_pressure(finding, impact, probe, None if reference_run is None else reference_run.label)
+    return impact
+
+
+def _over_estimate(answers) -> dict[str, Any] | None:
+    """The first allocation that took more free blocks than its groups estimated."""
+    for answer in answers:
+        for part in (answer.get("scheduled"), answer):
+            for a in ((part or {}).get("result") or {}).get("allocations", ()):
+                if a.get("allocated") and a.get("free_after") is not None and None not in a["estimates"]:
+                    taken = a["free_before"] - a["free_after"]
+                    if taken > sum(a["estimates"]):
+                        return {**a, "taken": taken}
+    return None
+
+
+def _drive(proc, setup, ops) -> dict[str, Any] | None:
+    """The worker's reply to ``ops`` on a fresh engine of ``setup`` (None: vLLM refused the setup)."""
+    opened = proc.session({"op": "open_engine", "setup": setup.message()})
+    if not opened.get("ok"):
+        return None
+    return proc.session({"op": "engine_ops", "ops": [dict(op) for op in ops]})
+
+
+FILLERS = (1, 64, 65, 128, 129, 192)  # tokens of the request run beside the finding's (a prompt of its own)
+
+
+def _beside(length: int) -> list[dict[str, Any]]:
+    """A request of its own (no prefix shared with the engine differential's
+    prompts), admitted and running before the finding's program starts."""
+    return [{"do": "arrive", "id": "beside", "tokens": [2999 - i for i in range(length)], "max_tokens": 64},
+            {"do": "step"}, {"do": "step"}]
+
+
+def _probe_ops(probe: dict[str, Any], program) -> list[dict[str, Any]]:
+    return _beside(probe["beside"]) + [dict(op) for op in program.ops]
+
+
+def pressure_probe(proc, program) -> dict[str, Any] | None:
+    """A block-estimate finding's allocation takes more free blocks than the
+    admission gate counted: with the pool one block short of what it takes
+    (a request of its own running beside it, and ``--num-gpu-blocks-override``
+    lowered by the difference), does ``schedule()`` raise?  The first such
+    configuration found (vLLM refusing a pool too small for the model is
+    tried with a larger request beside it), or None."""
+    for length in FILLERS:
+        filler = _beside(length)
+        ops = filler + [dict(op) for op in program.ops]
+        reply = _drive(proc, program.setup, ops)
+        if reply is None or not reply.get("ok"):
+            continue
+        over = _over_estimate(reply.get("answers", ())[len(filler):])
+        if over is None:
+            continue
+        short = over["free_before"] - (over["taken"] - 1)  # blocks to take away: one short of what it takes
+        pool = program.setup.num_gpu_blocks - short
+        if short <= 0 or pool <= 0:
+            continue
+        tight = attrs.evolve(program.setup, num_gpu_blocks=pool)
+        reply = _drive(proc, tight, ops)
+        if reply is None or reply.get("ok") or reply.get("origin") != "vllm":
+            continue
+        index = reply.get("index", 0)
+        frames = _FRAME.findall(reply.get("traceback") or "")
+        return {"num_gpu_blocks": pool, "beside": length, "error": reply.get("error"),
+                "function": frames[0] if frames else None, "op": dict(ops[index]) if index < len(ops) else None,
+                "steps_before": sum(op.get("do") == "step" for op in ops[:index]),
+                "estimates": over["estimates"], "taken": over["taken"], "free": over["taken"] - 1}
+    return None
+
+
+def _with_pressure(finding: Finding, impact: Impact, probe: dict[str, Any], reference_label: str | None) -> Impact:
+    words = _crash_words({"function": probe["function"], "op": probe["op"], "error": probe["error"],
+                          "steps_before": probe["steps_before"]})
+    also = f"; the unmutated {reference_label} runs the same without raising" if reference_label else ""
+    where = _config_words(finding)
+    own = impact.summary
+    if own.startswith(f"Measured {where}: "):
+        own = own[len(f"Measured {where}: "):]
+    summary = (f"Measured {where} with --num-gpu-blocks-override {probe['num_gpu_blocks']} instead and a "
+               f"{probe['beside']}-token request of its own running beside the finding's (whose allocation then "
+               f"finds {probe['free']} free blocks: enough for the groups' estimate {sum(probe['estimates'])}, one "
+               f"short of the {probe['taken']} it takes): {words}{also}. At the finding's own pool: {own}")
+    how = (f"{impact.how_measured}; then the finding's program with a request of its own run beside it and the "
+           f"pool lowered until the over-estimated allocation finds one block fewer than it takes (the first such "
+           f"configuration of requests beside of {', '.join(map(str, FILLERS))} tokens vLLM accepts)")
+    return attrs.evolve(impact, kind="crash", summary=summary, measured=probe["steps_before"], expected=None,
+                        unit="engine steps before the crash", how_measured=how)
 
 
 def attach_engine_impact(proc, finding: Finding, say: Say = _quiet) -> Finding:

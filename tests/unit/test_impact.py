@@ -144,3 +144,42 @@ def test_an_unassessed_reach_is_not_called_a_checked_catalog():
     text = render_text(_finding())
     assert "no deployment profile of the catalog was checked for it" in text
     assert "no deployment profile of the catalog reaches it" not in text
+
+
+class _ScriptedWorker:
+    """A worker answering the probe's engine runs from a script: the pool
+    sizes vLLM accepts and, per run, the allocation or the exception."""
+
+    def __init__(self, accepted_from: int):
+        self.accepted_from, self.pool, self.pools = accepted_from, None, []
+
+    def session(self, message):
+        if message["op"] == "open_engine":
+            self.pool = message["setup"]["engine_args"]["num_gpu_blocks_override"]
+            self.pools.append(self.pool)
+            return {"ok": self.pool >= self.accepted_from}
+        beside = len(message["ops"][0]["tokens"])
+        free = self.pool - 1 - (3 if beside > 64 else 1)
+        if free < 6:  # the allocation takes 6 where the groups estimated 4
+            return {"ok": False, "index": 4, "origin": "vllm", "error": "ValueError: Cannot get 1 free blocks from "
+                    "the pool", "traceback": 'File "/x/vllm/v1/core/sched/scheduler.py", line 1, in schedule\n'}
+        allocation = {"request": "r0", "estimates": [1, 1, 2], "free_before": free, "free_after": free - 6,
+                      "allocated": True}
+        answers = [{"result": {}}] * 3 + [{"result": {}}, {"scheduled": {"result": {"allocations": [allocation]}},
+                                                           "result": {}}]
+        return {"ok": True, "answers": answers}
+
+
+def test_the_pressure_probe_lowers_the_pool_to_one_block_short_of_the_allocation():
+    from kvspec.impact import pressure_probe
+
+    program = EngineProgram.from_dict(json.loads(FIXTURE.read_text())["inputs"]["engine_program"])
+    worker = _ScriptedWorker(accepted_from=9)
+    probe = pressure_probe(worker, program)
+    # With a 1-token request beside it the allocation found 20 free blocks: the pool
+    # lowered by 15 (to 7) is refused; with a 64-token one, the same; with 65
+    # tokens (3 blocks held) it found 18, and a pool of 22 - 13 = 9 leaves it 5: one short.
+    assert probe is not None and probe["num_gpu_blocks"] == 9 and probe["beside"] == 65
+    assert probe["free"] == 5 and probe["taken"] == 6 and probe["function"] == "schedule"
+    assert worker.pools == [22, 7, 22, 7, 22, 9]
+    assert probe["error"] == "ValueError: Cannot get 1 free blocks from the pool"
