@@ -92,3 +92,21 @@ def test_a_state_mutants_finding_says_the_blocks_a_user_loses():
     text = render_text(finding)
     assert text.startswith("IMPACT: Measured at the finding's engine configuration")
     assert "impact (blocks leaked): measured on vllm 0.34.0 + new_block_double_ref" in text
+
+
+def test_replaying_the_open_mamba_estimate_bug_measures_the_crash_a_user_meets(capsys):
+    """0.34.0's open Mamba estimate bug, replayed: at the finding's own pool
+    nothing a user sees is lost, and with the pool tight (a request beside
+    it, the pool one block short of what the allocation takes) schedule()
+    raises: the impact line says both, as measured."""
+    from pathlib import Path
+
+    from kvspec.cli import main
+
+    fixture = Path(__file__).parent.parent / "fixtures" / "finding_engine_mamba_estimate_0.34.0.json"
+    assert main(["replay", str(fixture)]) == 1  # still failing
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("  impact: ")]
+    assert "with --num-gpu-blocks-override 12 instead and a 64-token request of its own running beside" in line
+    assert ("schedule() raises ValueError: Cannot get 1 free blocks from the pool after 2 engine steps: the engine "
+            "process dies (every request in flight fails)") in line
+    assert "At the finding's own pool: a resend of r0's 65-token prompt still hits 64 of 65 tokens" in line
