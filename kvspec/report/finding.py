@@ -155,6 +155,9 @@ def impact_sentence(f: Finding) -> str:
         from kvspec.impact import hand_built_impact
 
         return hand_built_impact(f.category).summary
+    if "engine_program" in (f.inputs or {}):  # stored before engine impacts were measured
+        return ("Not measured (this finding was stored before kvspec measured what a user sees; `kvspec replay` "
+                "on it measures that)" + (f"; deployments: {f.reach.summary}" if f.reach is not None else "") + ".")
     if f.reach is not None:
         return ("Hardening, not a regression: " if f.reach.hardening else "") + f.reach.summary
     scope = "this finding's own geometry only; no deployment profile assessed"

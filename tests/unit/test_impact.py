@@ -183,3 +183,9 @@ def test_the_pressure_probe_lowers_the_pool_to_one_block_short_of_the_allocation
     assert probe["free"] == 5 and probe["taken"] == 6 and probe["function"] == "schedule"
     assert worker.pools == [22, 7, 22, 7, 22, 9]
     assert probe["error"] == "ValueError: Cannot get 1 free blocks from the pool"
+
+
+def test_an_engine_finding_stored_before_impacts_says_how_to_measure_it():
+    sentence = impact_sentence(_finding())
+    assert sentence.startswith("Not measured (this finding was stored before kvspec measured what a user sees; "
+                               "`kvspec replay` on it measures that)")
