@@ -14,12 +14,16 @@ from what vLLM answered:
 - blocks leaked: blocks not free once no request is running, waiting or
   loading, against the pool's size less the null block;
 - each request's prefix-cache hit (``get_computed_blocks``' tokens) at the
-  lookup it was admitted on,
-  the program's own requests (siblings sharing prefixes, resends) and the
-  resends after it, against what is expected of it: on a kvspec mutant, the hit the unmutated release
-  gives on the same extended program (measured the same way); on a release,
-  the least hit kvspec's retention model owes the lookup (``model.retention``,
-  computed by the oracle over the same answers) where the model predicts one.
+  lookup it was admitted on -- the program's own requests (siblings sharing
+  prefixes, resends) and the resends after it -- against what is expected
+  of it: on a kvspec mutant, the hit the unmutated release gives on the same
+  extended program (measured the same way); on a release, the least hit
+  kvspec's retention model owes the lookup (``model.retention``, computed by
+  the oracle over the same answers) where the model predicts one;
+- for a block-estimate finding, the pool under pressure
+  (``pressure_probe``): the program with a request of its own beside it and
+  the pool lowered until the over-estimated allocation finds one block fewer
+  than it takes -- does ``schedule()`` raise?
 
 The worst of these is the finding's impact; when none shows a loss, that is
 said ("no hit lost at this configuration; the broken rule is internal"),
@@ -37,8 +41,8 @@ import attrs
 
 from kvspec.model.finding import Category, Finding, Impact
 
-__all__ = ["measure_engine_impact", "impact_from_runs", "hand_built_impact", "extended_program", "EngineRun",
-           "HAND_BUILT"]
+__all__ = ["measure_engine_impact", "attach_engine_impact", "impact_from_runs", "hand_built_impact",
+           "extended_program", "admitted_lookups", "pressure_probe", "EngineRun", "HAND_BUILT"]
 
 Say = Callable[[str], None]
 DRAIN = 24  # steps after the program (and after each resend): a request of the engine differential ends in fewer
