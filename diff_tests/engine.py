@@ -402,6 +402,16 @@ def check_answer(oracle: StateOracle, op: dict[str, Any], answer: dict[str, Any]
     return oracle.check(op, answer)
 
 
+def _check_both(oracle: StateOracle, op: dict[str, Any], answer: dict[str, Any]) -> list[Discrepancy]:
+    """``check_answer`` with both transitions of a step checked even when its
+    ``schedule()`` broke a rule: the oracle stays in step with the worker's
+    answers (each sends only the parts that changed since the last)."""
+    scheduled = answer.get("scheduled")
+    if scheduled is None:
+        return oracle.check(op, answer)
+    return oracle.check(op, scheduled) + oracle.check({**op, "do": "update"}, answer)
+
+
 def engine_crash(op: dict[str, Any], error: WorkerError, allocations: Any = (),
                  groups: tuple[KVCacheGroup, ...] = ()) -> Discrepancy:
     """The finding of an engine operation vLLM raised on (``allocations``:
@@ -503,11 +513,15 @@ class EngineStepRecord:
     found: tuple[Discrepancy, ...] = ()
 
 
-def drive_engine_program(proc: SubjectProcess, program: EngineProgram) -> Iterator[EngineStepRecord]:
+def drive_engine_program(proc: SubjectProcess, program: EngineProgram, *, through: bool = False,
+                         oracle_out: list[StateOracle] | None = None) -> Iterator[EngineStepRecord]:
     """Run a recorded engine program on ``proc``, checking every operation:
     first the engine's build (op ``open``, answering what vLLM derived), then
     one record per operation up to the first that broke a rule (or vLLM
-    raised); a subject that cannot build the engine raises."""
+    raised); a subject that cannot build the engine raises.  ``through``:
+    every operation's record, past broken rules (the oracle goes on; the
+    impact measurement reads what follows), up to vLLM raising.
+    ``oracle_out`` receives the oracle (its lookups' owed hits)."""
     opened = proc.session({"op": "open_engine", "setup": program.setup.message()})
     if opened.ok:
         yield EngineStepRecord({"do": "open"}, opened, ())
@@ -521,11 +535,13 @@ def drive_engine_program(proc: SubjectProcess, program: EngineProgram) -> Iterat
     config = derived_config(opened["derived"])
     oracle = StateOracle(program, proc.capabilities, opened, config=config,
                          retention=retention_layout(opened["derived"], config))
+    if oracle_out is not None:
+        oracle_out.append(oracle)
     reply = proc.session({"op": "engine_ops", "ops": [dict(op) for op in program.ops]})
     for op, answer in zip(program.ops, reply.get("answers", ())):
-        found = tuple(check_answer(oracle, op, answer))
+        found = tuple(_check_both(oracle, op, answer) if through else check_answer(oracle, op, answer))
         yield EngineStepRecord(op, answer, found)
-        if found:
+        if found and not through:
             return
     if not reply.ok:
         if reply.failed_as(ErrorKind.KVSPEC):

@@ -370,9 +370,11 @@ def _summary(finding: Finding, entries: list[dict[str, Any]], reached: list[Deri
         else finding.category.title
     profiles = len({d.profile for d in derived})
     if not entries:
+        checked = sorted({d.profile for d in derived if d.coordinator_config() is not None})
         return (f"No known deployment: on vLLM {release}, {what} changes nothing in any of the {assessed} "
                 f"profile x hash-scheme configurations the hybrid coordinator runs ({profiles} profiles in "
-                "the catalog); it shows on hand-built geometry only (hardening)")
+                f"the catalog; checked: {', '.join(checked) or 'none'}); no engine configuration was driven for "
+                "it; it shows on hand-built geometry only (hardening)")
     names = sorted({e["profile"] for e in entries})
     published = sorted({e["profile"] for e in entries if not e["hypothetical"]})
     schemes = sorted({e["hash_scheme"] for e in entries})

@@ -29,6 +29,7 @@ __all__ = [
     "TheoremRef",
     "Explanation",
     "Reach",
+    "Impact",
     "Finding",
 ]
 
@@ -289,6 +290,32 @@ class Reach:
 
 
 @attrs.frozen
+class Impact:
+    """What a user sees of a finding, measured on the subject (``kvspec.impact``).
+
+    ``kind``: "crash" (vLLM raised: the engine process dies), "hit_lost"
+    (a resend hit fewer tokens than ``expected``: the difference is
+    recomputed), "blocks_leaked" (blocks not free once every request
+    finished), "no_loss" (measured, nothing a user sees) or "not_measured".
+    ``measured`` and ``expected`` are in ``unit`` (tokens, blocks, steps);
+    ``how_measured`` says on what, at which configuration and against what
+    the expectation is; ``summary`` is the report's impact sentence;
+    ``lookups`` holds one row per request's admitting lookup (the program's own
+    requests and the resends after it: request, what it resends, prompt
+    length, hit, KV-connector tokens, kvspec's model's owed hit or None
+    where it predicts none, the reference's hit)."""
+
+    kind: str
+    summary: str
+    measured: int | None = None
+    expected: int | None = None
+    unit: str | None = None
+    how_measured: str = ""
+    lookups: tuple[dict[str, Any], ...] = attrs.field(default=(), converter=tuple)
+    reference: str | None = None  # the subject the expectation was measured on (an unmutated release)
+
+
+@attrs.frozen
 class Finding:
     source: str  # "fuzz" or "prove"
     verdict: str  # one line, first in every report
@@ -301,6 +328,8 @@ class Finding:
     groups: tuple[GroupRow, ...] = attrs.field(default=(), converter=tuple)
     explanation: Explanation | None = None
     reach: Reach | None = None  # which real deployments reach it (None: not assessed)
+    # What a user sees, measured on the subject (None: not measured, or stored before kvspec measured it).
+    impact: Impact | None = None
     ledger: Ledger | None = None
     detail: str = ""
     traceback: str | None = None
@@ -335,6 +364,8 @@ class Finding:
             d["ledger"] = Ledger(**d["ledger"])
         if d.get("reach") is not None:
             d["reach"] = Reach(**d["reach"])
+        if d.get("impact") is not None:
+            d["impact"] = Impact(**d["impact"])
         return cls(**d)
 
     @property

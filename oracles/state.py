@@ -36,6 +36,7 @@ class StateOracle:
         # Engine programs: the history retention's owed hits are read from.
         self.ledger = None if retention is None else RetentionLedger(retention)
         self.owed_lookups = 0  # lookups the retention model owed a hit (how often retention_hit bit)
+        self.lookups_seen: list[Lookup] = []  # every lookup checked, with its owed hit (kvspec.impact reads them)
         self._entries_memo: tuple[Any, frozenset] | None = None
 
     def check(self, op: dict[str, Any], answer: dict[str, Any]) -> list[Discrepancy]:
@@ -85,11 +86,13 @@ class StateOracle:
                                          self._entries(self.state) & self._entries(after))
             self.ledger.lookup_made(lk["request"], lk.get("junction"))
             self.owed_lookups += owed > 0
-        return Lookup(request=lk["request"], hit=lk["hit"], num_tokens=lk["num_tokens"],
-                      group_blocks=tuple(tuple(g) for g in lk["group_blocks"]),
-                      before=_frozen(lk.get("before")), after=_frozen(lk.get("after")),
-                      external=lk.get("external", 0),
-                      mapped=None if lk.get("mapped") is None else tuple(lk["mapped"]), owed=owed, owed_why=why)
+        lookup = Lookup(request=lk["request"], hit=lk["hit"], num_tokens=lk["num_tokens"],
+                        group_blocks=tuple(tuple(g) for g in lk["group_blocks"]),
+                        before=_frozen(lk.get("before")), after=_frozen(lk.get("after")),
+                        external=lk.get("external", 0),
+                        mapped=None if lk.get("mapped") is None else tuple(lk["mapped"]), owed=owed, owed_why=why)
+        self.lookups_seen.append(lookup)
+        return lookup
 
     def _entries(self, state: ManagerState) -> frozenset:
         memo = self._entries_memo

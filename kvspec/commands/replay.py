@@ -1,5 +1,6 @@
 """``kvspec replay FINDING.json``: rerun a stored fuzz finding on real vLLM
-and say STILL FAILING, FIXED or NOT AFFECTED.
+and say STILL FAILING, FIXED or NOT AFFECTED.  An engine finding still
+failing gets its impact measured on that subject (``kvspec.impact``).
 
 The finding file is untrusted: its case is validated by kvspec's model, and
 it never chooses code to run.  The subject is what the command line names;
@@ -72,8 +73,13 @@ def run(args: argparse.Namespace) -> Outcome:
     for finding, subject_input in zip(findings, inputs):
         for subject in named or [_recorded_subject(finding)]:
             with SubjectProcess(subject) as proc:
+                impact = None
                 if isinstance(subject_input, EngineProgram):
                     found, _ = replay_engine_program(proc, subject_input)
+                    if found:  # what a user sees, measured at the finding's engine configuration
+                        from kvspec.impact import attach_engine_impact
+
+                        impact = attach_engine_impact(proc, finding).impact
                 elif isinstance(subject_input, Program):
                     found, _ = replay_program(proc, subject_input)
                 else:
@@ -85,6 +91,8 @@ def run(args: argparse.Namespace) -> Outcome:
                 print("  STILL FAILING")
                 for d in found:
                     print(f"  {d.summary()}")
+                if impact is not None:
+                    print(f"  impact: {impact.summary}")
             elif subject.label == finding.compared.get("subject", {}).get("label"):
                 print(f"  FIXED (was {finding.category.title}; this run agrees with {_rule(finding)})")
             else:

@@ -21,7 +21,7 @@ from kvspec.model.finding import Category, Finding, GroupRow
 
 from .escape import code_span, fence, md_inline, path_safe, terminal
 
-__all__ = ["group_table", "derivation_table", "subject_line", "impact_sentence", "affected_lines",
+__all__ = ["group_table", "derivation_table", "subject_line", "impact_sentence", "impact_lines", "affected_lines",
            "sweep_lines", "vllm_tests_lines", "caught_by", "proposes_test", "run_line", "glossary", "public_label", "artifact_name", "render_text",
            "render_markdown"]
 
@@ -146,7 +146,18 @@ def _closed_form(f: Finding) -> str | None:
 
 def impact_sentence(f: Finding) -> str:
     """One sentence: how badly, and where -- the worst affected deployment
-    when profiles were assessed, else this finding's own geometry (said so)."""
+    when profiles were assessed, else this finding's own geometry (said so).
+    A finding whose impact was measured on the subject (``Finding.impact``,
+    ``kvspec.impact``) leads with that measurement."""
+    if f.impact is not None:
+        return f.impact.summary
+    if "program" in (f.inputs or {}):  # a stateful finding stored before impacts were recorded
+        from kvspec.impact import hand_built_impact
+
+        return hand_built_impact(f.category).summary
+    if "engine_program" in (f.inputs or {}):  # stored before engine impacts were measured
+        return ("Not measured (this finding was stored before kvspec measured what a user sees; `kvspec replay` "
+                "on it measures that)" + (f"; deployments: {f.reach.summary}" if f.reach is not None else "") + ".")
     if f.reach is not None:
         return ("Hardening, not a regression: " if f.reach.hardening else "") + f.reach.summary
     scope = "this finding's own geometry only; no deployment profile assessed"
@@ -202,18 +213,46 @@ def affected_lines(f: Finding) -> list[str]:
     # An engine finding is reached by its engine flags whatever the catalog says.
     reached = f.inputs.get("how_a_user_reaches_it") if isinstance(f.inputs, dict) else None
     if isinstance(reached, str) and (f.reach is None or not f.reach.profiles):
-        catalog = ("no deployment profile of the catalog was checked for it" if f.reach is None
-                   else "no deployment profile of the catalog reaches it")
+        # "reaches none" only when the catalog was checked: a reach that says
+        # "Not assessed" checked no profile.
+        checked = f.reach is not None and not f.reach.summary.startswith("Not assessed")
+        catalog = ("no deployment profile of the catalog reaches it" if checked
+                   else "no deployment profile of the catalog was checked for it")
         return [f"{reached}; {catalog}"]
     if f.reach is None:
         knobs = " (the configurations that take this branch are listed as knobs under the evidence)" \
             if f.explanation and f.explanation.knobs else ""
         return [f"not assessed: no deployment profile was checked for this finding{knobs}"]
     if not f.reach.profiles:
-        return ["no known deployment reaches it: hand-built geometry only"]
+        return ["no known deployment reaches it: hand-built geometry only (the catalog's profiles checked are "
+                "named in the impact line; no engine configuration was driven for it)"]
     out = [_profile_line(p) for p in f.reach.profiles]
     if f.reach.worst:
         out.append(f"worst affected: {_profile_line(f.reach.worst)}")
+    return out
+
+
+def impact_lines(f: Finding) -> list[str]:
+    """How the impact was measured, and each resend's hit against the expected one."""
+    i = f.impact
+    if i is None or not i.how_measured or (i.kind == "not_measured" and not i.lookups):
+        return []  # the impact sentence says it all
+    out = [f"impact ({i.kind.replace('_', ' ')}): {i.how_measured}"]
+    # The resends, and the program's own requests whose hit fell short of the expected one.
+    shown = [r for r in i.lookups if r.get("resend_of") is not None or
+             (r.get("hit") is not None and max(r.get("owed") or 0, r.get("reference_hit") or 0) > r["hit"])]
+    for r in shown[:8]:
+        parts = [f"hit {_num(r.get('hit'))}"]
+        if r.get("owed") is not None:
+            parts.append(f"kvspec's model owes {r['owed']}")
+        if r.get("reference_hit") is not None:
+            parts.append(f"{i.reference or 'the reference'} hits {r['reference_hit']}")
+        if r.get("external"):
+            parts.append(f"{r['external']} tokens from the KV connector")
+        who = f"resend of {r['resend_of']}" if r.get("resend_of") is not None else f"request {r.get('request')}"
+        out.append(f"{who} ({r.get('prompt_tokens')}-token prompt, admitted on a hit of {_num(r.get('hit'))}): {', '.join(parts[1:]) or 'nothing to compare'}")
+    if len(shown) > 8:
+        out.append(f"... {len(shown) - 8} more in the finding's JSON (impact.lookups)")
     return out
 
 
@@ -594,8 +633,8 @@ def render_text(f: Finding) -> str:
         out += _aligned(*group_table(f))
         out.append("  derivation:")
         out += _aligned(*derivation_table(f), indent="    ")
-    evidence = [line for line in (_ledger_line(f),) if line] + _explanation_lines(f) + sweep_lines(f) \
-        + vllm_tests_lines(f) + _test_lines(f) + _theorem_lines(f)
+    evidence = [line for line in (_ledger_line(f),) if line] + impact_lines(f) + _explanation_lines(f) \
+        + sweep_lines(f) + vllm_tests_lines(f) + _test_lines(f) + _theorem_lines(f)
     if evidence:
         out.append("  evidence:")
         out += [f"    {line}" for line in evidence]
@@ -697,6 +736,7 @@ def render_markdown(f: Finding, heading: str = "###", plot_path: str | None = No
     evidence = []
     if f.ledger is not None:
         evidence.append(f"**Ledger verdict: {_md(f.ledger.blame.value)}** -- {_md(_ledger_line(f, label))}")
+    evidence += [_md(_sentence(public_label(line))) for line in impact_lines(f)]
     evidence += [_md(_sentence(line)) for line in _explanation_lines(f)]
     evidence += [_md(_sentence(line)) for line in sweep_lines(f)]
     evidence += [_md(_sentence(line)) for line in vllm_tests_lines(f, label) + _test_lines(f, label)]

@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from kvspec.impact import hand_built_impact
 from kvspec.model.finding import Blame, Category, Finding, Ledger
 
 from .completion import finding_stem, store_finding
@@ -62,7 +63,8 @@ def stateful_finding(result, versions: dict[str, str]) -> Finding:
                 "operations": len(program.ops)},
         ledger=Ledger(None, None, None, label, blame, note),
         detail="; ".join(d.summary() for d in failure.discrepancies),
-        traceback=failure.reply.get("traceback"), observations=_trimmed(failure.reply), run=run)
+        traceback=failure.reply.get("traceback"), observations=_trimmed(failure.reply), run=run,
+        impact=hand_built_impact(category))
 
 
 def _trimmed(reply: dict[str, Any]) -> dict[str, Any]:

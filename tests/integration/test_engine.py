@@ -70,3 +70,43 @@ def test_the_engine_default_is_read_back_not_assumed():
     derived = opened["derived"]
     assert derived["scheduler_class"] == "AsyncScheduler" and derived["async_scheduling"]
     assert derived["retention_interval"] == 0 and derived["scheduler_block_size"] == 64
+
+
+def test_a_state_mutants_finding_says_the_blocks_a_user_loses():
+    """The impact of an engine finding is measured at its engine
+    configuration: ``new_block_double_ref``'s program driven on until every
+    request finished leaves blocks out of the free pool, which the unmutated
+    release, on the same program, does not."""
+    from kvspec.impact import attach_engine_impact
+    from kvspec.report.engine import engine_finding
+    from kvspec.report.finding import render_text
+
+    with SubjectProcess(mutant_subject("0.34.0", "new_block_double_ref")) as proc:
+        result = fuzz_engine(proc, max_examples=60, seed=0)
+        assert result.failure is not None, result.verdict
+        finding = attach_engine_impact(proc, engine_finding(result, {"kvspec": "0"}))
+    impact = finding.impact
+    assert impact.kind == "blocks_leaked" and impact.unit == "blocks", impact.summary
+    assert impact.measured > 0 and impact.expected == 0 and impact.reference == "vllm 0.34.0"
+    assert "stay out of the free pool once every request finished, the unmutated vllm 0.34.0 0" in impact.summary
+    text = render_text(finding)
+    assert text.startswith("IMPACT: Measured at the finding's engine configuration")
+    assert "impact (blocks leaked): measured on vllm 0.34.0 + new_block_double_ref" in text
+
+
+def test_replaying_the_open_mamba_estimate_bug_measures_the_crash_a_user_meets(capsys):
+    """0.34.0's open Mamba estimate bug, replayed: at the finding's own pool
+    nothing a user sees is lost, and with the pool tight (a request beside
+    it, the pool one block short of what the allocation takes) schedule()
+    raises: the impact line says both, as measured."""
+    from pathlib import Path
+
+    from kvspec.cli import main
+
+    fixture = Path(__file__).parent.parent / "fixtures" / "finding_engine_mamba_estimate_0.34.0.json"
+    assert main(["replay", str(fixture)]) == 1  # still failing
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("  impact: ")]
+    assert "with --num-gpu-blocks-override 12 instead and a 64-token request of its own running beside" in line
+    assert ("schedule() raises ValueError: Cannot get 1 free blocks from the pool after 2 engine steps: the engine "
+            "process dies (every request in flight fails)") in line
+    assert "At the finding's own pool: a resend of r0's 65-token prompt still hits 64 of 65 tokens" in line
