@@ -19,7 +19,7 @@ from typing import Any, Callable
 import attrs
 
 from kvspec.model.errors import KvspecError, UsageError
-from kvspec.model.outcome import Outcome, worst
+from kvspec.model.outcome import Outcome, RunStatus, worst
 
 __all__ = ["hitrate_row", "compare_with_reference", "mtp_model_side", "mtp_subject_side", "FuzzSettings", "SubjectRun", "FuzzRun", "fuzz", "ProveRun", "prove", "real_code",
            "kill_matrix", "history_row", "UpstreamReport", "upstream_report"]
@@ -171,15 +171,15 @@ class FuzzRun:
         return worst(parts)
 
     @property
-    def status(self) -> str:
+    def status(self) -> RunStatus:
         """The run's state in a word or two, first in every report of it."""
         if self.stopped is Outcome.INTERRUPTED:
-            return "INTERRUPTED"
+            return RunStatus.INTERRUPTED
         if self.stopped is not None:
-            return "INCOMPLETE"
+            return RunStatus.INCOMPLETE
         if self.reductions:
-            return "REDUCED SCOPE"
-        return "COMPLETE"
+            return RunStatus.REDUCED_SCOPE
+        return RunStatus.COMPLETE
 
     @property
     def reductions(self) -> list[str]:
@@ -487,7 +487,7 @@ def _say_result(entry: SubjectRun, say: Say, in_parallel: str) -> None:
     restarts = (f"; {len(result.restarts)} worker restart(s) the retry did not reproduce (the machine's, "
                 f"not vLLM's): {result.restarts[0]}" if result.restarts else "")
     if finding is None and result.stopped is None and result.scope_reduction:
-        say(f"{label}: REDUCED SCOPE: {result.scope_reduction}")
+        say(f"{label}: {RunStatus.REDUCED_SCOPE.value}: {result.scope_reduction}")
     if entry.reused:
         say(f"{label}: {result.verdict} in {result.coverage()}; {entry.reused} (it took {result.seconds:.1f} s "
             "then)")

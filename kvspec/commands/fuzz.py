@@ -22,7 +22,7 @@ import time
 from kvspec.arguments import (add_mutant_argument, add_run_arguments, add_subject_arguments, check_writable,
                               subjects, writable)
 from kvspec.model.errors import UsageError
-from kvspec.model.outcome import Outcome, worst
+from kvspec.model.outcome import Outcome, RunStatus, worst
 
 HELP = "differential fuzzing against real vLLM coordinators"
 
@@ -136,8 +136,8 @@ def fuzz_and_write(named, args, *, markdown: str | None, verify_test: bool,
                 append_step_summary(render_markdown(fuzz_run))
             except UsageError as exc:  # said, and in the exit code; a finding still outranks it
                 summary_error = exc
-    if fuzz_run.status != "COMPLETE":
-        print(f"kvspec fuzz: {fuzz_run.status}: {fuzz_run.why}", flush=True)
+    if fuzz_run.status is not RunStatus.COMPLETE:
+        print(f"kvspec fuzz: {fuzz_run.status.value}: {fuzz_run.why}", flush=True)
     if summary_error is not None:
         print(f"kvspec: error: {summary_error}", file=sys.stderr, flush=True)
         return worst([fuzz_run.outcome, summary_error.outcome])

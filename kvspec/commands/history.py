@@ -18,7 +18,7 @@ import json
 
 from kvspec.arguments import positive_int, releases, writable
 from kvspec.model.errors import UsageError
-from kvspec.model.outcome import Outcome, worst
+from kvspec.model.outcome import Outcome, RunStatus, worst
 
 HELP = "the registration and lookup checks on every release in a range"
 
@@ -47,24 +47,24 @@ def run(args: argparse.Namespace) -> Outcome:
           f"{args.max_examples} examples each", flush=True)
     rows: list[dict] = []
 
-    def record(status: str) -> None:
+    def record(status: RunStatus) -> None:
         if json_path is not None:
             write_text(json_path, json.dumps(
-                {"schema": SCHEMAS["history"], "status": status, "seed": args.seed,
+                {"schema": SCHEMAS["history"], "status": status.value, "seed": args.seed,
                  "max_examples": args.max_examples, "planned": versions, "releases": rows},
                 indent=2, sort_keys=True))
 
-    status = "INTERRUPTED"
+    status = RunStatus.INTERRUPTED
     try:
         for version in versions:
             row = usecases.history_row(version, args.max_examples, args.seed, args.symbolic)
             rows.append(row)
-            record("INCOMPLETE")
+            record(RunStatus.INCOMPLETE)
             print(f"  {version}: {row['status']}" + (f" ({row['detail']})" if "detail" in row else ""),
                   flush=True)
-        status = "COMPLETE"
+        status = RunStatus.COMPLETE
     except Exception:
-        status = "INCOMPLETE"
+        status = RunStatus.INCOMPLETE
         raise
     finally:
         # What was checked before an error or an interrupt is still written, marked so.

@@ -29,7 +29,7 @@ import json
 
 from kvspec.arguments import add_subject_arguments, subjects, writable
 from kvspec.model.errors import KvspecError, UsageError
-from kvspec.model.outcome import Outcome, worst
+from kvspec.model.outcome import Outcome, RunStatus, worst
 
 HELP = "multi-module MTP: can a hit keep stale draft KV? (proofs and real vLLM)"
 
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> Outcome:
     command = "kvspec mtp " + " ".join([f"--vllm {v}" for v in args.vllm or []]
                                        + [f"--vllm-src {p}" for p in args.vllm_src or []])
     doc = {"schema": SCHEMAS["mtp"], "verdict": text, "command": command.strip(),
-           "status": "COMPLETE" if error is None else f"INCOMPLETE ({error})",
+           "status": RunStatus.COMPLETE.value if error is None else f"{RunStatus.INCOMPLETE.value} ({error})",
            "theorems": theorems, "subjects": found}
     print(render_text(doc))
     if json_path is not None:

@@ -15,7 +15,7 @@ import json
 import time
 
 from kvspec.arguments import positive_int, writable
-from kvspec.model.outcome import Outcome
+from kvspec.model.outcome import Outcome, RunStatus
 
 HELP = "fuzz every mutant of a release and print a kill matrix"
 
@@ -48,16 +48,16 @@ def run(args: argparse.Namespace) -> Outcome:
     print(f"kvspec mutants: vLLM {args.vllm}, seed {args.seed}, up to {args.max_examples} examples each")
     started = time.perf_counter()
 
-    def record(rows, status: str = "INCOMPLETE") -> None:
+    def record(rows, status: RunStatus = RunStatus.INCOMPLETE) -> None:
         if json_path is not None:
             write_text(json_path, json.dumps(
-                {"schema": SCHEMAS["mutants"], "status": status, "vllm": args.vllm, "seed": args.seed,
+                {"schema": SCHEMAS["mutants"], "status": status.value, "vllm": args.vllm, "seed": args.seed,
                  "max_examples": args.max_examples, "seconds": round(time.perf_counter() - started, 2),
                  "mutants": rows}, indent=2, sort_keys=True))
 
     rows = usecases.kill_matrix(args.vllm, args.max_examples, args.seed, args.mutant, symbolic=args.symbolic,
                                 every_technique=args.every_technique, on_row=record)
-    record(rows, "COMPLETE")
+    record(rows, RunStatus.COMPLETE)
     total = time.perf_counter() - started
     print(render_matrix(rows))
     killed = sum(r["status"] == "killed" for r in rows)

@@ -175,6 +175,21 @@ def test_an_interrupted_run_never_reads_as_clean(finding):
     assert "no discrepancy found so far" in first and "| vllm 0.34.0 | | | not run | | | | |" in text
 
 
+def test_a_run_status_is_one_enum_serialised_to_the_same_strings(finding):
+    from kvspec.model.outcome import Outcome, RunStatus
+    from kvspec.report.fuzz import fuzz_document
+
+    # The strings the result files (and docs/results) have always held.
+    assert [s.value for s in RunStatus] == ["COMPLETE", "REDUCED SCOPE", "INCOMPLETE", "INTERRUPTED"]
+    for stopped, status in ((None, RunStatus.COMPLETE), (Outcome.INTERRUPTED, RunStatus.INTERRUPTED),
+                            (Outcome.INFRASTRUCTURE, RunStatus.INCOMPLETE)):
+        run = _fuzz_run(finding, stopped=None if stopped is None else (stopped, "why"))
+        assert run.status is status
+        run.subjects = []  # the document's status, without serialising the test's hand-made failure
+        assert fuzz_document(run)["status"] == status.value
+        assert json.loads(json.dumps(fuzz_document(run)))["status"] == status.value
+
+
 def test_json(finding):
     assert_snapshot("finding.json", json.dumps(finding.to_dict(), indent=2, sort_keys=True) + "\n")
 
