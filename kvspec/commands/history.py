@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> Outcome:
-    from kvspec import usecases
+    from kvspec.usecases.history import history_row
     from kvspec.model.about import SCHEMAS
     from kvspec.report.files import write_text
     from kvspec.report.history import render_table
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> Outcome:
     status = RunStatus.INTERRUPTED
     try:
         for version in versions:
-            row = usecases.history_row(version, args.max_examples, args.seed, args.symbolic)
+            row = history_row(version, args.max_examples, args.seed, args.symbolic)
             rows.append(row)
             record(RunStatus.INCOMPLETE)
             print(f"  {version}: {row['status']}" + (f" ({row['detail']})" if "detail" in row else ""),

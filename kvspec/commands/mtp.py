@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> Outcome:
-    from kvspec import usecases
+    from kvspec.usecases.mtp import mtp_model_side, mtp_subject_side
     from kvspec.model.about import SCHEMAS
     from kvspec.report.files import write_text
     from kvspec.report.mtp import render_markdown, render_text, verdict
@@ -51,12 +51,12 @@ def run(args: argparse.Namespace) -> Outcome:
     named = subjects(args)
     if not named:
         raise UsageError("name a subject: --vllm 0.34.0 (a release) or --vllm-src PATH (a tree)")
-    theorems = usecases.mtp_model_side()
+    theorems = mtp_model_side()
     found = []
     error = None
     try:
         for subject in named:
-            found.append(usecases.mtp_subject_side(subject))
+            found.append(mtp_subject_side(subject))
     except KvspecError as exc:
         error = exc
     text, outcome = verdict(theorems, found)

@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> Outcome:
-    from kvspec import usecases
+    from kvspec.usecases.mutants import kill_matrix
     from kvspec.model.about import SCHEMAS
     from kvspec.report.files import write_text
     from kvspec.report.mutants import render_matrix
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> Outcome:
                  "max_examples": args.max_examples, "seconds": round(time.perf_counter() - started, 2),
                  "mutants": rows}, indent=2, sort_keys=True))
 
-    rows = usecases.kill_matrix(args.vllm, args.max_examples, args.seed, args.mutant, symbolic=args.symbolic,
+    rows = kill_matrix(args.vllm, args.max_examples, args.seed, args.mutant, symbolic=args.symbolic,
                                 every_technique=args.every_technique, on_row=record)
     record(rows, RunStatus.COMPLETE)
     total = time.perf_counter() - started

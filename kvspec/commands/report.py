@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> Outcome:
 def _upstream(args: argparse.Namespace, output) -> Outcome:
     from kvspec.report.files import write_text
     from kvspec.report.stored import load_findings
-    from kvspec.usecases import upstream_report
+    from kvspec.usecases.upstream import upstream_report
 
     if args.plot or args.emit_test or args.format != "text":
         raise UsageError("--upstream writes a Markdown bug report on its own: no --plot, --emit-test or --format")

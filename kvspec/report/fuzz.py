@@ -24,7 +24,7 @@ __all__ = ["fuzz_document", "render_markdown", "verdict_line"]
 
 
 def fuzz_document(run) -> dict[str, Any]:
-    """The machine-readable twin of a ``usecases.FuzzRun``."""
+    """The machine-readable twin of a ``usecases.fuzz.FuzzRun``."""
     return {
         "schema": SCHEMAS["fuzz"],
         "versions": versions(),

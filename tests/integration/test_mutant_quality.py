@@ -18,7 +18,7 @@ from kvspec.subjects.process import SubjectProcess
 from kvspec.subjects.protocol import case_message
 from kvspec.subjects.mutation import REGISTRATION_MUTANTS
 from kvspec.subjects.subject import mutant_subject
-from kvspec.usecases import kill_matrix
+from kvspec.usecases.mutants import kill_matrix
 
 
 @pytest.mark.parametrize("version", SUPPORTED_IN_CI)

@@ -135,7 +135,7 @@ def _fuzz_run(finding, stopped=None):
     from kvspec.diff_tests.fuzz import FuzzResult
     from kvspec.diff_tests.property import Failure, Tally
     from kvspec.model.case import Case
-    from kvspec.usecases import FuzzRun, FuzzSettings, SubjectRun
+    from kvspec.usecases.fuzz import FuzzRun, FuzzSettings, SubjectRun
 
     failure = Failure(Case.from_dict(finding.inputs), (), {})
     result = FuzzResult(subject=finding.compared["subject"], capabilities=capabilities("0.33.0"), seed=1,
@@ -411,7 +411,7 @@ def test_history_table_snapshot():
 
 def test_hitrate_text_snapshot():
     from kvspec.report.hitrate import render_text
-    from kvspec.usecases import compare_with_reference
+    from kvspec.usecases.hitrate import compare_with_reference
 
     def row(label, hits, mutant):
         rate = sum(hits) / (100 * len(hits))
