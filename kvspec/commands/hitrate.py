@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> Outcome:
                   flush=True)
             variant_name = mutant(subject.mutant).models_variant if subject.kind == "mutant" else None
             try:
-                rows.append(hitrate_row(subject, label, config, workload, variant_name))
+                rows.append(hitrate_row(subject, label, config, workload, variant_name).as_dict())
             except KvspecError as exc:
                 if exc.outcome is not Outcome.USAGE:
                     raise

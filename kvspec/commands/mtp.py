@@ -51,12 +51,12 @@ def run(args: argparse.Namespace) -> Outcome:
     named = subjects(args)
     if not named:
         raise UsageError("name a subject: --vllm 0.34.0 (a release) or --vllm-src PATH (a tree)")
-    theorems = mtp_model_side()
+    theorems = [t.as_dict() for t in mtp_model_side()]
     found = []
     error = None
     try:
         for subject in named:
-            found.append(mtp_subject_side(subject))
+            found.append(mtp_subject_side(subject).as_dict())
     except KvspecError as exc:
         error = exc
     text, outcome = verdict(theorems, found)

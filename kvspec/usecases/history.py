@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
+
 from kvspec.model.errors import KvspecError
 from kvspec.model.outcome import Outcome, worst
 
-__all__ = ["history_row"]
+__all__ = ["HistoryRow", "history_row"]
 
 
 def _fuzz_fields(result) -> dict[str, Any]:
@@ -29,7 +31,60 @@ def _row_status(runs) -> str:
     return "no discrepancy"
 
 
-def history_row(version: str, max_examples: int, seed: int, symbolic: bool) -> dict[str, Any]:
+@attrs.frozen
+class HistoryRow:
+    """One release's row: its four differentials' results (``diff_tests``'
+    typed results) and capabilities, the symbolic verdict with
+    ``--symbolic``; or why it was not run (``not_run``: "unsupported" or
+    "error", with ``detail``).  ``as_dict`` is the row of ``kvspec.history/1``."""
+
+    version: str
+    registration: Any = None  # diff_tests.fuzz.FuzzResult
+    lookup: Any = None  # diff_tests.fuzz.FuzzResult (the hit-length differential)
+    stateful: Any = None  # diff_tests.stateful.StatefulResult
+    engine: Any = None  # diff_tests.engine's result
+    capabilities: Any = None  # subjects' Capabilities
+    symbolic: Any = None  # subjects.symbolic's verdict (with --symbolic)
+    not_run: str | None = None
+    detail: str | None = None
+
+    @property
+    def runs(self) -> tuple:
+        return tuple(r for r in (self.registration, self.lookup, self.stateful, self.engine) if r is not None)
+
+    @property
+    def status(self) -> str:
+        return self.not_run or _row_status(self.runs)
+
+    @property
+    def overall(self) -> Outcome | None:
+        """The worst outcome of the runs (None: none ran)."""
+        return None if self.not_run else worst([r.outcome for r in self.runs])
+
+    def as_dict(self) -> dict[str, Any]:
+        row: dict[str, Any] = {"version": self.version}
+        if self.not_run:
+            return {**row, "status": self.not_run, "detail": self.detail}
+        result, lookup, stateful, engine, caps = (self.registration, self.lookup, self.stateful, self.engine,
+                                                  self.capabilities)
+        row.update(
+            status=self.status, overall=self.overall.name,
+            capabilities=caps.as_dict(), rule=caps.rule_text(), **_fuzz_fields(result),
+            lookup={"status": _row_status([lookup]), **_fuzz_fields(lookup)},
+            stateful={"status": _row_status([stateful]), **_fuzz_fields(stateful),
+                      "other_failures": [f.as_dict() for f in stateful.other_failures],
+                      "operations": stateful.tally.operations, "scope": stateful.scope()},
+            engine={"status": _row_status([engine]), **_fuzz_fields(engine),
+                    "other_failures": [f.as_dict() for f in engine.other_failures],
+                    "operations": engine.tally.operations, "scope": engine.scope(), "settings": engine.settings,
+                    "refused": engine.tally.refused},
+        )
+        if self.symbolic is not None:
+            row["symbolic"] = {"status": self.symbolic.status.value, "detail": self.symbolic.detail}
+        return row
+
+
+def history_row(version: str, max_examples: int, seed: int, symbolic: bool) -> HistoryRow:
     """The registration, lookup, stateful and engine differentials (and,
     with ``symbolic``, the release's own code) on one release."""
     from kvspec.diff_tests.engine import fuzz_engine
@@ -38,7 +93,6 @@ def history_row(version: str, max_examples: int, seed: int, symbolic: bool) -> d
     from kvspec.subjects.process import SubjectProcess
     from kvspec.subjects.subject import SubjectUnsupported, release
 
-    row: dict[str, Any] = {"version": version}
     subject = release(version)
     try:
         with SubjectProcess(subject) as proc:
@@ -51,28 +105,14 @@ def history_row(version: str, max_examples: int, seed: int, symbolic: bool) -> d
             # And through vLLM's real Scheduler, engine-built, the release's defaults included.
             engine = fuzz_engine(proc, max_examples, seed, include_known=True)
     except SubjectUnsupported as exc:
-        return {**row, "status": "unsupported", "detail": str(exc)}
+        return HistoryRow(version, not_run="unsupported", detail=str(exc))
     except KvspecError as exc:
         if exc.outcome is not Outcome.USAGE:
             raise
-        return {**row, "status": "error", "detail": str(exc)}
-    runs = (result, lookup, stateful, engine)
-    row.update(
-        status=_row_status(runs), overall=worst([r.outcome for r in runs]).name,
-        capabilities=caps.as_dict(), rule=caps.rule_text(), **_fuzz_fields(result),
-        lookup={"status": _row_status([lookup]), **_fuzz_fields(lookup)},
-        stateful={"status": _row_status([stateful]), **_fuzz_fields(stateful),
-                  "other_failures": [f.as_dict() for f in stateful.other_failures],
-                  "operations": stateful.tally.operations, "scope": stateful.scope()},
-        engine={"status": _row_status([engine]), **_fuzz_fields(engine),
-                "other_failures": [f.as_dict() for f in engine.other_failures],
-                "operations": engine.tally.operations, "scope": engine.scope(), "settings": engine.settings,
-                "refused": engine.tally.refused},
-    )
+        return HistoryRow(version, not_run="error", detail=str(exc))
+    verdict = None
     if symbolic:
         from kvspec.subjects.symbolic import symbolic_check
 
         verdict = symbolic_check(subject)
-        row["symbolic"] = {"status": verdict.status.value, "detail": verdict.detail}
-    return row
-
+    return HistoryRow(version, result, lookup, stateful, engine, caps, verdict)

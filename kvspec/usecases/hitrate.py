@@ -4,10 +4,53 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["hitrate_row", "compare_with_reference"]
+import attrs
+
+__all__ = ["HitRateRow", "hitrate_row", "compare_with_reference"]
 
 
-def hitrate_row(subject, label: str, config, workload, variant_name: str | None = None) -> dict[str, Any]:
+@attrs.frozen
+class HitRateRow:
+    """One subject's replay of a workload (``subjects.drivers.hitrate``'s
+    result), the spec's ideal replay and, for a mutant, the replay of the
+    model of its rule.  ``as_dict`` is a subject of ``kvspec.hitrate``'s
+    result, before ``compare_with_reference`` gives it its reference."""
+
+    label: str
+    vllm_version: str | None
+    subject: Any  # subjects.subject.Subject
+    config: Any  # model.config.Config (the layout at one scheduler block)
+    observed: Any  # the subject's replay
+    ideal: Any  # the spec's ideal replay
+    model: Any = None  # the mutant's rule's model replay (None: the spec's, the ideal)
+    variant_name: str | None = None  # the variant a mutant models (None: not a mutant)
+    ideal_exact: bool = False  # the ideal is exact (full-attention layouts), a verdict, not only shown
+
+    @property
+    def mutant(self) -> bool:
+        return self.variant_name is not None
+
+    def as_dict(self) -> dict[str, Any]:
+        observed, ideal, model = self.observed, self.ideal, self.model or self.ideal
+        replayed = observed.as_dict()
+        return {
+            "label": self.label, "vllm_version": self.vllm_version, "subject": self.subject.as_dict(),
+            "mutant": self.mutant,
+            "scheduler_block_size": self.config.scheduler_block_size,
+            "ideal_exact": self.ideal_exact,
+            **{k: v for k, v in replayed.items() if k != "backend"},
+            "per_turn": [round(r, 6) for r in observed.per_turn()],
+            "ideal_hit_rate": round(ideal.hit_rate, 6), "ideal_hits": [o.hit for o in ideal.outcomes],
+            "ideal_per_turn": [round(r, 6) for r in ideal.per_turn()],
+            "model_rule": self.variant_name or "spec",
+            "model_hit_rate": round(model.hit_rate, 6),
+            "model_matches_per_request": replayed["hits"] == [o.hit for o in model.outcomes],
+            "prompt_lengths": [o.prompt_tokens for o in observed.outcomes],
+            "turns": [o.turn for o in observed.outcomes],
+        }
+
+
+def hitrate_row(subject, label: str, config, workload, variant_name: str | None = None) -> HitRateRow:
     """One subject's replay, its ideal and (for a mutant) its rule's model.
 
     The ideal is exact only where the model's lookup is (full-attention
@@ -29,26 +72,13 @@ def hitrate_row(subject, label: str, config, workload, variant_name: str | None 
     if variant_name is not None:
         model = replay(workload, SpecCache(config, cache.regime, variant(variant_name).rule,
                                            f"model of {variant_name}"))
-
-    return {
-        "label": label, "vllm_version": version, "subject": subject.as_dict(),
-        "mutant": variant_name is not None,
-        "scheduler_block_size": config.scheduler_block_size,
-        "ideal_exact": exact_lookup_applies(Case(config, 1, (prefill(1),))),
-        **{k: v for k, v in observed.as_dict().items() if k != "backend"},
-        "per_turn": [round(r, 6) for r in observed.per_turn()],
-        "ideal_hit_rate": round(ideal.hit_rate, 6), "ideal_hits": [o.hit for o in ideal.outcomes],
-        "ideal_per_turn": [round(r, 6) for r in ideal.per_turn()],
-        "model_rule": variant_name or "spec",
-        "model_hit_rate": round((model or ideal).hit_rate, 6),
-        "model_matches_per_request": observed.as_dict()["hits"] == [o.hit for o in (model or ideal).outcomes],
-        "prompt_lengths": [o.prompt_tokens for o in observed.outcomes],
-        "turns": [o.turn for o in observed.outcomes],
-    }
+    return HitRateRow(label, version, subject, config, observed, ideal, model, variant_name,
+                      exact_lookup_applies(Case(config, 1, (prefill(1),))))
 
 
 def compare_with_reference(rows: list[dict[str, Any]]) -> None:
-    """Give every row its reference and what it loses against it: the spec's
+    """Give every row (``HitRateRow.as_dict``, as the result file holds it)
+    its reference and what it loses against it: the spec's
     ideal where that is exact, else (a Mamba layout) the unmodified release
     the mutant was made from, replayed at the same scheduler block."""
     releases = {(r["vllm_version"], r["scheduler_block_size"]): r for r in rows if not r["mutant"]}

@@ -4,25 +4,45 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MTP_THEOREMS", "mtp_model_side", "mtp_subject_side"]
+import attrs
+
+__all__ = ["MTP_THEOREMS", "MtpSubject", "mtp_model_side", "mtp_subject_side"]
 
 MTP_THEOREMS = ("mtp.no_stale_draft_reuse.partial_hits", "mtp.no_stale_draft_reuse",
                 "mtp.stale_reuse_reachability", "mtp.no_stale_draft_reuse.scheduler_block_tail",
                 "mtp.lookahead_hashes_prevent_stale_reuse")
 
 
-def mtp_model_side() -> list[dict[str, Any]]:
+def mtp_model_side() -> tuple:
+    """The ``mtp.*`` theorems' results (``proofs.verdict.TheoremResult``), in order."""
     from kvspec.proofs.catalog import theorem
     from kvspec.proofs.runner import run_theorem
 
-    out = []
-    for name in MTP_THEOREMS:
-        result = run_theorem(theorem(name))
-        out.append(result.as_dict())
-    return out
+    return tuple(run_theorem(theorem(name)) for name in MTP_THEOREMS)
 
 
-def mtp_subject_side(subject) -> dict[str, Any]:
+@attrs.frozen
+class MtpSubject:
+    """One subject's side: per hash scheme, the stale-reuse search's summary
+    (``subjects.drivers.mtp``'s, with the model's condition and the fix
+    checked against it), and who reaches it; or why the subject cannot be
+    asked (``unsupported``).  ``as_dict`` is a subject of ``kvspec.mtp``'s result."""
+
+    subject: str
+    vllm_version: str | None
+    unsupported: str | None = None
+    schemes: dict[str, dict[str, Any]] = attrs.Factory(dict)
+    reach: dict[str, Any] = attrs.Factory(dict)
+    not_covered: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        head = {"subject": self.subject, "vllm_version": self.vllm_version}
+        if self.unsupported is not None:
+            return {**head, "unsupported": self.unsupported}
+        return {**head, "schemes": self.schemes, "reach": self.reach, "not_covered": list(self.not_covered)}
+
+
+def mtp_subject_side(subject) -> MtpSubject:
     """The stale-reuse search on one subject (the writer chunked by its own
     scheduler), the model's condition checked per configuration, the
     suggested fix checked against what vLLM did, and which deployment
@@ -35,9 +55,9 @@ def mtp_subject_side(subject) -> dict[str, Any]:
     with SubjectProcess(subject) as proc:
         caps, version = proc.capabilities, proc.identity.get("vllm_version")
         if not caps.reprefillable_tokens:
-            return {"subject": subject.label, "vllm_version": version,
-                    "unsupported": "no num_prefill_lookahead (multi-module MTP's prefill lookahead "
-                                   "reaches the KV cache manager from 0.28)"}
+            return MtpSubject(subject.label, version,
+                              unsupported="no num_prefill_lookahead (multi-module MTP's prefill lookahead "
+                                          "reaches the KV cache manager from 0.28)")
         schemes = tuple(name for name in HASH_SCHEMES
                         if HASH_SCHEMES[name](1) == 0 or caps.lookahead_block_hashes)
         found = search_stale_reuse(proc, schemes)
@@ -70,6 +90,5 @@ def mtp_subject_side(subject) -> dict[str, Any]:
                  "called": sum(bool(d.called) for d in derived)}
     except Exception as exc:  # the deployment derivation is extra evidence; say why it is missing
         reach = {"error": f"{type(exc).__name__}: {exc}"}
-    return {"subject": subject.label, "vllm_version": version, "schemes": results, "reach": reach,
-            "not_covered": list(caps.not_covered())}
+    return MtpSubject(subject.label, version, schemes=results, reach=reach, not_covered=tuple(caps.not_covered()))
 

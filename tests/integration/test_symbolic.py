@@ -66,7 +66,7 @@ def test_a_coordinator_without_the_52419_shape_is_unsupported_with_the_reason(tm
 def test_kill_matrix_columns_for_an_equivalent_and_an_out_of_scope_mutant():
     from kvspec.usecases.mutants import kill_matrix
 
-    rows = {r["mutant"]: r for r in kill_matrix(
+    rows = {r.name: r.as_dict() for r in kill_matrix(
         "0.33.0", max_examples=300, seed=0,
         names=["clamp_as_conditional", "reprefillable_off_by_one"], symbolic=True)}
     # An equivalent rewrite: every technique agrees it is equivalent, none kills it.
