@@ -51,6 +51,16 @@ def test_the_wheel_installs_only_the_kvspec_name(installed):
     assert {p.name for p in (installed / "kvspec").iterdir()} >= set(TOP_LEVEL_FOLDERS)
 
 
+def _packages(root: Path) -> set[str]:
+    return {os.path.relpath(folder, root) for folder, _, files in os.walk(root / "kvspec", followlinks=True)
+            if "__init__.py" in files}
+
+
+def test_the_wheel_has_every_package_of_the_checkout(installed):
+    # pyproject.toml lists the packages by name: a package folder it misses would be left out of the wheel.
+    assert _packages(installed) == _packages(ROOT)
+
+
 def test_outside_the_checkout_model_is_not_importable_and_kvspec_model_is(installed, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(installed)}
     bare = subprocess.run([sys.executable, "-c", "import model"], cwd=tmp_path, env=env,
