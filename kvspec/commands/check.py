@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> Outcome:
     from kvspec.usecases.real_code import real_code
     from kvspec.model.about import versions
     from kvspec.report.files import write_text
-    from kvspec.report.findings import theorem_finding
+    from kvspec.findings.assemble import theorem_finding
     from kvspec.report.fuzz import fuzz_document
     from kvspec.report.proofs import summary, to_json
     from kvspec.reach import attach

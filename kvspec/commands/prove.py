@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> Outcome:
     from kvspec.model.about import versions
     from kvspec.proofs.catalog import CATALOG, theorem
     from kvspec.report.files import write_text
-    from kvspec.report.findings import theorem_finding
+    from kvspec.findings.assemble import theorem_finding
     from kvspec.report.proofs import render_table, summary, to_json
 
     json_path = writable(args.json, "--json")

@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> Outcome:
     from kvspec.report.files import append_step_summary, write_text
     from kvspec.report.finding import render_markdown, render_text
     from kvspec.report.plot import render_png, render_svg
-    from kvspec.report.regression_test import emit_test
+    from kvspec.emit.regression_test import emit_test
     from kvspec.report.stored import load_findings
 
     output = writable(args.output, "--output")

@@ -145,7 +145,7 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
     from kvspec.diff_tests.database import example_database
     from kvspec.diff_tests.parallel import fuzz_parallel
     from kvspec.model.about import versions
-    from kvspec.report.completion import store_finding
+    from kvspec.findings.completion import store_finding
 
     started = time.perf_counter() if started is None else started
     run = FuzzRun(settings, [subject.label for subject in subjects]) if run is None else run
@@ -345,14 +345,14 @@ def _other_results(result, differential: str) -> list[Any]:
 
 def _complete(proc, result, differential: str, findings_dir: Path, versions: dict[str, str], verify: bool):
     if differential == "engine":
-        from kvspec.report.engine import complete_engine_finding
+        from kvspec.findings.engine import complete_engine_finding
 
         return complete_engine_finding(proc, result, findings_dir, versions)
     if differential == "stateful":
-        from kvspec.report.stateful import complete_stateful_finding
+        from kvspec.findings.stateful import complete_stateful_finding
 
         return complete_stateful_finding(proc, result, findings_dir, versions)
-    from kvspec.report.completion import complete_finding
+    from kvspec.findings.completion import complete_finding
 
     return complete_finding(proc, result, findings_dir, versions, verify=verify)
 
@@ -360,15 +360,15 @@ def _complete(proc, result, differential: str, findings_dir: Path, versions: dic
 def _as_found(result, differential: str, versions: dict[str, str], incomplete: str):
     """The finding of ``result`` as found, not stored, marked ``incomplete`` with why."""
     if differential == "engine":
-        from kvspec.report.engine import engine_finding
+        from kvspec.findings.engine import engine_finding
 
         finding = engine_finding(result, versions)
     elif differential == "stateful":
-        from kvspec.report.stateful import stateful_finding
+        from kvspec.findings.stateful import stateful_finding
 
         finding = stateful_finding(result, versions)
     else:
-        from kvspec.report.findings import fuzz_finding
+        from kvspec.findings.assemble import fuzz_finding
 
         finding = fuzz_finding(result, versions, explain=False)
     return attrs.evolve(finding, run={**finding.run, "incomplete": incomplete})
@@ -384,7 +384,7 @@ def _kept(result, differential: str, findings_dir: Path, versions: dict[str, str
         return _as_found(result, differential, versions, f"{why}; storing it as found failed too: {again}"), None
     finding = attrs.evolve(finding, run={**finding.run, "incomplete": why})
     try:
-        from kvspec.report.completion import store_finding
+        from kvspec.findings.completion import store_finding
 
         store_finding(finding, path)
     except OSError:
@@ -394,14 +394,14 @@ def _kept(result, differential: str, findings_dir: Path, versions: dict[str, str
 
 def _store_raw(result, differential: str, findings_dir: Path, versions: dict[str, str]):
     if differential == "engine":
-        from kvspec.report.engine import store_raw_engine_finding
+        from kvspec.findings.engine import store_raw_engine_finding
 
         return store_raw_engine_finding(result, findings_dir, versions)
     if differential == "stateful":
-        from kvspec.report.stateful import store_raw_stateful_finding
+        from kvspec.findings.stateful import store_raw_stateful_finding
 
         return store_raw_stateful_finding(result, findings_dir, versions)
-    from kvspec.report.completion import store_raw_finding
+    from kvspec.findings.completion import store_raw_finding
 
     return store_raw_finding(result, findings_dir, versions)
 

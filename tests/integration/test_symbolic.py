@@ -84,7 +84,7 @@ def test_the_ledgers_fourth_leg_locates_a_bug_outside_the_method(tmp_path):
     # Fuzzing finds the off-by-one in __init__; the symbolic leg verifies the
     # method itself, so the report can say the bug is in the code around it.
     from kvspec.diff_tests.fuzz import fuzz_subject
-    from kvspec.report.completion import complete_finding
+    from kvspec.findings.completion import complete_finding
     from kvspec.subjects.process import SubjectProcess
 
     with SubjectProcess(mutant_subject("0.33.0", "reprefillable_off_by_one")) as proc:

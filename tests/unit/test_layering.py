@@ -75,7 +75,7 @@ def test_outside_the_checkout_model_is_not_importable_and_kvspec_model_is(instal
 def test_the_import_contracts_hold(installed):
     run = _lint_imports(installed)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    assert "Contracts: 3 kept, 0 broken." in run.stdout
+    assert "Contracts: 4 kept, 0 broken." in run.stdout
 
 
 @pytest.mark.parametrize("module, line, contract", [
@@ -83,6 +83,12 @@ def test_the_import_contracts_hold(installed):
     ("oracles/zz_sideways.py", "import kvspec.proofs.runner", "Layers point one way BROKEN"),
     ("commands/zz_other.py", None, "Commands never import one another BROKEN"),
     ("report/zz_bare.py", "import model", "Only the kvspec namespace: no generic top-level names BROKEN"),
+    # A renderer that produces findings, or drives a subject, is not a renderer.
+    ("report/zz_producer.py", "from kvspec.findings import completion", "Layers point one way BROKEN"),
+    ("report/zz_producer.py", "from kvspec.findings import completion", "Reports only render BROKEN"),
+    ("report/zz_driver.py", "import kvspec.subjects.process", "Reports only render BROKEN"),
+    # A test emitter writes source; it renders no report.
+    ("emit/zz_upward.py", "import kvspec.report.finding", "Layers point one way BROKEN"),
 ])
 def test_the_contracts_catch_a_wrong_import(installed, tmp_path, module, line, contract):
     """The control: the same check fails on a tree with one wrong import."""
@@ -119,7 +125,7 @@ def test_lint_imports_in_the_checkout_sees_the_layers_and_passes():
     # The checkout first on the path, as the editable install has it.
     run = _lint_imports(ROOT)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    assert "Contracts: 3 kept, 0 broken." in run.stdout
+    assert "Contracts: 4 kept, 0 broken." in run.stdout
     # The graph a drawing tool reads (grimp's, import-linter's own): the
     # layers' packages and the arrows between them, built from the checkout.
     script = ("import grimp\n"

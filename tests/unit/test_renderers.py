@@ -18,8 +18,8 @@ from kvspec.model.finding import Finding, Reach
 from kvspec.report.finding import render_markdown, render_text
 from kvspec.report.fuzz import render_markdown as render_fuzz_markdown
 from kvspec.report.plot import plot_data, render_png, render_svg
-from kvspec.report.regression_test import ASSERT_MESSAGE, FILE_NAME, emit_test, pytest_command
-from kvspec.report.vllm_tests import Idiom
+from kvspec.emit.regression_test import ASSERT_MESSAGE, FILE_NAME, emit_test, pytest_command
+from kvspec.emit.vllm_tests import Idiom
 
 from tests.support import FIXTURES, assert_snapshot, capabilities
 
@@ -329,7 +329,7 @@ def _ruff_clean(tmp_path, code):
 def test_emitted_lookup_regression_test(finding, pinned):
     """A lookup finding's test drives the writer, then the later request, and
     pins the spec's hit (exact model) or the contract's admissible hits."""
-    from kvspec.report.regression_test import LOOKUP_ASSERT_MESSAGE
+    from kvspec.emit.regression_test import LOOKUP_ASSERT_MESSAGE
     from kvspec.model.finding import Category
 
     inputs = {**finding.inputs, "probe": {"shared": 3, "extra": 2}, **pinned}
@@ -469,7 +469,7 @@ def test_the_header_is_the_releases_own_and_a_recorded_one_is_checked(tmp_path):
     """An emitted test opens with the licence lines of the release's own test
     files (kvspec carries none); from a finding (untrusted) only lines of the
     SPDX comment form are taken."""
-    from kvspec.report.vllm_tests import HELPER_FILE, idiom_of
+    from kvspec.emit.vllm_tests import HELPER_FILE, idiom_of
 
     helper = tmp_path / HELPER_FILE
     helper.parent.mkdir(parents=True)
