@@ -4,7 +4,7 @@ Run:  python benchmarks/bench_report.py [--repeat 3] [--version 0.33.0] [--mutan
                                         [--end-to-end [--hash-scheme legacy]] [--only-end-to-end]
 Against a warm worker of the #50062 mutant of 0.33.0 (started, and the
 failure found, once, untimed), times each stage of
-``kvspec.report.completion`` -- explain (the proofs' explanation of the
+``kvspec.findings.completion`` -- explain (the proofs' explanation of the
 failure, inside ``fuzz_finding``), sweep, plot (SVG and PNG), emit (the test
 and its xfail form), the symbolic leg, the emitted test on the subject and
 on the release (each alone, then the two at once, as ``kvspec fuzz`` runs
@@ -34,9 +34,9 @@ from pathlib import Path
 
 from kvspec.diff_tests.fuzz import fuzz_subject
 from kvspec.model.about import versions
-from kvspec.report import completion
-from kvspec.report.regression_test import test_file_name
-from kvspec.report.vllm_tests import idiom_of, tests_root_of
+from kvspec.findings import completion
+from kvspec.emit.regression_test import test_file_name
+from kvspec.emit.vllm_tests import idiom_of, tests_root_of
 from kvspec.subjects.process import SubjectProcess
 from kvspec.subjects.subject import mutant_subject
 

@@ -255,13 +255,14 @@ def history() -> str:
     if data is None:
         parts.append(_missing(name, command))
     else:
+        from kvspec.model.outcome import RunStatus
         from kvspec.report.history import render_explanations, render_table
 
         rows = data["releases"]
         planned = data["planned"]
         _settings_agree(command, {"--max-examples": data["max_examples"], "--seed": data["seed"],
                                   "--vllm": f"{planned[0]}..{planned[-1]}"})
-        parts += [f"Status: {data['status']}, {len(rows)} of {len(planned)} releases "
+        parts += [f"Status: {RunStatus(data['status']).value}, {len(rows)} of {len(planned)} releases "
                   f"(`{data['schema']}`, [the file](../results/{name})).",
                   render_table(rows, symbolic=any("symbolic" in r for r in rows)),
                   "## Each finding explained",
@@ -278,13 +279,14 @@ def kill_matrix() -> str:
     if data is None:
         parts.append(_missing(name, command))
     else:
+        from kvspec.model.outcome import RunStatus
         from kvspec.report.mutants import render_matrix
 
         rows = data["mutants"]
         _settings_agree(command, {"--vllm": data["vllm"], "--max-examples": data["max_examples"],
                                   "--seed": data["seed"]})
         killed = sum(r["status"] == "killed" for r in rows)
-        parts += [f"Status: {data['status']}; {killed} of {len(rows)} killed, "
+        parts += [f"Status: {RunStatus(data['status']).value}; {killed} of {len(rows)} killed, "
                   f"{sum(r['status'] == 'equivalent' for r in rows)} equivalent, {data['seconds']} s in all "
                   f"(`{data['schema']}`, [the file](../results/{name})).",
                   "```\n" + render_matrix(rows) + "\n```"]

@@ -400,7 +400,7 @@ def _summary(finding: Finding, entries: list[dict[str, Any]], reached: list[Deri
 
 def attach(finding: Finding, *, proc=None, hitrate: bool = True, say: Say = _quiet) -> Finding:
     """``finding`` with its Reach and generated knob lines (the hook
-    ``kvspec.usecases.fuzz`` calls right after a finding is completed)."""
+    ``kvspec.usecases.fuzz.fuzz`` calls right after a finding is completed)."""
     try:
         reach, knobs = _assess(finding, proc=proc, hitrate=hitrate, say=say)
     except Exception as exc:  # never lose a finding to its assessment

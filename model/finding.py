@@ -5,7 +5,7 @@ in vLLM's vocabulary, one row per KV-cache group (expected vs observed, in
 tokens and in blocks, with both derivations), what the proofs know about it
 (``Explanation``) and which pair of the three legs -- the spec evaluated by
 Z3, the executable oracle, the subject -- disagrees (``Ledger``).  Producers
-live in ``proofs`` and ``kvspec.report.findings``; renderers only read these values.
+live in ``proofs`` and ``kvspec.findings.assemble``; renderers only read these values.
 The JSON form (``to_dict``/``from_dict``) is versioned by ``FINDING_SCHEMA``.
 """
 
@@ -335,7 +335,7 @@ class Finding:
     traceback: str | None = None
     replay: str | None = None
     regression_test: dict[str, Any] | None = None  # code, file name, verification, whether proposed
-    # The release's own tests run on the subject first (kvspec.report.vllm_suite):
+    # The release's own tests run on the subject first (kvspec.findings.vllm_suite):
     # files, each side's outcome, the tests that catch the finding (None: not asked).
     vllm_tests: dict[str, Any] | None = None
     sweep: dict[str, Any] | None = None  # registered vs n over a range (for the plot)

@@ -14,7 +14,7 @@ import enum
 from typing import Iterable
 
 __all__ = ["Outcome", "worst", "OK", "FINDING", "USAGE", "UNKNOWN", "INCOMPLETE", "INFRASTRUCTURE",
-           "HARDENING", "INTERRUPTED", "INTERNAL", "EXIT_CODES"]
+           "HARDENING", "INTERRUPTED", "INTERNAL", "EXIT_CODES", "RunStatus"]
 
 
 class Outcome(enum.Enum):
@@ -54,6 +54,24 @@ class Outcome(enum.Enum):
         if not isinstance(other, Outcome):
             return NotImplemented
         return self.rank < other.rank
+
+
+class RunStatus(enum.Enum):
+    """A run's state in a word or two, first in every report of it and the
+    ``status`` of every result file (the value is the JSON string).  What a
+    run established is its ``Outcome``; this says only how far it got."""
+
+    # Everything planned ran, in full.
+    COMPLETE = "COMPLETE"
+    # Everything planned ran, but a subject's tree lacks part of the release it claims to be.
+    REDUCED_SCOPE = "REDUCED SCOPE"
+    # An error stopped the run before it covered everything; partial results were written.
+    INCOMPLETE = "INCOMPLETE"
+    # An interrupt stopped it; partial results were written.
+    INTERRUPTED = "INTERRUPTED"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 def worst(outcomes: Iterable[Outcome]) -> Outcome:

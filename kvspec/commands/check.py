@@ -41,10 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> Outcome:
-    from kvspec import usecases
+    from kvspec.usecases import fuzz as fuzzing
+    from kvspec.usecases.prove import prove
+    from kvspec.usecases.real_code import real_code
     from kvspec.model.about import versions
     from kvspec.report.files import write_text
-    from kvspec.report.findings import theorem_finding
+    from kvspec.findings.assemble import theorem_finding
     from kvspec.report.fuzz import fuzz_document
     from kvspec.report.proofs import summary, to_json
     from kvspec.reach import attach
@@ -65,11 +67,11 @@ def run(args: argparse.Namespace) -> Outcome:
 
     print(f"== 1/2  kvspec prove: the theorem catalog over unbounded integers, and {label}'s "
           "own registration code symbolically", flush=True)
-    proved = usecases.prove(budget=budget(args))
+    proved = prove(budget=budget(args))
     counts = summary(proved.results)
     print(f"{counts['theorems']} theorems: {counts['proved']} proved, {counts['refuted']} refuted, "
           f"{counts['unknown']} unknown; {counts['unexpected']} not as expected", flush=True)
-    verdicts = usecases.real_code([subject], timeout_s=args.symbolic_timeout)
+    verdicts = real_code([subject], timeout_s=args.symbolic_timeout)
     if out is not None:
         known = {r.name: r for r in proved.results}
         findings = [f for f in (theorem_finding(r, versions(), known) for r in proved.results) if f]
@@ -82,16 +84,16 @@ def run(args: argparse.Namespace) -> Outcome:
           "release's defaults)", flush=True)
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     print(f"kvspec fuzz: seed {seed} (rerun with --seed {seed})", flush=True)
-    settings = usecases.FuzzSettings(max_examples=args.max_examples, seed=seed, database=args.database,
-                                     jobs=args.jobs, differentials=usecases.ALL_DIFFERENTIALS)
-    fuzz_run = usecases.FuzzRun(settings, [subject.label])
+    settings = fuzzing.FuzzSettings(max_examples=args.max_examples, seed=seed, database=args.database,
+                                     jobs=args.jobs, differentials=fuzzing.ALL_DIFFERENTIALS)
+    fuzz_run = fuzzing.FuzzRun(settings, [subject.label])
 
     def record(run) -> None:
         if fuzz_json is not None:
             write_text(fuzz_json, json.dumps(fuzz_document(run), indent=2, sort_keys=True))
 
     try:
-        usecases.fuzz([subject], settings, findings_dir, run=fuzz_run, on_update=record,
+        fuzzing.fuzz([subject], settings, findings_dir, run=fuzz_run, on_update=record,
                       on_finding=lambda finding, proc, say: attach(finding, proc=proc, say=say))
     finally:
         record(fuzz_run)

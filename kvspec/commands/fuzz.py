@@ -22,7 +22,7 @@ import time
 from kvspec.arguments import (add_mutant_argument, add_run_arguments, add_subject_arguments, check_writable,
                               subjects, writable)
 from kvspec.model.errors import UsageError
-from kvspec.model.outcome import Outcome, worst
+from kvspec.model.outcome import Outcome, RunStatus, worst
 
 HELP = "differential fuzzing against real vLLM coordinators"
 
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> Outcome:
     named = subjects(args, mutants=True)
     if not named:
         raise UsageError("name a subject: --vllm VERSION, --vllm-src PATH or --current")
-    from kvspec.usecases import ALL_DIFFERENTIALS
+    from kvspec.usecases.fuzz import ALL_DIFFERENTIALS
 
     if args.all_differentials:
         differentials = ALL_DIFFERENTIALS
@@ -93,7 +93,7 @@ def fuzz_and_write(named, args, *, markdown: str | None, verify_test: bool,
                    differentials: tuple[str, ...]) -> Outcome:
     """Check every output and the database first, then fuzz, writing the
     JSON and Markdown after each subject and once more at the end."""
-    from kvspec import usecases
+    from kvspec.usecases import fuzz as fuzzing
     from kvspec.report.files import append_step_summary, write_text
     from kvspec.report.fuzz import fuzz_document, render_markdown
     from kvspec.subjects.subject import resolve_subject
@@ -106,7 +106,7 @@ def fuzz_and_write(named, args, *, markdown: str | None, verify_test: bool,
             resolve_subject(subject)  # a mutation that cannot be applied stops here, before the control runs
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     print(f"kvspec fuzz: seed {seed} (rerun with --seed {seed})", flush=True)
-    settings = usecases.FuzzSettings(max_examples=args.max_examples, seed=seed, database=args.database,
+    settings = fuzzing.FuzzSettings(max_examples=args.max_examples, seed=seed, database=args.database,
                                      jobs=args.jobs, differentials=differentials, verify_test=verify_test,
                                      progress=sys.stderr.isatty(),
                                      hash_schemes=(args.hash_scheme,) if getattr(args, "hash_scheme", None)
@@ -120,9 +120,9 @@ def fuzz_and_write(named, args, *, markdown: str | None, verify_test: bool,
         if markdown_path is not None:
             write_text(markdown_path, render_markdown(fuzz_run))
 
-    fuzz_run = usecases.FuzzRun(settings, [s.label for s in named])
+    fuzz_run = fuzzing.FuzzRun(settings, [s.label for s in named])
     try:
-        usecases.fuzz(named, settings, findings_dir, run=fuzz_run, on_update=record, started=STARTED,
+        fuzzing.fuzz(named, settings, findings_dir, run=fuzz_run, on_update=record, started=STARTED,
                       on_finding=_who_is_affected)
     except KeyboardInterrupt:
         # Recorded as INTERRUPTED; a finding made before still decides the exit code.
@@ -136,8 +136,8 @@ def fuzz_and_write(named, args, *, markdown: str | None, verify_test: bool,
                 append_step_summary(render_markdown(fuzz_run))
             except UsageError as exc:  # said, and in the exit code; a finding still outranks it
                 summary_error = exc
-    if fuzz_run.status != "COMPLETE":
-        print(f"kvspec fuzz: {fuzz_run.status}: {fuzz_run.why}", flush=True)
+    if fuzz_run.status is not RunStatus.COMPLETE:
+        print(f"kvspec fuzz: {fuzz_run.status.value}: {fuzz_run.why}", flush=True)
     if summary_error is not None:
         print(f"kvspec: error: {summary_error}", file=sys.stderr, flush=True)
         return worst([fuzz_run.outcome, summary_error.outcome])

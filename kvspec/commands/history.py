@@ -18,7 +18,7 @@ import json
 
 from kvspec.arguments import positive_int, releases, writable
 from kvspec.model.errors import UsageError
-from kvspec.model.outcome import Outcome, worst
+from kvspec.model.outcome import Outcome, RunStatus, worst
 
 HELP = "the registration and lookup checks on every release in a range"
 
@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> Outcome:
-    from kvspec import usecases
+    from kvspec.usecases.history import HistoryRow, history_row
     from kvspec.model.about import SCHEMAS
     from kvspec.report.files import write_text
     from kvspec.report.history import render_table
@@ -45,35 +45,35 @@ def run(args: argparse.Namespace) -> Outcome:
         raise UsageError("name the releases: --vllm 0.23.0..0.34.0 (a range) or --vllm VERSION (repeatable)")
     print(f"kvspec history: {len(versions)} releases ({', '.join(versions)}), seed {args.seed}, "
           f"{args.max_examples} examples each", flush=True)
-    rows: list[dict] = []
+    rows: list[HistoryRow] = []
 
-    def record(status: str) -> None:
+    def record(status: RunStatus) -> None:
         if json_path is not None:
             write_text(json_path, json.dumps(
-                {"schema": SCHEMAS["history"], "status": status, "seed": args.seed,
-                 "max_examples": args.max_examples, "planned": versions, "releases": rows},
+                {"schema": SCHEMAS["history"], "status": status.value, "seed": args.seed,
+                 "max_examples": args.max_examples, "planned": versions, "releases": [r.as_dict() for r in rows]},
                 indent=2, sort_keys=True))
 
-    status = "INTERRUPTED"
+    status = RunStatus.INTERRUPTED
     try:
         for version in versions:
-            row = usecases.history_row(version, args.max_examples, args.seed, args.symbolic)
+            row = history_row(version, args.max_examples, args.seed, args.symbolic)
             rows.append(row)
-            record("INCOMPLETE")
-            print(f"  {version}: {row['status']}" + (f" ({row['detail']})" if "detail" in row else ""),
+            record(RunStatus.INCOMPLETE)
+            print(f"  {version}: {row.status}" + (f" ({row.detail})" if row.not_run else ""),
                   flush=True)
-        status = "COMPLETE"
+        status = RunStatus.COMPLETE
     except Exception:
-        status = "INCOMPLETE"
+        status = RunStatus.INCOMPLETE
         raise
     finally:
         # What was checked before an error or an interrupt is still written, marked so.
         record(status)
     print()
-    print(render_table(rows, args.symbolic))
-    if any(r["status"] == "discrepancy" for r in rows):
+    print(render_table([r.as_dict() for r in rows], args.symbolic))
+    if any(r.status == "discrepancy" for r in rows):
         return Outcome.FINDING
-    if any(r["status"] in ("unsupported", "error") for r in rows):
+    if any(r.not_run for r in rows):
         return Outcome.USAGE
     # A release whose runs did not all finish is not "no discrepancy".
-    return worst([Outcome[r.get("overall", "OK")] for r in rows] or [Outcome.OK])
+    return worst([r.overall or Outcome.OK for r in rows])

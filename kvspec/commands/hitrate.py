@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> Outcome:
-    from kvspec import usecases
+    from kvspec.usecases.hitrate import compare_with_reference, hitrate_row
     from kvspec.model.about import SCHEMAS
     from kvspec.model.workload import Workload, layout
     from kvspec.report.files import write_text
@@ -73,12 +73,12 @@ def run(args: argparse.Namespace) -> Outcome:
                   flush=True)
             variant_name = mutant(subject.mutant).models_variant if subject.kind == "mutant" else None
             try:
-                rows.append(usecases.hitrate_row(subject, label, config, workload, variant_name))
+                rows.append(hitrate_row(subject, label, config, workload, variant_name).as_dict())
             except KvspecError as exc:
                 if exc.outcome is not Outcome.USAGE:
                     raise
                 errors.append({"label": label, "error": str(exc).splitlines()[0]})
-    usecases.compare_with_reference(rows)
+    compare_with_reference(rows)
     text, outcome = verdict(rows, errors)
     first = block_sizes[0]
     described = (configs[0].describe().replace(f"block {first})", "block S)")

@@ -29,7 +29,7 @@ import json
 
 from kvspec.arguments import add_subject_arguments, subjects, writable
 from kvspec.model.errors import KvspecError, UsageError
-from kvspec.model.outcome import Outcome, worst
+from kvspec.model.outcome import Outcome, RunStatus, worst
 
 HELP = "multi-module MTP: can a hit keep stale draft KV? (proofs and real vLLM)"
 
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> Outcome:
-    from kvspec import usecases
+    from kvspec.usecases.mtp import mtp_model_side, mtp_subject_side
     from kvspec.model.about import SCHEMAS
     from kvspec.report.files import write_text
     from kvspec.report.mtp import render_markdown, render_text, verdict
@@ -51,19 +51,19 @@ def run(args: argparse.Namespace) -> Outcome:
     named = subjects(args)
     if not named:
         raise UsageError("name a subject: --vllm 0.34.0 (a release) or --vllm-src PATH (a tree)")
-    theorems = usecases.mtp_model_side()
+    theorems = [t.as_dict() for t in mtp_model_side()]
     found = []
     error = None
     try:
         for subject in named:
-            found.append(usecases.mtp_subject_side(subject))
+            found.append(mtp_subject_side(subject).as_dict())
     except KvspecError as exc:
         error = exc
     text, outcome = verdict(theorems, found)
     command = "kvspec mtp " + " ".join([f"--vllm {v}" for v in args.vllm or []]
                                        + [f"--vllm-src {p}" for p in args.vllm_src or []])
     doc = {"schema": SCHEMAS["mtp"], "verdict": text, "command": command.strip(),
-           "status": "COMPLETE" if error is None else f"INCOMPLETE ({error})",
+           "status": RunStatus.COMPLETE.value if error is None else f"{RunStatus.INCOMPLETE.value} ({error})",
            "theorems": theorems, "subjects": found}
     print(render_text(doc))
     if json_path is not None:

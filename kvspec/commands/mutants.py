@@ -15,7 +15,7 @@ import json
 import time
 
 from kvspec.arguments import positive_int, writable
-from kvspec.model.outcome import Outcome
+from kvspec.model.outcome import Outcome, RunStatus
 
 HELP = "fuzz every mutant of a release and print a kill matrix"
 
@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> Outcome:
-    from kvspec import usecases
+    from kvspec.usecases.mutants import kill_matrix
     from kvspec.model.about import SCHEMAS
     from kvspec.report.files import write_text
     from kvspec.report.mutants import render_matrix
@@ -48,24 +48,24 @@ def run(args: argparse.Namespace) -> Outcome:
     print(f"kvspec mutants: vLLM {args.vllm}, seed {args.seed}, up to {args.max_examples} examples each")
     started = time.perf_counter()
 
-    def record(rows, status: str = "INCOMPLETE") -> None:
+    def record(rows, status: RunStatus = RunStatus.INCOMPLETE) -> None:
         if json_path is not None:
             write_text(json_path, json.dumps(
-                {"schema": SCHEMAS["mutants"], "status": status, "vllm": args.vllm, "seed": args.seed,
+                {"schema": SCHEMAS["mutants"], "status": status.value, "vllm": args.vllm, "seed": args.seed,
                  "max_examples": args.max_examples, "seconds": round(time.perf_counter() - started, 2),
-                 "mutants": rows}, indent=2, sort_keys=True))
+                 "mutants": [r.as_dict() for r in rows]}, indent=2, sort_keys=True))
 
-    rows = usecases.kill_matrix(args.vllm, args.max_examples, args.seed, args.mutant, symbolic=args.symbolic,
-                                every_technique=args.every_technique, on_row=record)
-    record(rows, "COMPLETE")
+    rows = kill_matrix(args.vllm, args.max_examples, args.seed, args.mutant, symbolic=args.symbolic,
+                       every_technique=args.every_technique, on_row=record)
+    record(rows, RunStatus.COMPLETE)
     total = time.perf_counter() - started
-    print(render_matrix(rows))
-    killed = sum(r["status"] == "killed" for r in rows)
-    survived = [r["mutant"] for r in rows if r["status"] == "survived"]
-    errors = [r["mutant"] for r in rows if r["status"] == "error"]
-    inapplicable = [r["mutant"] for r in rows if r["status"] == "not applicable"]
+    print(render_matrix([r.as_dict() for r in rows]))
+    killed = sum(r.status == "killed" for r in rows)
+    survived = [r.name for r in rows if r.status == "survived"]
+    errors = [r.name for r in rows if r.status == "error"]
+    inapplicable = [r.name for r in rows if r.status == "not applicable"]
     print(f"\n{killed}/{len(rows)} killed, {len(survived)} survived, "
-          f"{sum(r['status'] == 'equivalent' for r in rows)} equivalent, {len(errors)} errors, "
+          f"{sum(r.status == 'equivalent' for r in rows)} equivalent, {len(errors)} errors, "
           f"{len(inapplicable)} not applicable to {args.vllm}"
           f"{' (' + ', '.join(inapplicable) + ')' if inapplicable else ''}; {total:.1f} s in all")
     if survived:

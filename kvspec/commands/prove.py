@@ -36,11 +36,12 @@ def _progress(enabled: bool):
 
 
 def run(args: argparse.Namespace) -> Outcome:
-    from kvspec import usecases
+    from kvspec.usecases.prove import prove
+    from kvspec.usecases.real_code import real_code
     from kvspec.model.about import versions
     from kvspec.proofs.catalog import CATALOG, theorem
     from kvspec.report.files import write_text
-    from kvspec.report.findings import theorem_finding
+    from kvspec.findings.assemble import theorem_finding
     from kvspec.report.proofs import render_table, summary, to_json
 
     json_path = writable(args.json, "--json")
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> Outcome:
         for t in ([theorem(n) for n in args.theorem] if args.theorem else CATALOG):
             print(f"{t.name}: {t.statement}")
         return Outcome.OK
-    proved = usecases.prove(args.theorem, budget=budget(args), seed=args.seed,
+    proved = prove(args.theorem, budget=budget(args), seed=args.seed,
                             progress=_progress(sys.stderr.isatty() and not args.quiet))
     print(render_table(proved.results))
     counts = summary(proved.results)
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> Outcome:
     verdicts = []
     if named:
         print("\nreal code, symbolically (CrossHair, unbounded integers): vLLM's own method vs the spec")
-        verdicts = usecases.real_code(named, timeout_s=args.symbolic_timeout)
+        verdicts = real_code(named, timeout_s=args.symbolic_timeout)
     if json_path is not None:
         known = {r.name: r for r in proved.results}
         findings = [f for f in (theorem_finding(r, versions(), known) for r in proved.results) if f]

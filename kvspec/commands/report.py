@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> Outcome:
     from kvspec.report.files import append_step_summary, write_text
     from kvspec.report.finding import render_markdown, render_text
     from kvspec.report.plot import render_png, render_svg
-    from kvspec.report.regression_test import emit_test
+    from kvspec.emit.regression_test import emit_test
     from kvspec.report.stored import load_findings
 
     output = writable(args.output, "--output")
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> Outcome:
 def _upstream(args: argparse.Namespace, output) -> Outcome:
     from kvspec.report.files import write_text
     from kvspec.report.stored import load_findings
-    from kvspec.usecases import upstream_report
+    from kvspec.usecases.upstream import upstream_report
 
     if args.plot or args.emit_test or args.format != "text":
         raise UsageError("--upstream writes a Markdown bug report on its own: no --plot, --emit-test or --format")

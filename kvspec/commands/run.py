@@ -189,37 +189,11 @@ def _engine_program(text: str):
         raise UsageError(f"--engine-program: not a valid engine program ({exc})") from None
 
 
-def _step_line(record) -> str:
-    """What one operation did, in vLLM's terms, from its checked answer."""
-    from kvspec.model.engine import describe_engine_op
-
-    answer = record.answer
-    parts = [describe_engine_op(record.op) if record.op.get("do") in ("arrive", "step", "abort", "reset")
-             else record.op.get("do", "?")]
-    # A step answers its schedule() apart (``scheduled``) from its output.
-    schedule = (answer.get("scheduled") or {}).get("result") or {}
-    result = answer.get("result") or {}
-    tokens = schedule.get("scheduled")
-    if tokens:
-        parts.append("scheduled " + ", ".join(f"{r}: {n}" for r, n in sorted(tokens.items())))
-    lookups = list(schedule.get("lookups") or ()) + list(result.get("lookups") or ())
-    if lookups:
-        parts.append("lookups " + ", ".join(f"{lk['request']} hit {lk['hit']}" for lk in lookups))
-    for key, part in (("preempted", schedule), ("finished", result)):
-        if part.get(key):
-            parts.append(f"{key} {', '.join(map(str, part[key]))}")
-    state = answer.get("state") or {}
-    if "num_free" in state:
-        parts.append(f"{state['num_free']} free blocks")
-    if answer.get("running"):
-        parts.append("computed " + ", ".join(f"{r}: {n}" for r, n in sorted(answer["running"].items())))
-    return "; ".join(parts)
-
-
 def _run_engine_program(subject, text: str, json_path) -> Outcome:
     from kvspec.diff_tests.engine import drive_engine_program
     from kvspec.model.engine import ENGINE_BUILT, MODELLED_STEPS
     from kvspec.model.state import scope_text
+    from kvspec.report.engine_program import step_line
     from kvspec.report.files import write_text
     from kvspec.subjects.process import SubjectProcess
 
@@ -239,7 +213,7 @@ def _run_engine_program(subject, text: str, json_path) -> Outcome:
         records = records[1:]
     broken = None
     for number, record in enumerate(records, 1):
-        print(f"{number:3d}. {_step_line(record)}")
+        print(f"{number:3d}. {step_line(record)}")
         if record.found:
             broken = record
             for d in record.found:

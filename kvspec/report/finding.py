@@ -477,7 +477,7 @@ def _test_lines(f: Finding, label=lambda s: s) -> list[str]:
     t = f.regression_test
     if not t:
         return []
-    from .regression_test import FILE_NAME
+    from kvspec.emit.regression_test import FILE_NAME
 
     where = f"tests/v1/core/{FILE_NAME}"
     if not proposes_test(f):
@@ -560,7 +560,7 @@ def _reproduce(f: Finding, path=lambda p: p) -> list[str]:
     if caught:
         out.append(f"pytest '{caught[0]}'   # vLLM's own test, failing on the subject's tree")
     elif f.source == "fuzz" and f.regression_test:
-        from .regression_test import pytest_command
+        from kvspec.emit.regression_test import pytest_command
 
         try:
             out.append(pytest_command(f) + "   # in a vLLM checkout, with the test added")
@@ -683,8 +683,8 @@ def _regression_test_code(f: Finding, xfail: bool = False) -> str | None:
     never copied from a finding into a report."""
     from kvspec.model.errors import InputError
 
-    from .regression_test import emit_test
-    from .vllm_tests import Idiom
+    from kvspec.emit.regression_test import emit_test
+    from kvspec.emit.vllm_tests import Idiom
 
     idiom = Idiom.from_recorded((f.regression_test or {}).get("idiom"))
     try:
@@ -759,7 +759,7 @@ def render_markdown(f: Finding, heading: str = "###", plot_path: str | None = No
     code = _regression_test_code(f) if f.source == "fuzz" and proposes_test(f) else None
     if code is not None:
         t = f.regression_test or {}
-        from .regression_test import FILE_NAME, xfail_decorator
+        from kvspec.emit.regression_test import FILE_NAME, xfail_decorator
 
         body = [f"Add as `tests/v1/core/{FILE_NAME}` of vLLM:", "", *_fence(code, "python"), "",
                 f"To pin the defect until it is fixed instead, decorate the test with "

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvspec.model.about import SCHEMAS, versions
-from kvspec.model.outcome import Outcome
+from kvspec.model.outcome import Outcome, RunStatus
 
 from .escape import md_inline as _md
 from .finding import impact_sentence, public_label
@@ -24,11 +24,11 @@ __all__ = ["fuzz_document", "render_markdown", "verdict_line"]
 
 
 def fuzz_document(run) -> dict[str, Any]:
-    """The machine-readable twin of a ``usecases.FuzzRun``."""
+    """The machine-readable twin of a ``usecases.fuzz.FuzzRun``."""
     return {
         "schema": SCHEMAS["fuzz"],
         "versions": versions(),
-        "status": run.status,
+        "status": run.status.value,
         "outcome": run.outcome.name,
         "stopped": run.why or None,
         "planned_subjects": list(run.planned),
@@ -52,9 +52,9 @@ def verdict_line(run) -> str:
         verdict = "no discrepancy"
     else:
         verdict = "no discrepancy found so far"
-    if run.status != "COMPLETE":
+    if run.status is not RunStatus.COMPLETE:
         done = len(run.subjects) + len(run.errors)
-        verdict = f"{run.status} ({run.why}; {done} of {len(run.planned)} subjects covered): " + verdict
+        verdict = f"{run.status.value} ({run.why}; {done} of {len(run.planned)} subjects covered): " + verdict
     return verdict
 
 

@@ -111,7 +111,7 @@ def test_mutant_option_finding_report_replay_and_regression_test(tmp_path, capsy
     import re
 
     from kvspec.model.about import SCHEMAS
-    from kvspec.report.regression_test import ASSERT_MESSAGE
+    from kvspec.emit.regression_test import ASSERT_MESSAGE
 
     markdown = tmp_path / "report.md"
     code, doc = run(["--vllm", "0.33.0", "--mutant", "refloor_50062", "--max-examples", "300",
@@ -158,8 +158,8 @@ def test_mutant_option_finding_report_replay_and_regression_test(tmp_path, capsy
     assert test["proposed"] is False and test["verified"] == [] and test["lint"] is None
     # The stored test is right all the same: it fails on the mutant on its
     # assertion, passes on 0.33.0 and passes ruff with 0.33.0's configuration.
-    from kvspec.report.completion import lint_test, verify_test
-    from kvspec.report.vllm_tests import tests_root_of
+    from kvspec.findings.completion import lint_test, verify_test
+    from kvspec.emit.vllm_tests import tests_root_of
     from kvspec.subjects.subject import mutant_subject
 
     mutant = mutant_subject("0.33.0", "refloor_50062")

@@ -267,7 +267,7 @@ def test_a_finding_whose_storage_fails_stays_in_every_report(tmp_path, monkeypat
     import errno
 
     from kvspec.cli import main
-    from kvspec.report import completion
+    from kvspec.findings import completion
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -50,8 +50,8 @@ def _emitted_lookup_test(proc, case, tmp_path):
     finding: the pinned hit is the spec's, never the subject's."""
     from kvspec.diff_tests.fuzz import FuzzResult
     from kvspec.diff_tests.property import Failure
-    from kvspec.report.findings import fuzz_finding
-    from kvspec.report.regression_test import emit_test, test_file_name
+    from kvspec.findings.assemble import fuzz_finding
+    from kvspec.emit.regression_test import emit_test, test_file_name
     from kvspec.oracles.registration import Discrepancy
 
     caps = proc.capabilities
@@ -90,7 +90,7 @@ def test_emitted_lookup_tests_pass_on_the_release(layout, kvspec_release, tmp_pa
     outcome = run_pytest(release("0.33.0"), str(path))
     assert outcome["outcome"] == "passed", outcome
     # And it can fail: pin a hit the release does not return.
-    from kvspec.report.regression_test import LOOKUP_ASSERT_MESSAGE
+    from kvspec.emit.regression_test import LOOKUP_ASSERT_MESSAGE
 
     hit = finding.observations["probe"]["hit"]
     text = path.read_text()

@@ -18,7 +18,7 @@ from kvspec.subjects.process import SubjectProcess
 from kvspec.subjects.protocol import case_message
 from kvspec.subjects.mutation import REGISTRATION_MUTANTS
 from kvspec.subjects.subject import mutant_subject
-from kvspec.usecases import kill_matrix
+from kvspec.usecases.mutants import kill_matrix
 
 
 @pytest.mark.parametrize("version", SUPPORTED_IN_CI)
@@ -45,9 +45,9 @@ def test_every_registration_mutant_of_the_newest_release_is_killed():
     and test_stateful; the whole matrix is the soak test below)."""
     names = [m.name for m in REGISTRATION_MUTANTS]
     rows = kill_matrix("0.33.0", max_examples=1000, seed=0, names=names)
-    assert [r["mutant"] for r in rows] == names and len(rows) >= 7
+    assert [r.name for r in rows] == names and len(rows) >= 7
     for row in rows:
-        assert row["status"] in ("killed", "equivalent"), row
+        assert row.status in ("killed", "equivalent"), row.as_dict()
 
 
 @pytest.mark.soak  # ~6 min on 2 cores; opt in with `python -m pytest -m soak`
@@ -55,4 +55,4 @@ def test_every_mutant_of_the_newest_release_is_killed():
     rows = kill_matrix("0.33.0", max_examples=1000, seed=0)
     assert len(rows) >= 20
     for row in rows:
-        assert row["status"] in ("killed", "equivalent"), row
+        assert row.status in ("killed", "equivalent"), row.as_dict()

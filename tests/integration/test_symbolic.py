@@ -64,9 +64,9 @@ def test_a_coordinator_without_the_52419_shape_is_unsupported_with_the_reason(tm
 
 
 def test_kill_matrix_columns_for_an_equivalent_and_an_out_of_scope_mutant():
-    from kvspec.usecases import kill_matrix
+    from kvspec.usecases.mutants import kill_matrix
 
-    rows = {r["mutant"]: r for r in kill_matrix(
+    rows = {r.name: r.as_dict() for r in kill_matrix(
         "0.33.0", max_examples=300, seed=0,
         names=["clamp_as_conditional", "reprefillable_off_by_one"], symbolic=True)}
     # An equivalent rewrite: every technique agrees it is equivalent, none kills it.
@@ -84,7 +84,7 @@ def test_the_ledgers_fourth_leg_locates_a_bug_outside_the_method(tmp_path):
     # Fuzzing finds the off-by-one in __init__; the symbolic leg verifies the
     # method itself, so the report can say the bug is in the code around it.
     from kvspec.diff_tests.fuzz import fuzz_subject
-    from kvspec.report.completion import complete_finding
+    from kvspec.findings.completion import complete_finding
     from kvspec.subjects.process import SubjectProcess
 
     with SubjectProcess(mutant_subject("0.33.0", "reprefillable_off_by_one")) as proc:

@@ -12,7 +12,7 @@ from kvspec.diff_tests.property import Tally
 from kvspec.model.outcome import Outcome
 from kvspec.report.fuzz import fuzz_document, render_markdown
 from kvspec.subjects.subject import mutant_subject, release
-from kvspec.usecases import FuzzRun, FuzzSettings, SubjectRun
+from kvspec.usecases.fuzz import FuzzRun, FuzzSettings, SubjectRun
 
 from tests.support import capabilities
 

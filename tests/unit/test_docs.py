@@ -18,6 +18,7 @@ from pathlib import Path
 
 import mkdocs  # noqa: F401  (the test extra installs it: without it this module fails, never skips)
 import material  # noqa: F401
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -120,3 +121,9 @@ def test_a_committed_history_is_rendered_with_its_command(tmp_path, monkeypatch)
     page = generate.history()
     assert command in page and "Status: INCOMPLETE, 1 of 2 releases" in page
     assert "| 0.34.0 |" in page and "VERIFIED" in page
+    # The status is a RunStatus: a result file with another word fails the build.
+    (tmp_path / name).write_text(json.dumps(
+        {"schema": "kvspec.history/1", "status": "DONE", "seed": 0, "max_examples": 300,
+         "planned": ["0.23.0", "0.34.0"], "releases": [row]}))
+    with pytest.raises(ValueError, match="'DONE' is not a valid RunStatus"):
+        generate.history()

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kvspec.report.findings import theorem_finding
+from kvspec.findings.assemble import theorem_finding
 from kvspec.model.corpus import case as corpus_case
 from kvspec.model.finding import Category, Finding, Blame, blame_of
 from kvspec.proofs.catalog import theorem
@@ -113,7 +113,7 @@ def test_an_oracle_that_disagrees_with_z3_and_the_subject_is_an_oracle_bug():
     from kvspec.diff_tests.fuzz import Failure, FuzzResult
     from kvspec.model.case import Case, prefill
     from kvspec.oracles.registration import Discrepancy
-    from kvspec.report.findings import fuzz_finding
+    from kvspec.findings.assemble import fuzz_finding
 
     seed = corpus_case("seed_52419")
     case = Case(seed.config, 22, (prefill(22),))

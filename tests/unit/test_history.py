@@ -87,3 +87,32 @@ def test_each_history_finding_is_explained_by_a_known_bug_of_its_release_or_said
     assert "`mamba_estimate_below_allocation_after_connector_load` (first in 0.23.0, still open)" in lines[0]
     # Unknown words, or a release outside the bug's range: not explained, and said so.
     assert "not explained by a known bug" in lines[1] and "not explained by a known bug" in lines[2]
+
+
+def _run(outcome="OK", operations=None):
+    from types import SimpleNamespace
+
+    from kvspec.model.outcome import Outcome
+
+    return SimpleNamespace(cases=120, examples=100, seconds=1.234, failure=None, outcome=Outcome[outcome],
+                           stopped_why="", other_failures=(), settings={"x": 1},
+                           tally=SimpleNamespace(operations=operations, refused=0), scope=lambda: "scope")
+
+
+def test_a_history_row_is_typed_and_serialises_to_the_rows_of_kvspec_history_1():
+    from kvspec.model.outcome import Outcome
+    from kvspec.usecases.history import HistoryRow
+
+    skipped = HistoryRow("0.22.0", not_run="unsupported", detail="no scheduler_block_size")
+    assert skipped.as_dict() == {"version": "0.22.0", "status": "unsupported", "detail": "no scheduler_block_size"}
+    assert skipped.overall is None
+    row = HistoryRow("0.33.0", _run(), _run(), _run(operations=7), _run("INCOMPLETE", operations=9),
+                     capabilities("0.33.0"))
+    assert (row.status, row.overall) == ("incomplete", Outcome.INCOMPLETE)
+    data = row.as_dict()
+    assert set(data) == {"version", "status", "overall", "capabilities", "rule", "cases", "examples", "seconds",
+                         "failure", "outcome", "stopped", "lookup", "stateful", "engine"}
+    assert (data["overall"], data["seconds"], data["lookup"]["status"]) == ("INCOMPLETE", 1.23, "no discrepancy")
+    assert data["engine"]["status"] == "incomplete" and data["engine"]["operations"] == 9
+    table = render_table([data, skipped.as_dict()], symbolic=False)
+    assert "INCOMPLETE after 100 programs, 9 operations: INCOMPLETE" in table and "| 0.22.0 |" in table

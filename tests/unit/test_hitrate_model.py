@@ -15,7 +15,7 @@ from kvspec.oracles.ideal_cache import SpecCache
 from kvspec.report.hitrate import render_text
 from kvspec.report.hitrate_plot import render_svg
 from kvspec.subjects.drivers.hitrate import replay
-from kvspec.usecases import compare_with_reference
+from kvspec.usecases.hitrate import compare_with_reference
 
 from tests.support import capabilities
 

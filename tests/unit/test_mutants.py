@@ -529,3 +529,23 @@ def test_state_operators_refuse_a_source_without_their_target():
     for op in STATE_MUTANTS:
         with pytest.raises(MutationTargetNotFound):
             op.apply("class BlockPool:\n    def touch(self, blocks):\n        pass\n")
+
+
+def test_a_kill_matrix_row_is_typed_and_serialises_to_the_rows_of_kvspec_mutants_1():
+    from kvspec.report.mutants import render_matrix
+    from kvspec.usecases.mutants import MutantRow
+
+    operator = mutant("refloor_50062")
+    inapplicable = MutantRow(operator, "non-equivalent", not_run="not applicable", error="no such code")
+    assert inapplicable.status == "not applicable" and inapplicable.as_dict() == {
+        "mutant": "refloor_50062", "models_variant": operator.models_variant, "summary": operator.summary,
+        "side": operator.side, "model": "non-equivalent", "status": "not applicable", "error": "no such code"}
+    survived = SimpleNamespace(failure=None, cases_to_first_failure=None, seconds_to_first_failure=None, cases=900)
+    row = MutantRow(operator, "equivalent", fuzz=survived,
+                    swept={"failing_cases": 0, "cases": 412, "seconds": 9.5}, wall_seconds=3.25)
+    assert row.status == "equivalent"
+    data = row.as_dict()
+    assert (data["fuzz"], data["stateful"], data["exhaustive"], data["exhaustive_failing"]) == (
+        "equivalent", "not run", "equivalent", "0/412")
+    assert "symbolic" not in data and data["wall_seconds"] == 3.25 and data["differential"] == "registration"
+    assert "refloor_50062" in render_matrix([data, inapplicable.as_dict()])

@@ -92,7 +92,7 @@ def test_attach_fills_reach_and_generated_knobs(modelled):
 def test_a_hardening_finding_exits_6():
     from kvspec.diff_tests.fuzz import FuzzResult
     from kvspec.diff_tests.property import Failure
-    from kvspec.usecases import FuzzRun, FuzzSettings, SubjectRun
+    from kvspec.usecases.fuzz import FuzzRun, FuzzSettings, SubjectRun
 
     finding = _finding()
     result = FuzzResult(subject=finding.compared["subject"], capabilities=capabilities(), seed=0,

@@ -18,8 +18,8 @@ from kvspec.model.finding import Finding, Reach
 from kvspec.report.finding import render_markdown, render_text
 from kvspec.report.fuzz import render_markdown as render_fuzz_markdown
 from kvspec.report.plot import plot_data, render_png, render_svg
-from kvspec.report.regression_test import ASSERT_MESSAGE, FILE_NAME, emit_test, pytest_command
-from kvspec.report.vllm_tests import Idiom
+from kvspec.emit.regression_test import ASSERT_MESSAGE, FILE_NAME, emit_test, pytest_command
+from kvspec.emit.vllm_tests import Idiom
 
 from tests.support import FIXTURES, assert_snapshot, capabilities
 
@@ -135,7 +135,7 @@ def _fuzz_run(finding, stopped=None):
     from kvspec.diff_tests.fuzz import FuzzResult
     from kvspec.diff_tests.property import Failure, Tally
     from kvspec.model.case import Case
-    from kvspec.usecases import FuzzRun, FuzzSettings, SubjectRun
+    from kvspec.usecases.fuzz import FuzzRun, FuzzSettings, SubjectRun
 
     failure = Failure(Case.from_dict(finding.inputs), (), {})
     result = FuzzResult(subject=finding.compared["subject"], capabilities=capabilities("0.33.0"), seed=1,
@@ -173,6 +173,21 @@ def test_an_interrupted_run_never_reads_as_clean(finding):
     first = text.splitlines()[0]
     assert first.startswith("## kvspec fuzz: INTERRUPTED (interrupted while fuzzing vllm 0.34.0; 1 of 2")
     assert "no discrepancy found so far" in first and "| vllm 0.34.0 | | | not run | | | | |" in text
+
+
+def test_a_run_status_is_one_enum_serialised_to_the_same_strings(finding):
+    from kvspec.model.outcome import Outcome, RunStatus
+    from kvspec.report.fuzz import fuzz_document
+
+    # The strings the result files (and docs/results) have always held.
+    assert [s.value for s in RunStatus] == ["COMPLETE", "REDUCED SCOPE", "INCOMPLETE", "INTERRUPTED"]
+    for stopped, status in ((None, RunStatus.COMPLETE), (Outcome.INTERRUPTED, RunStatus.INTERRUPTED),
+                            (Outcome.INFRASTRUCTURE, RunStatus.INCOMPLETE)):
+        run = _fuzz_run(finding, stopped=None if stopped is None else (stopped, "why"))
+        assert run.status is status
+        run.subjects = []  # the document's status, without serialising the test's hand-made failure
+        assert fuzz_document(run)["status"] == status.value
+        assert json.loads(json.dumps(fuzz_document(run)))["status"] == status.value
 
 
 def test_json(finding):
@@ -314,7 +329,7 @@ def _ruff_clean(tmp_path, code):
 def test_emitted_lookup_regression_test(finding, pinned):
     """A lookup finding's test drives the writer, then the later request, and
     pins the spec's hit (exact model) or the contract's admissible hits."""
-    from kvspec.report.regression_test import LOOKUP_ASSERT_MESSAGE
+    from kvspec.emit.regression_test import LOOKUP_ASSERT_MESSAGE
     from kvspec.model.finding import Category
 
     inputs = {**finding.inputs, "probe": {"shared": 3, "extra": 2}, **pinned}
@@ -396,7 +411,7 @@ def test_history_table_snapshot():
 
 def test_hitrate_text_snapshot():
     from kvspec.report.hitrate import render_text
-    from kvspec.usecases import compare_with_reference
+    from kvspec.usecases.hitrate import compare_with_reference
 
     def row(label, hits, mutant):
         rate = sum(hits) / (100 * len(hits))
@@ -454,7 +469,7 @@ def test_the_header_is_the_releases_own_and_a_recorded_one_is_checked(tmp_path):
     """An emitted test opens with the licence lines of the release's own test
     files (kvspec carries none); from a finding (untrusted) only lines of the
     SPDX comment form are taken."""
-    from kvspec.report.vllm_tests import HELPER_FILE, idiom_of
+    from kvspec.emit.vllm_tests import HELPER_FILE, idiom_of
 
     helper = tmp_path / HELPER_FILE
     helper.parent.mkdir(parents=True)

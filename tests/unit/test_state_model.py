@@ -162,7 +162,7 @@ def test_a_stateful_finding_renders_and_round_trips():
     from kvspec.model.finding import Finding
     from kvspec.oracles.registration import Discrepancy
     from kvspec.report.finding import render_markdown, render_text
-    from kvspec.report.stateful import stateful_finding
+    from kvspec.findings.stateful import stateful_finding
 
     program = Program(CONFIG, 16, 64, [{"do": "arrive", "id": "r0", "tokens": [1, 2, 3]}, {"do": "schedule"}])
     found = Discrepancy(Category.STATE_HIT_GROUPS, None, None, detail="hit_groups: request r0: group 1 ...")

@@ -16,8 +16,8 @@ import pytest
 from kvspec.model.finding import Finding
 from kvspec.proofs.explain import worst_case_scope
 from kvspec.report.finding import render_markdown, render_text
-from kvspec.report.vllm_suite import caught_by, covering_module
-from kvspec.report.vllm_tests import SUITE
+from kvspec.findings.vllm_suite import caught_by, covering_module
+from kvspec.emit.vllm_tests import SUITE
 from kvspec.subjects.testrun import junit_outcomes
 
 from tests.support import FIXTURES
@@ -53,7 +53,7 @@ def test_a_failure_counts_only_when_the_release_passes_it():
 
 
 def test_the_test_that_names_the_behaviour_comes_first(tmp_path, monkeypatch):
-    from kvspec.report import vllm_suite
+    from kvspec.findings import vllm_suite
 
     def fake(subject, root, files, env=None):
         return {"against": "s", "outcome": "failed", "errors": [], "skipped": [],
@@ -158,7 +158,7 @@ def test_a_proved_worst_case_is_never_printed_beside_a_finding_it_does_not_cover
 
 
 def test_an_emitted_test_is_laid_out_beside_the_helpers_not_the_suite(tmp_path):
-    from kvspec.report.vllm_tests import HELPER_FILE, verification_tree
+    from kvspec.emit.vllm_tests import HELPER_FILE, verification_tree
 
     root = tmp_path / "sdist"
     for name in (HELPER_FILE, *SUITE):

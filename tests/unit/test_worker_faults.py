@@ -67,7 +67,7 @@ def test_library_frames_under_vllm_are_passed_over(fake_vllm, tmp_path):
 
 def test_a_crash_that_does_not_recur_on_replay_is_not_headlined_as_vllms():
     from kvspec.model.finding import Blame, Category, Finding
-    from kvspec.report.stateful import unconfirmed_crash
+    from kvspec.findings.stateful import unconfirmed_crash
 
     from tests.support import FIXTURES
 

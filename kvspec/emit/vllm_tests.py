@@ -38,7 +38,7 @@ __all__ = ["HELPER_MODULE", "SUITE", "Idiom", "idiom_of", "ensure_vllm_tests", "
 HELPER_FILE = "tests/v1/core/test_prefix_caching.py"
 HELPER_MODULE = "tests.v1.core.test_prefix_caching"
 # The release's own CPU tests of the registration boundary, asked first about
-# every finding on a mutant or a tree (kvspec.report.vllm_suite).  Measured on
+# every finding on a mutant or a tree (kvspec.findings.vllm_suite).  Measured on
 # 0.33.0 and 0.34.0: 313 tests, all passing on the release, about 17 s with
 # vLLM's import.  Left out: test_prefix_caching.py (11 of its 213 fail in the
 # CPU runtime), test_kv_cache_utils.py and test_mamba_align_chunk_split.py

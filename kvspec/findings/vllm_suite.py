@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .vllm_tests import KEPT, SUITE
+from kvspec.emit.vllm_tests import KEPT, SUITE
 
 __all__ = ["ask_vllm_tests", "suite_files", "covering_module", "caught_by"]
 

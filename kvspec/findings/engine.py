@@ -21,7 +21,7 @@ from kvspec.model.engine import ENGINE_BUILT, MODELLED_STEPS
 from kvspec.model.finding import Blame, Category, Finding, Ledger
 
 from .completion import store_finding
-from .findings import subject_compared
+from .assemble import subject_compared
 from .stateful import store_new
 
 __all__ = ["ENGINE_RULE", "engine_finding", "complete_engine_finding", "store_raw_engine_finding"]

@@ -7,7 +7,7 @@ invariant and what vLLM's manager looked like after it.  It is stored as
 soon as it exists, then completed: the program rerun once more on the live
 subject (a finding that does not reproduce is marked flaky) and a
 regression test emitted from the manager calls the program made
-(``kvspec.report.stateful_test``).
+(``kvspec.emit.stateful_test``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from kvspec.impact import hand_built_impact
 from kvspec.model.finding import Blame, Category, Finding, Ledger
 
 from .completion import finding_stem, store_finding
-from .findings import subject_compared
+from .assemble import subject_compared
 
 __all__ = ["STATE_RULE", "stateful_finding", "store_new", "complete_stateful_finding", "store_raw_stateful_finding",
            "unconfirmed_crash"]
@@ -96,7 +96,7 @@ def complete_stateful_finding(proc, result, findings_dir: Path,
                               versions: dict[str, str]) -> tuple[Finding, Path]:
     from kvspec.diff_tests.stateful import replay_program
 
-    from .stateful_test import emit_stateful_test, expected_failure, verify_stateful_test
+    from kvspec.emit.stateful_test import emit_stateful_test, expected_failure, verify_stateful_test
 
     finding, path = store_new(stateful_finding(result, versions), findings_dir)
     program = result.failure.case

@@ -57,8 +57,8 @@ def _release_of(subject_spec):
 def _run_in(test_code: str, file_name: str, tests_root: Path | None, subject, must: str,
             against: str | None = None) -> dict[str, Any]:
     """Run the test laid out as in vLLM's repository, in a scratch directory."""
-    from kvspec.report.regression_test import ASSERT_MESSAGES
-    from kvspec.report.vllm_tests import verification_tree
+    from kvspec.emit.regression_test import ASSERT_MESSAGES
+    from kvspec.emit.vllm_tests import verification_tree
     from kvspec.subjects.testrun import run_pytest
 
     with tempfile.TemporaryDirectory(prefix="kvspec-test-") as scratch:
@@ -97,7 +97,7 @@ def verify_test(test_code: str, file_name: str, subject_spec, tests_root: Path |
 def lint_test(test_code: str, file_name: str, subject_spec, tests_root: Path | None) -> dict[str, Any] | None:
     """ruff with the release's configuration, when ruff is installed and the
     release's configuration is known (None otherwise: not checked)."""
-    from kvspec.report.vllm_tests import ruff_available, ruff_check
+    from kvspec.emit.vllm_tests import ruff_available, ruff_check
     from kvspec.subjects.subject import release, resolve_subject
 
     if tests_root is None or not (tests_root / "pyproject.toml").is_file() or not ruff_available():
@@ -135,7 +135,7 @@ def real_code_stage(subject) -> dict[str, Any]:
 
 
 def explain_stage(result, versions: dict[str, str]) -> Finding:
-    from kvspec.report.findings import fuzz_finding
+    from kvspec.findings.assemble import fuzz_finding
 
     return fuzz_finding(result, versions)
 
@@ -160,7 +160,7 @@ def plot_stage(finding: Finding, base: Path) -> dict[str, str]:
 
 def emit_stage(finding: Finding, capabilities, idiom) -> tuple[str | None, str | None]:
     """The test and its ``xfail(strict=True)`` form."""
-    from kvspec.report.regression_test import emit_test
+    from kvspec.emit.regression_test import emit_test
 
     code = emit_test(finding, capabilities, idiom)
     return code, (emit_test(finding, capabilities, idiom, xfail=True) if code else None)
@@ -168,7 +168,7 @@ def emit_stage(finding: Finding, capabilities, idiom) -> tuple[str | None, str |
 
 def vllm_tests_stage(subject, tests_root: Path | None) -> dict[str, Any] | None:
     """The release's own tests on the subject (and its release), first."""
-    from kvspec.report.vllm_suite import ask_vllm_tests
+    from kvspec.findings.vllm_suite import ask_vllm_tests
 
     return ask_vllm_tests(subject, tests_root)
 
@@ -187,10 +187,10 @@ def complete_finding(proc, result, findings_dir: Path, versions: dict[str, str],
     explanation (Z3, which releases the interpreter while it solves), the
     symbolic leg and the two test runs (processes of their own) overlap the
     rest and one another; the finding is stored after each step."""
-    from kvspec.report.findings import fuzz_finding
-    from kvspec.report.regression_test import pytest_command, test_file_name, test_name
-    from kvspec.report.vllm_suite import covering_module
-    from kvspec.report.vllm_tests import idiom_of, tests_root_of
+    from kvspec.findings.assemble import fuzz_finding
+    from kvspec.emit.regression_test import pytest_command, test_file_name, test_name
+    from kvspec.findings.vllm_suite import covering_module
+    from kvspec.emit.vllm_tests import idiom_of, tests_root_of
 
     seconds: dict[str, float] = {}
     with ThreadPoolExecutor(max_workers=5) as pool:
@@ -273,7 +273,7 @@ def complete_finding(proc, result, findings_dir: Path, versions: dict[str, str],
 def store_raw_finding(result, findings_dir: Path, versions: dict[str, str]) -> tuple[Finding, Path]:
     """A failure from a run that stopped early, stored as found (not
     minimised, explained or swept: the run could not finish)."""
-    from kvspec.report.findings import fuzz_finding
+    from kvspec.findings.assemble import fuzz_finding
 
     finding = fuzz_finding(result, versions, explain=False)
     findings_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,56 @@
+"""``kvspec report --upstream``'s use case: a vLLM bug report for an engine finding."""
+
+from __future__ import annotations
+
+import re
+
+import attrs
+
+from kvspec.model.errors import UsageError
+from kvspec.model.outcome import Outcome
+from kvspec.usecases import Say, print_line
+
+__all__ = ["UpstreamReport", "upstream_report"]
+
+
+@attrs.frozen
+class UpstreamReport:
+    markdown: str
+    reproduced: bool
+
+    @property
+    def outcome(self) -> Outcome:
+        # A report without a working reproduction is written but is not what was asked.
+        return Outcome.OK if self.reproduced else Outcome.INCOMPLETE
+
+
+def upstream_report(finding, *, say: Say = print_line) -> UpstreamReport:
+    """A vLLM bug report for an engine finding on a published release: the
+    standalone script written from the finding's validated program, run in a
+    fresh process on the release before it is offered.  A finding kvspec
+    writes no script for is a ``UsageError`` (exit 2), said before anything runs."""
+    from kvspec.model.engine import EngineProgram
+    from kvspec.model.known import known_bugs
+    from kvspec.report.upstream import render_upstream
+    from kvspec.subjects.upstream_repro import repro_script, run_repro
+
+    program = finding.inputs.get("engine_program") if isinstance(finding.inputs, dict) else None
+    if finding.source != "fuzz" or not isinstance(program, dict):
+        raise UsageError("kvspec report --upstream is for engine findings (kvspec fuzz --engine): this one has no "
+                         "engine program")
+    subject = finding.compared.get("subject") or {}
+    version = subject.get("version") if subject.get("kind") == "release" else None
+    if not isinstance(version, str):
+        raise UsageError("kvspec report --upstream is for a finding on a published release (kvspec fuzz --vllm X.Y.Z)")
+    script = repro_script(EngineProgram.from_dict(program), (finding.run or {}).get("engine_settings"),
+                          finding.category, version)
+    matching = known_bugs(version, finding.category, finding.detail)
+    known = matching[0] if matching else None
+    error = str((finding.observations or {}).get("error") or "")
+    # Only the exception's class name is compared, and only when it is a plain name.
+    crash = re.match(r"([A-Za-z_][A-Za-z0-9_]*)(?::|$)", error)
+    say(f"kvspec report --upstream: running the reproduction in a fresh process on vLLM {version}")
+    run = run_repro(script, crash.group(1) if crash else None)
+    say(f"kvspec report --upstream: the script {'reproduced' if run.reproduced else 'did NOT reproduce'} "
+        f"(exit status {run.returncode}, {run.seconds:.1f} s)")
+    return UpstreamReport(render_upstream(finding, known=known, script=script, run=run), run.reproduced)
