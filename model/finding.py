@@ -20,6 +20,7 @@ from .about import SCHEMAS
 
 __all__ = [
     "FINDING_SCHEMA",
+    "hand_built_impact",
     "Category",
     "Blame",
     "Ledger",
@@ -291,7 +292,7 @@ class Reach:
 
 @attrs.frozen
 class Impact:
-    """What a user sees of a finding, measured on the subject (``kvspec.impact``).
+    """What a user sees of a finding, measured on the subject (``kvspec.findings.impact``).
 
     ``kind``: "crash" (vLLM raised: the engine process dies), "hit_lost"
     (a resend hit fewer tokens than ``expected``: the difference is
@@ -313,6 +314,17 @@ class Impact:
     how_measured: str = ""
     lookups: tuple[dict[str, Any], ...] = attrs.field(default=(), converter=tuple)
     reference: str | None = None  # the subject the expectation was measured on (an unmutated release)
+
+
+_NOT_MEASURED_HAND_BUILT = "not measured: hand-built configuration (no engine configuration reproduces it yet)"
+
+
+def hand_built_impact(category: Category) -> Impact:
+    return Impact("not_measured", f"Not measured: hand-built configuration (no engine configuration reproduces it "
+                                  f"yet); for this finding's own program only, vLLM's KV-cache manager, driven as its "
+                                  f"scheduler drives it, ends in a state its own rules forbid: {category.meaning}.",
+                  how_measured=_NOT_MEASURED_HAND_BUILT)
+
 
 
 @attrs.frozen

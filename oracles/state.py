@@ -36,7 +36,7 @@ class StateOracle:
         # Engine programs: the history retention's owed hits are read from.
         self.ledger = None if retention is None else RetentionLedger(retention)
         self.owed_lookups = 0  # lookups the retention model owed a hit (how often retention_hit bit)
-        self.lookups_seen: list[Lookup] = []  # every lookup checked, with its owed hit (kvspec.impact reads them)
+        self.lookups_seen: list[Lookup] = []  # every lookup checked, with its owed hit (kvspec.findings.impact reads them)
         self._entries_memo: tuple[Any, frozenset] | None = None
 
     def check(self, op: dict[str, Any], answer: dict[str, Any]) -> list[Discrepancy]:

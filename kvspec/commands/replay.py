@@ -1,6 +1,6 @@
 """``kvspec replay FINDING.json``: rerun a stored fuzz finding on real vLLM
 and say STILL FAILING, FIXED or NOT AFFECTED.  An engine finding still
-failing gets its impact measured on that subject (``kvspec.impact``).
+failing gets its impact measured on that subject (``kvspec.findings.impact``).
 
 The finding file is untrusted: its case is validated by kvspec's model, and
 it never chooses code to run.  The subject is what the command line names;
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> Outcome:
                 if isinstance(subject_input, EngineProgram):
                     found, _ = replay_engine_program(proc, subject_input)
                     if found:  # what a user sees, measured at the finding's engine configuration
-                        from kvspec.impact import attach_engine_impact
+                        from kvspec.findings.impact import attach_engine_impact
 
                         impact = attach_engine_impact(proc, finding).impact
                 elif isinstance(subject_input, Program):

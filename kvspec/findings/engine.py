@@ -78,9 +78,9 @@ def complete_engine_finding(proc, result, findings_dir: Path, versions: dict[str
         finding = attrs.evolve(finding, verdict=finding.verdict + " (did NOT reproduce on replay: not a confirmed "
                                                                   "vLLM bug)")
     else:
-        from kvspec.impact import attach_engine_impact
+        from kvspec.findings.impact import attach_engine_impact
 
-        # What a user sees, measured at the finding's engine configuration (kvspec.impact).
+        # What a user sees, measured at the finding's engine configuration (kvspec.findings.impact).
         finding = attach_engine_impact(proc, finding)
     store_finding(finding, path)
     return finding, path

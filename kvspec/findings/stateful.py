@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from kvspec.impact import hand_built_impact
+from kvspec.model.finding import hand_built_impact
 from kvspec.model.finding import Blame, Category, Finding, Ledger
 
 from .completion import finding_stem, store_finding

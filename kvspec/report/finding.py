@@ -148,11 +148,11 @@ def impact_sentence(f: Finding) -> str:
     """One sentence: how badly, and where -- the worst affected deployment
     when profiles were assessed, else this finding's own geometry (said so).
     A finding whose impact was measured on the subject (``Finding.impact``,
-    ``kvspec.impact``) leads with that measurement."""
+    ``kvspec.findings.impact``) leads with that measurement."""
     if f.impact is not None:
         return f.impact.summary
     if "program" in (f.inputs or {}):  # a stateful finding stored before impacts were recorded
-        from kvspec.impact import hand_built_impact
+        from kvspec.model.finding import hand_built_impact
 
         return hand_built_impact(f.category).summary
     if "engine_program" in (f.inputs or {}):  # stored before engine impacts were measured

@@ -77,7 +77,7 @@ def test_a_state_mutants_finding_says_the_blocks_a_user_loses():
     configuration: ``new_block_double_ref``'s program driven on until every
     request finished leaves blocks out of the free pool, which the unmutated
     release, on the same program, does not."""
-    from kvspec.impact import attach_engine_impact
+    from kvspec.findings.impact import attach_engine_impact
     from kvspec.report.engine import engine_finding
     from kvspec.report.finding import render_text
 

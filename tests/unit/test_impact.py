@@ -1,4 +1,4 @@
-"""The impact a user sees (kvspec.impact), read from what vLLM answered: the
+"""The impact a user sees (kvspec.findings.impact), read from what vLLM answered: the
 hit a request was admitted on against the expected one, blocks leaked, a
 crash of schedule(); never a loss that was not measured."""
 
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import attrs
 
-from kvspec.impact import EngineRun, admitted_lookups, extended_program, hand_built_impact, impact_from_runs
+from kvspec.findings.impact import EngineRun, admitted_lookups, extended_program, impact_from_runs
+from kvspec.model.finding import hand_built_impact
 from kvspec.model.engine import EngineProgram
 from kvspec.model.finding import Category, Finding, Impact
 from kvspec.model.state import Lookup
@@ -171,7 +172,7 @@ class _ScriptedWorker:
 
 
 def test_the_pressure_probe_lowers_the_pool_to_one_block_short_of_the_allocation():
-    from kvspec.impact import pressure_probe
+    from kvspec.findings.impact import pressure_probe
 
     program = EngineProgram.from_dict(json.loads(FIXTURE.read_text())["inputs"]["engine_program"])
     worker = _ScriptedWorker(accepted_from=9)

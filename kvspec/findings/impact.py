@@ -41,13 +41,12 @@ import attrs
 
 from kvspec.model.finding import Category, Finding, Impact
 
-__all__ = ["measure_engine_impact", "attach_engine_impact", "impact_from_runs", "hand_built_impact",
-           "extended_program", "admitted_lookups", "pressure_probe", "EngineRun", "HAND_BUILT"]
+__all__ = ["measure_engine_impact", "attach_engine_impact", "impact_from_runs", "extended_program",
+           "admitted_lookups", "pressure_probe", "EngineRun"]
 
 Say = Callable[[str], None]
 DRAIN = 24  # steps after the program (and after each resend): a request of the engine differential ends in fewer
 MAX_RESENDS = 4
-HAND_BUILT = "not measured: hand-built configuration (no engine configuration reproduces it yet)"
 _FRAME = re.compile(r'File "[^"]*/vllm/[^"]*", line \d+, in (\w+)')
 
 
@@ -61,13 +60,6 @@ _ON_OUTPUTS = frozenset({Category.STATE_WINDOW, Category.STATE_ZEROING, Category
 
 def _quiet(message: str) -> None:
     return None
-
-
-def hand_built_impact(category: Category) -> Impact:
-    return Impact("not_measured", f"Not measured: hand-built configuration (no engine configuration reproduces it "
-                                  f"yet); for this finding's own program only, vLLM's KV-cache manager, driven as its "
-                                  f"scheduler drives it, ends in a state its own rules forbid: {category.meaning}.",
-                  how_measured=HAND_BUILT)
 
 
 def extended_program(program):
