@@ -203,11 +203,13 @@ def engine_database_key(subject_label: str) -> bytes:
 
 def engine_machine(proc: SubjectProcess, on_program: Callable[..., None],
                    on_violation: Callable[[Failure], None], known: tuple[KnownBug, ...] = (),
-                   on_known: Callable[[KnownBug, Failure], None] = lambda bug, failure: None
-                   ) -> type[RuleBasedStateMachine]:
+                   on_known: Callable[[KnownBug, Failure], None] = lambda bug, failure: None,
+                   setups: st.SearchStrategy[EngineSetup] | None = None) -> type[RuleBasedStateMachine]:
     """The rule-based machine on one live subject.  A program that meets a
     known vLLM bug of ``known`` (recognised by its mechanism) is handed to
-    ``on_known`` and ends there; the search goes on."""
+    ``on_known`` and ends there; the search goes on.  ``setups``: the engine
+    configurations drawn (default: ``engine_setups()``; a stateful finding's
+    reproduction searches the nearest ones, ``diff_tests/reproduce.py``)."""
 
     class EngineStateMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
@@ -228,7 +230,7 @@ def engine_machine(proc: SubjectProcess, on_program: Callable[..., None],
         # The first arrivals come with the engine: Hypothesis's swarm testing
         # switches some rules off for a whole program, and a program of steps
         # on an empty engine would check nothing.
-        @initialize(setup=engine_setups(), first=st.lists(st.tuples(_ARRIVAL, _LOAD), min_size=1, max_size=3))
+        @initialize(setup=setups if setups is not None else engine_setups(), first=st.lists(st.tuples(_ARRIVAL, _LOAD), min_size=1, max_size=3))
         def open(self, setup: EngineSetup, first: list[tuple[tuple[int, int, int, int, int, int], Any]]) -> None:
             try:
                 opened = proc.session({"op": "open_engine", "setup": setup.message()})
@@ -486,7 +488,10 @@ def drive_engine_program(proc: SubjectProcess, program: EngineProgram) -> Iterat
     else:
         if opened.get("environment"):
             raise SetupError(f"the vLLM runtime cannot import what the engine needs ({opened.get('error')})")
-        if opened.get("unsupported") or opened.get("origin") == "kvspec":
+        if opened.get("origin") == "kvspec":
+            raise InfrastructureError(f"kvspec's engine driver failed building {program.setup.describe()}: "
+                                      f"{opened.get('error')} (a kvspec bug)")
+        if opened.get("unsupported"):
             raise InfrastructureError(f"this subject cannot build the engine: {opened.get('error')}")
         yield EngineStepRecord({"do": "open"}, opened, (StateOracle.refused(opened),))
         return

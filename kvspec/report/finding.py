@@ -202,8 +202,9 @@ def affected_lines(f: Finding) -> list[str]:
     # An engine finding is reached by its engine flags whatever the catalog says.
     reached = f.inputs.get("how_a_user_reaches_it") if isinstance(f.inputs, dict) else None
     if isinstance(reached, str) and (f.reach is None or not f.reach.profiles):
-        catalog = ("no deployment profile of the catalog was checked for it" if f.reach is None
-                   else "no deployment profile of the catalog reaches it")
+        catalog = ("no deployment profile of the catalog reaches it" if f.reach is not None
+                   and f.reach.summary.startswith("No known deployment")
+                   else "no deployment profile of the catalog was checked for it")
         return [f"{reached}; {catalog}"]
     if f.reach is None:
         knobs = " (the configurations that take this branch are listed as knobs under the evidence)" \

@@ -17,13 +17,14 @@ from typing import Any
 
 import attrs
 
+from kvspec.model.engine import ENGINE_BUILT, HAND_BUILT
 from kvspec.model.finding import Blame, Category, Finding, Ledger
 
 from .completion import finding_stem, store_finding
 from .findings import subject_compared
 
 __all__ = ["STATE_RULE", "stateful_finding", "store_new", "complete_stateful_finding", "store_raw_stateful_finding",
-           "unconfirmed_crash"]
+           "unconfirmed_crash", "with_engine_reproduction"]
 
 STATE_RULE = "state invariants (model.state.INVARIANTS)"
 
@@ -92,6 +93,7 @@ def store_new(finding: Finding, findings_dir: Path, stopped: str | None = None) 
 
 def complete_stateful_finding(proc, result, findings_dir: Path,
                               versions: dict[str, str]) -> tuple[Finding, Path]:
+    from kvspec.diff_tests.reproduce import reproduce_through_engine
     from kvspec.diff_tests.stateful import replay_program
 
     from .stateful_test import emit_stateful_test, expected_failure, verify_stateful_test
@@ -103,6 +105,10 @@ def complete_stateful_finding(proc, result, findings_dir: Path,
     finding = attrs.evolve(finding, run={**finding.run, "reproduced_on_replay": reproduced})
     if not reproduced and finding.category is Category.SUBJECT_CRASH:
         finding = unconfirmed_crash(finding)
+    store_finding(finding, path)
+    # Reachable through vLLM's scheduler, or hand-built only (hardening).
+    finding = with_engine_reproduction(finding, reproduce_through_engine(
+        proc, program, result.failure.discrepancies[0], result.failure.reply))
     store_finding(finding, path)
     trace = proc.session({"op": "machine_trace"}) if reproduced else {}
     code = emit_stateful_test(finding, trace.get("trace"), proc.capabilities) if trace.get("ok") else None
@@ -118,6 +124,27 @@ def complete_stateful_finding(proc, result, findings_dir: Path,
             "file_name": test_path.name, "path": str(test_path), "code": code, "verified": checks})
         store_finding(finding, path)
     return finding, path
+
+
+def with_engine_reproduction(finding: Finding, reproduction) -> Finding:
+    """The finding with what the engine showed of it
+    (``diff_tests.reproduce.Reproduction``): recorded in its inputs, said in
+    its configuration and as its reach (hand-built only after the stated
+    search is hardening)."""
+    from kvspec.model.nearest_engine import reproduction_reach
+
+    record = reproduction.as_dict()
+    inputs = {**finding.inputs, "engine_reproduction": record}
+    configuration = HAND_BUILT
+    if record["status"] == "reproduced":
+        inputs["how_a_user_reaches_it"] = record["summary"]
+        configuration = ("hand-built at first (kvspec built the KVCacheConfig and KVCacheManager and drove it with "
+                         f"its replica of the scheduler's step), then reproduced through vLLM's engine: {ENGINE_BUILT}; "
+                         f"engine program: {record['describe']}")
+    else:
+        configuration = f"{configuration}; {record['summary']}"
+    return attrs.evolve(finding, inputs=inputs, compared={**finding.compared, "configuration": configuration},
+                        reach=reproduction_reach(record))
 
 
 def unconfirmed_crash(finding: Finding) -> Finding:
