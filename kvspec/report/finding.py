@@ -516,6 +516,11 @@ def _reproduce(f: Finding, path=lambda p: p) -> list[str]:
             if isinstance(mutant, str) and re.fullmatch(r"[a-z0-9_]+", mutant):
                 command += f" --mutant {mutant}"
             out.append(f"{command}{differential} --seed {seed}")
+            reproduction = inputs.get("engine_reproduction")
+            if isinstance(reproduction, dict) and reproduction.get("status") == "reproduced":
+                stored_as = path(stored) if isinstance(stored, str) and path_safe(path(stored)) else "FINDING.json"
+                run = command.replace("kvspec fuzz", "kvspec run", 1)
+                out.append(f"{run} --engine-program {stored_as}   # through vLLM's Scheduler")
         elif subject.get("kind") == "source":
             out.append(f"kvspec fuzz --vllm-src YOUR_VLLM_TREE{differential} --seed {seed}")
     caught = caught_by(f)
