@@ -141,8 +141,10 @@ def with_engine_reproduction(finding: Finding, reproduction) -> Finding:
         configuration = ("hand-built at first (kvspec built the KVCacheConfig and KVCacheManager and drove it with "
                          f"its replica of the scheduler's step), then reproduced through vLLM's engine: {ENGINE_BUILT}; "
                          f"engine program: {record['describe']}")
+    elif record["status"] == "not reproduced":
+        configuration = f"{configuration}; not reproduced through vLLM's engine within the stated budget"
     else:
-        configuration = f"{configuration}; {record['summary']}"
+        configuration = f"{configuration}; whether vLLM's engine reproduces it is unknown (the search did not finish)"
     return attrs.evolve(finding, inputs=inputs, compared={**finding.compared, "configuration": configuration},
                         reach=reproduction_reach(record))
 
