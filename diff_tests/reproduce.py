@@ -79,6 +79,7 @@ class Reproduction:
     notes: tuple[str, ...] = ()  # what the translation could not carry
     others: dict[str, int] = attrs.Factory(dict)  # other mechanisms met on the way (not the finding's)
     error: str = ""
+    search: str = "not needed"  # the targeted search: "ran", "not needed" or "none built"
 
     @property
     def summary(self) -> str:
@@ -104,7 +105,8 @@ class Reproduction:
     def as_dict(self) -> dict[str, Any]:
         return {"status": self.status, "summary": self.summary, "target": attrs.asdict(self.target),
                 "configurations": list(self.configurations), "budget": self.budget,
-                "search": {"examples": SEARCH_EXAMPLES, "seed": SEARCH_SEED, "steps": SEARCH_STEPS},
+                "search": {"examples": SEARCH_EXAMPLES, "seed": SEARCH_SEED, "steps": SEARCH_STEPS,
+                           "ran": self.search == "ran"},
                 "seconds": round(self.seconds, 2), "how": self.how or None,
                 "engine_program": None if self.program is None else self.program.as_dict(),
                 "describe": None if self.program is None else self.program.describe(),
@@ -208,7 +210,8 @@ def reproduce_through_engine(proc: SubjectProcess, program: Program, found: Disc
     def done(status: str, **kw) -> Reproduction:
         return Reproduction(status, target, tuple(searched), budget_text(translated, search),
                             time.perf_counter() - started,
-                            notes=tuple(notes) + tuple(sorted(translation_notes)), others=dict(others), **kw)
+                            notes=tuple(notes) + tuple(sorted(translation_notes)), others=dict(others),
+                            search=search, **kw)
 
     translated = 0
     search = "not needed"

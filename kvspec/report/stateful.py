@@ -106,10 +106,6 @@ def complete_stateful_finding(proc, result, findings_dir: Path,
     if not reproduced and finding.category is Category.SUBJECT_CRASH:
         finding = unconfirmed_crash(finding)
     store_finding(finding, path)
-    # Reachable through vLLM's scheduler, or hand-built only (hardening).
-    finding = with_engine_reproduction(finding, reproduce_through_engine(
-        proc, program, result.failure.discrepancies[0], result.failure.reply))
-    store_finding(finding, path)
     trace = proc.session({"op": "machine_trace"}) if reproduced else {}
     code = emit_stateful_test(finding, trace.get("trace"), proc.capabilities) if trace.get("ok") else None
     artifacts = dict(finding.artifacts)
@@ -123,6 +119,11 @@ def complete_stateful_finding(proc, result, findings_dir: Path,
         finding = attrs.evolve(finding, artifacts=artifacts, regression_test={
             "file_name": test_path.name, "path": str(test_path), "code": code, "verified": checks})
         store_finding(finding, path)
+    # Last (the worker's machine trace above is the program's): reachable
+    # through vLLM's scheduler, or hand-built only (hardening).
+    finding = with_engine_reproduction(finding, reproduce_through_engine(
+        proc, program, result.failure.discrepancies[0], result.failure.reply))
+    store_finding(finding, path)
     return finding, path
 
 

@@ -66,7 +66,7 @@ def test_a_finding_on_a_geometry_no_engine_builds_is_hand_built_only_and_exits_h
     assert reproduction["status"] == "not reproduced" and reproduction["engine_program"] is None
     assert reproduction["target"]["category"] == Category.STATE_HIT_GROUPS.value
     # Scoped and honest: the budget and every configuration searched are said.
-    assert reproduction["search"] == {"examples": 40, "seed": 0, "steps": 40}
+    assert reproduction["search"] == {"examples": 40, "seed": 0, "steps": 40, "ran": True}
     assert "a targeted engine search of 40 programs (seed 0" in reproduction["budget"]
     assert reproduction["configurations"] and all(c in reproduction["summary"] for c in reproduction["configurations"])
     assert reproduction["summary"].startswith("hand-built only: not reproduced through the engine in ")
