@@ -505,10 +505,11 @@ def _reproduce(f: Finding, path=lambda p: p) -> list[str]:
     seed = f.run.get("seed") if f.run else None
     if f.source == "fuzz" and isinstance(seed, int):
         version, mutant = subject.get("version"), subject.get("mutant")
-        # The differential that found it: a program is the stateful one's, a
-        # case with a later lookup the hit-length one's (registration included).
+        # The differential that found it: a program is the stateful one's, an
+        # engine program the engine one's, a case with a later lookup the
+        # hit-length one's (registration included).
         inputs = f.inputs if isinstance(f.inputs, dict) else {}
-        differential = (" --stateful" if "program" in inputs
+        differential = (" --stateful" if "program" in inputs else " --engine" if "engine_program" in inputs
                         else " --lookup" if isinstance(inputs.get("probe"), dict) else "")
         if subject.get("kind") in ("release", "mutant") and isinstance(version, str) \
                 and re.fullmatch(r"\d+\.\d+\.\d+(\.post\d+)?", version):
