@@ -488,7 +488,9 @@ def retention_not_expressible(proc: SubjectProcess) -> str:
     except KvspecError:
         return ""  # undecided: the run's own first engine meets the same error and stops as it should
     error = str(opened.get("error") or "")
-    if opened.get("unsupported") and "prefix_cache_retention_interval" in error:
+    # "unsupported" as this worker says it, or as a typed reply's error kind does.
+    unsupported = opened.get("unsupported") or opened.get("error_kind") == "unsupported"
+    if unsupported and "prefix_cache_retention_interval" in error:
         return error
     return ""
 
