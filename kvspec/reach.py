@@ -275,6 +275,13 @@ def _assess(finding: Finding, *, proc=None, hitrate: bool = True,
     """The Reach and the knob lines generated from the same derivations."""
     from kvspec.model.variants import variant
 
+    if "engine_reproduction" in (finding.inputs or {}):
+        # A stateful finding looked for through vLLM's engine
+        # (diff_tests/reproduce.py): reachable with its engine settings, or
+        # hand-built only after the stated search (hardening).
+        from kvspec.model.nearest_engine import reproduction_reach
+
+        return reproduction_reach(finding.inputs["engine_reproduction"]), ()
     if "program" in (finding.inputs or {}):
         # A stateful finding is an operation sequence on one geometry; the
         # profiles are not driven through programs, so who it reaches is not

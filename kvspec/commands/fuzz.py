@@ -7,8 +7,10 @@ leaves what was found, marked INCOMPLETE or INTERRUPTED, never "no
 discrepancy".
 
 Exit codes: 0 no discrepancy in every subject, 1 a discrepancy, 2 usage or
-setup error, 4 incomplete, 5 infrastructure error, 70 internal error (a kvspec bug),
-130 interrupted (Ctrl-C, SIGTERM, SIGHUP).
+setup error, 4 incomplete, 5 infrastructure error, 6 hardening (every finding
+reaches no known deployment, or is a stateful one on hand-built geometry not
+reproduced through vLLM's engine), 70 internal error (a kvspec bug), 130
+interrupted (Ctrl-C, SIGTERM, SIGHUP).
 """
 
 from __future__ import annotations

@@ -172,7 +172,8 @@ def _scheme_text(case, regime) -> str:
 
 def _engine_program(text: str):
     """The engine program of ``--engine-program``: a program object, a stored
-    engine finding, or a one-finding list as ``--findings-dir`` and ``--json`` keep them."""
+    engine finding (or a stateful one reproduced through the engine), or a
+    one-finding list as ``--findings-dir`` and ``--json`` keep them."""
     from kvspec.model.case import InvalidCase
     from kvspec.model.engine import EngineProgram
 
@@ -180,7 +181,10 @@ def _engine_program(text: str):
     if isinstance(data, list) and len(data) == 1:
         data = data[0]
     if isinstance(data, dict) and isinstance(data.get("inputs"), dict):
-        data = data["inputs"].get("engine_program")
+        # An engine finding's program, or the one that reproduced a stateful finding through the engine.
+        reproduction = data["inputs"].get("engine_reproduction")
+        data = data["inputs"].get("engine_program") or (
+            reproduction.get("engine_program") if isinstance(reproduction, dict) else None)
     if not isinstance(data, dict):
         raise UsageError("--engine-program: expected an engine program (setup and ops) or an engine finding")
     try:

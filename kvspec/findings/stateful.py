@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from kvspec.model.engine import ENGINE_BUILT, HAND_BUILT
 from kvspec.model.finding import hand_built_impact
 from kvspec.model.finding import Blame, Category, Finding, Ledger
 
@@ -24,7 +25,7 @@ from .completion import finding_stem, store_finding
 from .assemble import subject_compared
 
 __all__ = ["STATE_RULE", "stateful_finding", "store_new", "complete_stateful_finding", "store_raw_stateful_finding",
-           "unconfirmed_crash"]
+           "unconfirmed_crash", "with_engine_reproduction"]
 
 STATE_RULE = "state invariants (model.state.INVARIANTS)"
 
@@ -94,6 +95,7 @@ def store_new(finding: Finding, findings_dir: Path, stopped: str | None = None) 
 
 def complete_stateful_finding(proc, result, findings_dir: Path,
                               versions: dict[str, str]) -> tuple[Finding, Path]:
+    from kvspec.diff_tests.reproduce import reproduce_through_engine
     from kvspec.diff_tests.stateful import replay_program
 
     from kvspec.emit.stateful_test import emit_stateful_test, expected_failure, verify_stateful_test
@@ -119,7 +121,35 @@ def complete_stateful_finding(proc, result, findings_dir: Path,
         finding = attrs.evolve(finding, artifacts=artifacts, regression_test={
             "file_name": test_path.name, "path": str(test_path), "code": code, "verified": checks})
         store_finding(finding, path)
+    # Last (the worker's machine trace above is the program's): reachable
+    # through vLLM's scheduler, or hand-built only (hardening).
+    finding = with_engine_reproduction(finding, reproduce_through_engine(
+        proc, program, result.failure.discrepancies[0], result.failure.reply))
+    store_finding(finding, path)
     return finding, path
+
+
+def with_engine_reproduction(finding: Finding, reproduction) -> Finding:
+    """The finding with what the engine showed of it
+    (``diff_tests.reproduce.Reproduction``): recorded in its inputs, said in
+    its configuration and as its reach (hand-built only after the stated
+    search is hardening)."""
+    from kvspec.model.nearest_engine import reproduction_reach
+
+    record = reproduction.as_dict()
+    inputs = {**finding.inputs, "engine_reproduction": record}
+    configuration = HAND_BUILT
+    if record["status"] == "reproduced":
+        inputs["how_a_user_reaches_it"] = record["summary"]
+        configuration = ("hand-built at first (kvspec built the KVCacheConfig and KVCacheManager and drove it with "
+                         f"its replica of the scheduler's step), then reproduced through vLLM's engine: {ENGINE_BUILT}; "
+                         f"engine program: {record['describe']}")
+    elif record["status"] == "not reproduced":
+        configuration = f"{configuration}; not reproduced through vLLM's engine within the stated budget"
+    else:
+        configuration = f"{configuration}; whether vLLM's engine reproduces it is unknown (the search did not finish)"
+    return attrs.evolve(finding, inputs=inputs, compared={**finding.compared, "configuration": configuration},
+                        reach=reproduction_reach(record))
 
 
 def unconfirmed_crash(finding: Finding) -> Finding:

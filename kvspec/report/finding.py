@@ -213,10 +213,8 @@ def affected_lines(f: Finding) -> list[str]:
     # An engine finding is reached by its engine flags whatever the catalog says.
     reached = f.inputs.get("how_a_user_reaches_it") if isinstance(f.inputs, dict) else None
     if isinstance(reached, str) and (f.reach is None or not f.reach.profiles):
-        # "reaches none" only when the catalog was checked: a reach that says
-        # "Not assessed" checked no profile.
-        checked = f.reach is not None and not f.reach.summary.startswith("Not assessed")
-        catalog = ("no deployment profile of the catalog reaches it" if checked
+        catalog = ("no deployment profile of the catalog reaches it" if f.reach is not None
+                   and f.reach.summary.startswith("No known deployment")
                    else "no deployment profile of the catalog was checked for it")
         return [f"{reached}; {catalog}"]
     if f.reach is None:
@@ -543,10 +541,11 @@ def _reproduce(f: Finding, path=lambda p: p) -> list[str]:
     seed = f.run.get("seed") if f.run else None
     if f.source == "fuzz" and isinstance(seed, int):
         version, mutant = subject.get("version"), subject.get("mutant")
-        # The differential that found it: a program is the stateful one's, a
-        # case with a later lookup the hit-length one's (registration included).
+        # The differential that found it: a program is the stateful one's, an
+        # engine program the engine one's, a case with a later lookup the
+        # hit-length one's (registration included).
         inputs = f.inputs if isinstance(f.inputs, dict) else {}
-        differential = (" --stateful" if "program" in inputs
+        differential = (" --stateful" if "program" in inputs else " --engine" if "engine_program" in inputs
                         else " --lookup" if isinstance(inputs.get("probe"), dict) else "")
         if subject.get("kind") in ("release", "mutant") and isinstance(version, str) \
                 and re.fullmatch(r"\d+\.\d+\.\d+(\.post\d+)?", version):
@@ -554,6 +553,11 @@ def _reproduce(f: Finding, path=lambda p: p) -> list[str]:
             if isinstance(mutant, str) and re.fullmatch(r"[a-z0-9_]+", mutant):
                 command += f" --mutant {mutant}"
             out.append(f"{command}{differential} --seed {seed}")
+            reproduction = inputs.get("engine_reproduction")
+            if isinstance(reproduction, dict) and reproduction.get("status") == "reproduced":
+                stored_as = path(stored) if isinstance(stored, str) and path_safe(path(stored)) else "FINDING.json"
+                run = command.replace("kvspec fuzz", "kvspec run", 1)
+                out.append(f"{run} --engine-program {stored_as}   # through vLLM's Scheduler")
         elif subject.get("kind") == "source":
             out.append(f"kvspec fuzz --vllm-src YOUR_VLLM_TREE{differential} --seed {seed}")
     caught = caught_by(f)

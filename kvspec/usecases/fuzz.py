@@ -89,10 +89,14 @@ class FuzzRun:
 
     @property
     def outcome(self) -> Outcome:
-        # A finding no deployment reaches, or acceptance-only, is hardening (kvspec.reach).
-        parts = [(Outcome.HARDENING if s.finding.reach is not None and s.finding.reach.hardening
-                  else Outcome.FINDING) if s.finding is not None else s.result.outcome
-                 for s in self.subjects]
+        # A finding no deployment reaches, or acceptance-only, is hardening
+        # (kvspec.reach); so is a stateful finding shown on hand-built geometry
+        # only (diff_tests/reproduce.py): the other findings of a run count too.
+        def of(finding) -> Outcome:
+            return Outcome.HARDENING if finding.reach is not None and finding.reach.hardening else Outcome.FINDING
+
+        parts = [of(s.finding) if s.finding is not None else s.result.outcome for s in self.subjects]
+        parts += [of(other) for s in self.subjects for other, _ in s.others]
         parts += [Outcome.USAGE for _ in self.errors]
         if self.stopped is not None:
             parts.append(self.stopped)

@@ -38,7 +38,7 @@ class Machine:
         self.split = self._mamba_split()
         # Every call the machine makes on vLLM's objects, in order, with what
         # it returned where the rest depends on it: an emitted regression
-        # test replays exactly these (``kvspec.report.stateful_test``).
+        # test replays exactly these (``kvspec.emit.stateful_test``).
         self.trace = []
         self.reader = StateReader(self.manager)
 

@@ -78,7 +78,7 @@ def test_a_state_mutants_finding_says_the_blocks_a_user_loses():
     request finished leaves blocks out of the free pool, which the unmutated
     release, on the same program, does not."""
     from kvspec.findings.impact import attach_engine_impact
-    from kvspec.report.engine import engine_finding
+    from kvspec.findings.engine import engine_finding
     from kvspec.report.finding import render_text
 
     with SubjectProcess(mutant_subject("0.34.0", "new_block_double_ref")) as proc:

@@ -1,7 +1,8 @@
 """The stateful differential on real vLLM: no false alarm on 0.34.0 while it
 exercises what it claims (hits, preemption, eviction, resets, connector
 tokens), the real 0.23-0.28 lookup defect found on 0.28.0 and shrunk to a
-replayable program whose emitted test fails there and passes on 0.34.0, and
+replayable program whose emitted test fails there and passes on 0.34.0 (on a
+geometry no toy engine builds: hand-built only, hardening), and
 every state-side mutant killed by it alone."""
 
 from __future__ import annotations
@@ -45,10 +46,15 @@ def test_the_real_second_group_defect_is_found_on_0_28_and_fixed_in_0_34(kvspec_
     code = main(["fuzz", "--vllm", BUGGY, "--stateful", "--include-known", "--max-examples", "600", "--seed", "1",
                  "--database", str(tmp_path / "db"), "--json", str(tmp_path / "fuzz.json"),
                  "--findings-dir", str(findings)])
-    assert code == Outcome.FINDING.exit_code
+    # A real vLLM bug, on a geometry no toy model's engine builds (two
+    # full-attention groups of different blocks): looked for through the
+    # engine within the stated budget, not reproduced, so hardening.
+    assert code == Outcome.HARDENING.exit_code
     (stored,) = findings.glob("*.json")
     finding = json.loads(stored.read_text())
     assert finding["category"] == Category.STATE_HIT_GROUPS.value
+    assert finding["inputs"]["engine_reproduction"]["status"] == "not reproduced"
+    assert finding["reach"]["hardening"] is True
     program = Program.from_dict(finding["inputs"]["program"])
     # Shrunk: a handful of operations on a layout with two full-attention groups.
     assert len(program.ops) <= 6

@@ -130,3 +130,22 @@ def test_kvspecs_connector_is_passed_by_its_module_path_and_its_plans_are_checke
                 {"offer": 1, "async": False, "delay": 0, "fail": None, "extra": 1}, [1, 2]):
         with pytest.raises(InvalidCase):
             EngineProgram(setup, [{"do": "arrive", "id": "a", "tokens": [1], "load": bad}])
+
+
+def test_no_retention_interval_is_drawn_where_the_release_takes_none():
+    """Before 0.29 EngineArgs has no prefix_cache_retention_interval: every
+    setup drawn with one would be refused, so none is drawn there."""
+    from hypothesis import HealthCheck, given, settings
+
+    from kvspec.diff_tests.engine import engine_setups
+
+    seen = []
+
+    @settings(max_examples=200, database=None, suppress_health_check=list(HealthCheck))
+    @given(engine_setups(retention=False), engine_setups())
+    def draw(without, with_retention):
+        assert without.retention_interval is None
+        seen.append(with_retention.retention_interval)
+
+    draw()
+    assert any(v is not None for v in seen)  # drawn by default

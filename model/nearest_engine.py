@@ -1,0 +1,212 @@
+"""A stateful program's nearest engine configurations, and its operations as engine inputs.
+
+A stateful finding (``diff_tests/stateful.py``) is on a ``KVCacheConfig``
+kvspec built by hand; the engine differential (``diff_tests/engine.py``)
+builds its manager from engine flags through the release's own code.  To
+say whether a stateful finding is reachable through vLLM's scheduler,
+kvspec replays it through the engine (``diff_tests/reproduce.py``) on the
+configurations here: the toy model whose layer layout has the finding's
+group kinds, the flags that match the program's settings where vLLM has one
+(prefix caching off, a retention interval, the admission gate, EAGLE drafts,
+external tokens through kvspec's own connector), and a pool of about the
+program's token capacity.  Nothing here claims the engine builds the
+program's geometry: vLLM chooses the block sizes (a scheduler block of 2
+over a window of 2 is not one it builds), so the engine's geometry is the
+nearest one it builds, and the translation of the operations is the nearest
+one the engine takes (``translate``'s notes say what was dropped).
+
+Pure: no vLLM here.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import attrs
+
+from .domain import GroupKind
+from .engine import OWN_CONNECTOR, TOY_MODELS, EngineProgram, EngineSetup
+from .program import Program
+
+__all__ = ["MAX_MODEL_LEN", "nearest_setups", "translate", "scale_for", "reproduction_reach", "group_kind", "Target"]
+
+# The engine's model length for a reproduction: the stateful draw's 128 tokens
+# plus room for decoded tokens and drafts past it.
+MAX_MODEL_LEN = 256
+
+
+@attrs.frozen
+class Target:
+    """The mechanism a reproduction must show: the broken invariant's
+    category (its value), the group kind it names (None: it names none), and
+    for a crash the exception's type."""
+
+    category: str
+    kind: str | None = None
+    exception: str | None = None
+
+    def describe(self) -> str:
+        where = f" in a {self.kind} group" if self.kind else ""
+        raised = f" ({self.exception})" if self.exception else ""
+        return f"{self.category}{where}{raised}"
+
+
+_GROUP = re.compile(r"\bgroup (\d+)\b")
+
+
+def group_kind(detail: str, kinds: list[str]) -> str | None:
+    """The kind of the first group a discrepancy's detail names (None: none named or out of range)."""
+    match = _GROUP.search(detail or "")
+    if match is None:
+        return None
+    index = int(match.group(1))
+    return kinds[index] if index < len(kinds) else None
+
+
+def _models_for(program: Program) -> list[str]:
+    """The toy models whose layouts carry the program's group kinds, nearest first."""
+    kinds = {g.kind for g in program.config.groups}
+    models = []
+    if GroupKind.MAMBA_ALIGN in kinds:
+        models.append("toy-nemotron-h")
+    if GroupKind.SLIDING_WINDOW in kinds:
+        models.append("toy-gpt-oss")
+    if not models:
+        models.append("toy-llama")
+    return models
+
+
+def _pool(program: Program, toy, block: int) -> int:
+    """About the program's pool in tokens, in engine blocks; at least what one
+    longest engine request needs (vLLM refuses a smaller pool)."""
+    attention = 1 + any(kind.startswith("sliding") for kind in toy.layers)
+    need = attention * -(-MAX_MODEL_LEN // block) + 2 + 2 * sum(kind == "mamba" for kind in toy.layers)
+    S = program.config.scheduler_block_size
+    per_group = program.num_blocks // max(1, len(program.config.groups))
+    return max(need, -(-per_group * S // block) * attention)
+
+
+def nearest_setups(program: Program) -> tuple[list[EngineSetup], list[str]]:
+    """The engine configurations nearest the program's geometry (nearest
+    first), and what about the geometry no engine configuration carries."""
+    notes: list[str] = []
+    config = program.config
+    eagle = any(g.eagle for g in config.groups)
+    external = any(op.get("external") for op in program.ops)
+    budgets = sorted({op["budget"] for op in program.ops if op.get("budget")})
+    setups: list[EngineSetup] = []
+    for name in _models_for(program):
+        toy = next(m for m in TOY_MODELS if m.name == name)
+        S = config.scheduler_block_size
+        block = (16 if S <= 16 else 32) if toy.attention_block else None
+        unit = block or 16
+        flags: dict[str, Any] = {"model": name, "max_model_len": MAX_MODEL_LEN, "block_size": block}
+        if not config.enable_caching and not toy.hybrid:
+            flags["prefix_caching"] = False
+        if program.retention_interval is not None and (toy.hybrid or "sliding" in "".join(toy.layers)):
+            flags["retention_interval"] = -(-program.retention_interval // unit) * unit
+        if not program.reserve_full_sequence:
+            flags["reserve_full_isl"] = False
+        if eagle and toy.drafter is not None:
+            flags["num_speculative_tokens"] = max([op.get("drafts", 0) for op in program.ops] + [1])
+            flags["legacy_hashes"] = True  # the EAGLE drop live, as on the hand-built manager
+        if external:
+            flags["kv_connector"] = OWN_CONNECTOR
+        pool = _pool(program, toy, unit)
+        nearest = EngineSetup(num_gpu_blocks=pool, **flags)
+        setups.append(nearest)
+        if budgets and budgets[0] >= 8:
+            # A step's token budget is a setting of the engine, not of a step: the smallest the program used.
+            setups.append(attrs.evolve(nearest, max_num_batched_tokens=budgets[0]))
+        # The same layout with the release's defaults and a tighter pool (preemption, eviction).
+        defaults = EngineSetup(model=name, num_gpu_blocks=_pool(attrs.evolve(program, num_blocks=1), toy, unit),
+                               max_model_len=MAX_MODEL_LEN, block_size=block)
+        if defaults != nearest:
+            setups.append(defaults)
+    kinds = {g.kind for g in config.groups}
+    if GroupKind.MAMBA_ALIGN in kinds and GroupKind.SLIDING_WINDOW in kinds:
+        notes.append("no toy model has both a sliding-window and a Mamba group: each searched apart")
+    if eagle and not any(s.num_speculative_tokens for s in setups):
+        notes.append("EAGLE groups: only the toy Llama has a drafter, and this layout is not Llama's")
+    blocks = sorted({g.block_size for g in config.groups})
+    notes.append(f"the program's blocks {blocks} (S={config.scheduler_block_size}) become the engine's own "
+                 f"(vLLM chooses them: {', '.join(sorted({s.model + ' ' + str(s.block_size or 'release default') for s in setups}))})")
+    windows = sorted({g.sliding_window for g in config.groups if g.kind is GroupKind.SLIDING_WINDOW})
+    if windows:
+        notes.append(f"sliding window {windows} becomes toy-gpt-oss's 32")
+    return setups, notes
+
+
+def scale_for(program: Program, setup: EngineSetup) -> int:
+    """How many engine tokens stand for one of the program's so that its
+    prompts cover as many blocks as they did (the engine's block over the
+    program's scheduler block), as far as the model length allows; 1: none."""
+    block = setup.block_size or 16
+    longest = max([len(op.get("tokens", ())) for op in program.ops] + [1])
+    return max(1, min(block // program.config.scheduler_block_size, (MAX_MODEL_LEN - 16) // longest))
+
+
+def translate(program: Program, setup: EngineSetup, scale: int = 1) -> tuple[EngineProgram, list[str]]:
+    """The program's operations as engine inputs on ``setup``, and what was
+    not translated: arrivals (the same tokens, each repeated as ``scale``
+    distinct tokens, so the same prefix structure and resends) with enough
+    output tokens to run until the program finished them, scheduler steps as
+    engine steps (drafts where the engine has a drafter), finishes as aborts,
+    resets; a preemption happens in the engine only under pool pressure and a
+    block eviction only through a failed connector load, so neither is sent."""
+    dropped: dict[str, int] = {}
+    ops: list[dict[str, Any]] = []
+    finished_at: dict[str, int] = {}
+    for index, op in enumerate(program.ops):
+        if op["do"] == "finish":
+            finished_at.setdefault(op["id"], index)
+    steps_after = [sum(o["do"] == "schedule" for o in program.ops[i:]) for i in range(len(program.ops))]
+    for index, op in enumerate(program.ops):
+        kind = op["do"]
+        if kind == "arrive":
+            # Enough output tokens that the request is still running when the
+            # program finishes it (a step emits at most one token and its drafts).
+            end = finished_at.get(op["id"], len(program.ops))
+            steps = sum(o["do"] == "schedule" for o in program.ops[index:end])
+            per_step = 1 + (setup.num_speculative_tokens or 0)
+            wanted = (steps + 1) * per_step + 1 if op["id"] in finished_at else steps_after[index] + 1
+            max_tokens = max(1, min(wanted, MAX_MODEL_LEN))
+            tokens = [t * scale + j for t in op["tokens"] for j in range(scale)]
+            arrival: dict[str, Any] = {"do": "arrive", "id": op["id"], "tokens": tokens, "max_tokens": max_tokens}
+            if op.get("external") and setup.kv_connector == OWN_CONNECTOR:
+                offer = min(len(tokens) - 1, op["external"] * scale)
+                if offer > 0:
+                    arrival["load"] = {"offer": offer, "async": False, "delay": 0, "fail": None}
+            ops.append(arrival)
+        elif kind == "schedule":
+            step: dict[str, Any] = {"do": "step"}
+            if setup.num_speculative_tokens and op.get("drafts"):
+                drafts = min(op["drafts"], setup.num_speculative_tokens)
+                step.update(drafts=drafts, accepted=min(op.get("accepted", 0), drafts))
+            if op.get("budget"):
+                dropped["a step's token budget (the engine's is max_num_batched_tokens)"] = \
+                    dropped.get("a step's token budget (the engine's is max_num_batched_tokens)", 0) + 1
+            ops.append(step)
+        elif kind == "finish":
+            ops.append({"do": "abort", "id": op["id"]})
+        elif kind == "reset":
+            ops.append({"do": "reset"})
+        else:
+            why = {"preempt": "preempt (the engine preempts only under pool pressure)",
+                   "evict": "evict (the engine evicts only on a failed connector load)"}[kind]
+            dropped[why] = dropped.get(why, 0) + 1
+    notes = [f"{n} x {why}" for why, n in sorted(dropped.items())]
+    # A step after the last operation, so the state after it is read through the scheduler too.
+    return EngineProgram(setup, tuple(ops) + ({"do": "step"},)), notes
+
+
+def reproduction_reach(record: dict[str, Any]):
+    """The ``Reach`` of a stateful finding from its engine reproduction
+    (``inputs["engine_reproduction"]``): reachable through vLLM's scheduler
+    (not hardening), hand-built only after the stated search (hardening), or
+    unknown when the search did not run to its end (not called hardening for
+    want of a search)."""
+    from .finding import Reach
+
+    return Reach(record["summary"], hardening=record.get("status") == "not reproduced")

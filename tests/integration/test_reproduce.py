@@ -1,0 +1,76 @@
+"""Each stateful finding is looked for through vLLM's engine
+(``diff_tests/reproduce.py``): a mutant's finding the real Scheduler reaches
+says so with its settings and carries an engine program that replays on the
+mutant (and passes on the release); one on a geometry no engine builds is
+hand-built only, says the budget and what was searched, and exits HARDENING."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvspec.cli import main
+from kvspec.diff_tests.engine import replay_engine_program
+from kvspec.model.engine import EngineProgram
+from kvspec.model.finding import Category
+from kvspec.model.outcome import Outcome
+from kvspec.model.program import Program
+from kvspec.subjects.process import SubjectProcess
+from kvspec.subjects.subject import mutant_subject, release
+
+pytestmark = pytest.mark.vllm
+
+NEWEST = "0.34.0"
+
+
+def _fuzz(tmp_path, mutant: str, examples: int, seed: int) -> tuple[int, dict, str]:
+    findings = tmp_path / "findings"
+    code = main(["fuzz", "--vllm", NEWEST, "--mutant", mutant, "--stateful", "--max-examples", str(examples),
+                 "--seed", str(seed), "--database", str(tmp_path / "db"), "--json", str(tmp_path / "fuzz.json"),
+                 "--markdown", str(tmp_path / "fuzz.md"), "--findings-dir", str(findings)])
+    (stored,) = findings.glob("*.json")
+    return code, json.loads(stored.read_text()), (tmp_path / "fuzz.md").read_text()
+
+
+def test_a_mutants_stateful_finding_is_reachable_through_the_scheduler_with_its_settings(tmp_path):
+    code, finding, markdown = _fuzz(tmp_path, "window_frees_early", 200, 0)
+    assert code == Outcome.FINDING.exit_code
+    reproduction = finding["inputs"]["engine_reproduction"]
+    assert reproduction["status"] == "reproduced", reproduction["summary"]
+    assert reproduction["target"] == {"category": "state_window", "kind": "sliding_window", "exception": None}
+    flags = reproduction["cli_flags"]
+    assert reproduction["summary"].startswith(f"reachable through vLLM's scheduler with settings `{flags}` on "
+                                              "toy-gpt-oss")
+    assert finding["reach"]["hardening"] is False and finding["reach"]["summary"] == reproduction["summary"]
+    assert "reproduced through vLLM's engine" in finding["compared"]["configuration"]
+    assert "reachable through vLLM's scheduler with settings" in markdown
+    # The engine program breaks the same rule through the real Scheduler on
+    # the mutant, and holds on the release it was made from: no false alarm.
+    program = EngineProgram.from_dict(reproduction["engine_program"])
+    with SubjectProcess(mutant_subject(NEWEST, "window_frees_early")) as proc:
+        found, _ = replay_engine_program(proc, program)
+    assert found and found[0].category is Category.STATE_WINDOW
+    with SubjectProcess(release(NEWEST)) as proc:
+        assert replay_engine_program(proc, program)[0] == []
+
+
+def test_a_finding_on_a_geometry_no_engine_builds_is_hand_built_only_and_exits_hardening(tmp_path):
+    # trim_first_group_only breaks the hit of a second full-attention group of
+    # another block size: no toy model's engine builds two.
+    code, finding, markdown = _fuzz(tmp_path, "trim_first_group_only", 100, 2)
+    assert code == Outcome.HARDENING.exit_code == 6
+    program = Program.from_dict(finding["inputs"]["program"])
+    assert sum(g.kind.value == "full_attention" for g in program.config.groups) >= 2
+    reproduction = finding["inputs"]["engine_reproduction"]
+    assert reproduction["status"] == "not reproduced" and reproduction["engine_program"] is None
+    assert reproduction["target"]["category"] == Category.STATE_HIT_GROUPS.value
+    # Scoped and honest: the budget and every configuration searched are said.
+    assert reproduction["search"] == {"examples": 40, "seed": 0, "steps": 40, "ran": True}
+    assert "a targeted engine search of 40 programs (seed 0" in reproduction["budget"]
+    assert reproduction["configurations"] and all(c in reproduction["summary"] for c in reproduction["configurations"])
+    assert reproduction["summary"].startswith("hand-built only: not reproduced through the engine in ")
+    assert finding["reach"]["hardening"] is True
+    assert "Hardening, not a regression: hand-built only: not reproduced through the engine" in markdown
+    document = json.loads((tmp_path / "fuzz.json").read_text())
+    assert document["outcome"] == "HARDENING"

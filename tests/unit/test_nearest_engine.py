@@ -1,0 +1,63 @@
+"""A stateful program's nearest engine configurations and its operations as
+engine inputs (``model/nearest_engine.py``): pure, no vLLM."""
+
+from __future__ import annotations
+
+from kvspec.model.domain import CoordinatorConfig, GroupKind, KVCacheGroup
+from kvspec.model.nearest_engine import (Target, group_kind, nearest_setups, reproduction_reach, scale_for,
+                                         translate)
+from kvspec.model.program import Program
+
+
+def _program(groups, ops, S=2, **kw) -> Program:
+    config = CoordinatorConfig(tuple(groups), scheduler_block_size=S, hash_block_size=min(g.block_size for g in groups))
+    return Program(config, 130, 128, ops, **kw)
+
+
+OPS = ({"do": "arrive", "id": "r0", "tokens": [1, 2, 3]}, {"do": "schedule", "budget": 16},
+       {"do": "preempt", "id": "r0"}, {"do": "schedule"}, {"do": "evict", "id": "r0", "from_block": 0},
+       {"do": "finish", "id": "r0"}, {"do": "reset"})
+
+
+def test_the_model_is_the_toy_whose_layout_has_the_findings_group_kinds():
+    window = KVCacheGroup(GroupKind.SLIDING_WINDOW, 2, sliding_window=2)
+    mamba = KVCacheGroup(GroupKind.MAMBA_ALIGN, 2)
+    full = KVCacheGroup(GroupKind.FULL_ATTENTION, 2)
+    setups, notes = nearest_setups(_program([window, mamba], OPS))
+    assert [s.model for s in setups][:1] == ["toy-nemotron-h"] and "toy-gpt-oss" in {s.model for s in setups}
+    assert any("no toy model has both" in n for n in notes)
+    setups, _ = nearest_setups(_program([full], OPS, retention_interval=4, reserve_full_sequence=False))
+    assert {s.model for s in setups} == {"toy-llama"}
+    nearest = setups[0]
+    # Flags only where the program had the setting; the Llama toy takes no retention interval.
+    assert nearest.reserve_full_isl is False and nearest.retention_interval is None and nearest.block_size == 16
+    assert any(s.max_num_batched_tokens == 16 for s in setups)  # the step budget the program used
+    eagle = KVCacheGroup(GroupKind.FULL_ATTENTION, 2, eagle=True)
+    (first, *_), _ = nearest_setups(_program([eagle], OPS))
+    assert first.num_speculative_tokens == 1 and first.legacy_hashes is True
+
+
+def test_translation_keeps_prompts_and_says_what_it_drops():
+    full = KVCacheGroup(GroupKind.FULL_ATTENTION, 2)
+    program = _program([full], OPS)
+    setup = nearest_setups(program)[0][0]
+    engine, notes = translate(program, setup)
+    kinds = [op["do"] for op in engine.ops]
+    assert kinds == ["arrive", "step", "step", "abort", "reset", "step"]
+    assert engine.ops[0]["tokens"] == [1, 2, 3] and engine.ops[0]["max_tokens"] >= 3  # alive until aborted
+    assert any("preempt" in n for n in notes) and any("evict" in n for n in notes) and any("budget" in n for n in notes)
+    scale = scale_for(program, setup)
+    assert scale == 8  # the engine's block of 16 over the program's 2
+    stretched, _ = translate(program, setup, scale)
+    assert len(stretched.ops[0]["tokens"]) == 24 and len(set(stretched.ops[0]["tokens"])) == 24
+
+
+def test_the_mechanism_and_the_reach():
+    assert group_kind("window_held: request r0, group 1 (sliding window 2)", ["full_attention", "sliding_window"]) \
+        == "sliding_window"
+    assert group_kind("no group named", ["full_attention"]) is None
+    assert Target("state_window", "sliding_window").describe() == "state_window in a sliding_window group"
+    assert reproduction_reach({"status": "not reproduced", "summary": "hand-built only: ..."}).hardening is True
+    assert reproduction_reach({"status": "reproduced", "summary": "reachable ..."}).hardening is False
+    # A search that did not run to its end is not called hardening for want of a search.
+    assert reproduction_reach({"status": "unknown", "summary": "unknown ..."}).hardening is False
