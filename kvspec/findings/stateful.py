@@ -25,7 +25,7 @@ from .completion import finding_stem, store_finding
 from .assemble import subject_compared
 
 __all__ = ["STATE_RULE", "stateful_finding", "store_new", "complete_stateful_finding", "store_raw_stateful_finding",
-           "unconfirmed_crash", "with_engine_reproduction"]
+           "unconfirmed_crash", "with_engine_reproduction", "with_engine_impact"]
 
 STATE_RULE = "state invariants (model.state.INVARIANTS)"
 
@@ -126,7 +126,27 @@ def complete_stateful_finding(proc, result, findings_dir: Path,
     finding = with_engine_reproduction(finding, reproduce_through_engine(
         proc, program, result.failure.discrepancies[0], result.failure.reply))
     store_finding(finding, path)
+    finding = with_engine_impact(proc, finding)
+    store_finding(finding, path)
     return finding, path
+
+
+def with_engine_impact(proc, finding: Finding) -> Finding:
+    """A stateful finding the engine reproduced gets the impact an engine
+    finding gets, measured on the engine program that reproduced it (the
+    hand-built program's own impact stays "not measured")."""
+    record = (finding.inputs or {}).get("engine_reproduction") or {}
+    if record.get("status") != "reproduced" or not record.get("engine_program"):
+        return finding
+    from .impact import attach_engine_impact
+
+    measured = attach_engine_impact(proc, attrs.evolve(finding, inputs={**finding.inputs,
+                                                                          "engine_program": record["engine_program"]}))
+    impact = measured.impact
+    if impact is not None:
+        impact = attrs.evolve(impact, how_measured=f"on the engine program that reproduced it "
+                                                   f"({record.get('describe')}): {impact.how_measured}")
+    return attrs.evolve(finding, impact=impact)
 
 
 def with_engine_reproduction(finding: Finding, reproduction) -> Finding:

@@ -149,12 +149,16 @@ def impact_sentence(f: Finding) -> str:
     when profiles were assessed, else this finding's own geometry (said so).
     A finding whose impact was measured on the subject (``Finding.impact``,
     ``kvspec.findings.impact``) leads with that measurement."""
-    if f.impact is not None:
+    if f.impact is not None and (f.impact.kind != "not_measured" or f.reach is None):
         return f.impact.summary
-    if "program" in (f.inputs or {}):  # a stateful finding stored before impacts were recorded
+    if "program" in (f.inputs or {}):  # a stateful finding: what the engine showed of it, then the impact
         from kvspec.model.finding import hand_built_impact
 
-        return hand_built_impact(f.category).summary
+        unmeasured = f.impact if f.impact is not None else hand_built_impact(f.category)
+        if f.reach is None:
+            return unmeasured.summary
+        return ("Hardening, not a regression: " if f.reach.hardening else "") + f"{f.reach.summary}. " \
+            + unmeasured.summary
     if "engine_program" in (f.inputs or {}):  # stored before engine impacts were measured
         return ("Not measured (this finding was stored before kvspec measured what a user sees; `kvspec replay` "
                 "on it measures that)" + (f"; deployments: {f.reach.summary}" if f.reach is not None else "") + ".")

@@ -10,9 +10,8 @@ from pathlib import Path
 import attrs
 
 from kvspec.findings.impact import EngineRun, admitted_lookups, extended_program, impact_from_runs
-from kvspec.model.finding import hand_built_impact
 from kvspec.model.engine import EngineProgram
-from kvspec.model.finding import Category, Finding, Impact
+from kvspec.model.finding import Category, Finding, Impact, Reach, hand_built_impact
 from kvspec.model.state import Lookup
 from kvspec.report.finding import impact_sentence, render_markdown, render_text
 
@@ -134,11 +133,17 @@ def test_the_impact_leads_every_renderer_and_round_trips():
 
 def test_a_stateful_finding_says_its_impact_is_not_measured():
     finding = attrs.evolve(_finding(category=Category.STATE_LEAK), inputs={"program": {}, "describe": "a program"},
-                           impact=hand_built_impact(Category.STATE_LEAK))
+                           impact=hand_built_impact(Category.STATE_LEAK), reach=None)
     assert render_text(finding).startswith(
         "IMPACT: Not measured: hand-built configuration (no engine configuration reproduces it yet)")
     # Stored before impacts were recorded: the same sentence.
     assert impact_sentence(attrs.evolve(finding, impact=None)) == hand_built_impact(Category.STATE_LEAK).summary
+    # What the engine showed of it (its reach) comes first, then that the impact is not measured.
+    hand_built_only = Reach("hand-built only: not reproduced through the engine in a search of 40 programs",
+                            profiles=(), hardening=True)
+    assert impact_sentence(attrs.evolve(finding, reach=hand_built_only)) == (
+        "Hardening, not a regression: hand-built only: not reproduced through the engine in a search of 40 "
+        "programs. " + hand_built_impact(Category.STATE_LEAK).summary)
 
 
 def test_an_unassessed_reach_is_not_called_a_checked_catalog():
