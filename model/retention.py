@@ -29,8 +29,16 @@ boundary and the junction -- from 0.32.0 also for a prompt of whole blocks,
 known.mamba_align_block_aligned_prompt_replay_state_missing before --, not at
 every interval boundary), and Mamba's partial-block checkpoints (finer than a
 block) are not modelled; so the owed hit is a *lower bound*, and a request's
-blocks count only while every hash-map entry present when its prompt was
-computed is still present (nothing evicted, no reset since).
+blocks count only while every hash-map entry present at any point since it was
+first scheduled is still present (nothing evicted, no reset since): a group
+registers a block when the chunk computing it is allocated, not when the
+prompt completes, and a sliding-window group frees the blocks that leave the
+window while the prompt is still being computed (``remove_skipped_blocks`` on
+the next chunk or the last prompt token), where the next allocation under pool
+pressure may evict them (LRU, ``BlockPool.get_new_blocks``) before the prompt
+is computed.  A request preempted before its prompt was computed does not
+count: the schedule that preempted it may have registered and evicted its
+blocks unseen.
 """
 
 from __future__ import annotations
@@ -49,7 +57,10 @@ RETENTION_SCOPE = (
     "from blocks earlier requests whose prompts were computed kept (each request's blocks within the prefix it "
     "shares with the new prompt, several requests' combined; what each keeps: its replay boundary, its "
     "shared-prefix junction, under dense retention or a positive interval also the sliding window's kept runs), "
-    "counting only requests none of whose hash-map entries present then has left the map; not predicted: Mamba states at interval boundaries (they exist only where a chunk ended), "
+    "counting only requests none of whose hash-map entries present at any point since they were first scheduled has "
+    "left the map (vLLM registers a block when its chunk is allocated; a sliding window frees blocks leaving the "
+    "window while the prompt is still computed, and pool pressure may evict them before it completes) and none "
+    "preempted before their prompts were computed; not predicted: Mamba states at interval boundaries (they exist only where a chunk ended), "
     "Mamba's partial-block checkpoints, speculative decoding (EAGLE drops, lookahead hashes), programs with a KV connector (a loaded prompt's states "
     "are the connector's), lookups of preempted requests"
 )
@@ -287,12 +298,19 @@ class RetentionLedger:
     prompts: dict[str, tuple[int, ...]] = attrs.Factory(dict)
     junctions: dict[str, int] = attrs.Factory(dict)
     admitted: set[str] = attrs.Factory(set)  # requests seen running
-    computed: dict[str, frozenset] = attrs.Factory(dict)  # request -> map entries when its prompt was computed
+    # request -> every map entry present at some point from its first schedule until its prompt was computed
+    computed: dict[str, frozenset] = attrs.Factory(dict)
+    # requests being computed -> every map entry present since they were first scheduled
+    computing: dict[str, frozenset] = attrs.Factory(dict)
+    # preempted before their prompts were computed: never owed from
+    interrupted: set[str] = attrs.Factory(set)
 
     def arrive(self, request: str, tokens: Sequence[int]) -> None:
         self.prompts[request] = tuple(tokens)
         self.junctions.pop(request, None)
         self.computed.pop(request, None)
+        self.computing.pop(request, None)
+        self.interrupted.discard(request)
         self.admitted.discard(request)
 
     def owed(self, request: str, num_tokens: int, intact: frozenset) -> tuple[int, str]:
@@ -302,7 +320,8 @@ class RetentionLedger:
         # A preempted request looks up again with its outputs appended: not predicted.
         if not self.layout.predicts or prompt is None or num_tokens != len(prompt):
             return 0, ""
-        names = [name for name, entries in self.computed.items() if name != request and entries <= intact]
+        names = [name for name, entries in self.computed.items()
+                 if name != request and name not in self.interrupted and entries <= intact]
         hit, sources = owed_hit(self.layout, prompt, [(self.prompts[n], self.junctions.get(n, 0)) for n in names])
         if not hit:
             return 0, ""
@@ -319,7 +338,8 @@ class RetentionLedger:
         aligned = self._block_aligned_replay([[len(self.prompts[names[i]]) for i in per_group] for per_group in sources],
                                              hit)
         return hit, (f"{'; '.join(parts)}, retention {describe_interval(self.layout.interval)}: their kept blocks "
-                     f"serve boundary {hit} in every group{aligned} and no hash-map entry has left the map since")
+                     f"serve boundary {hit} in every group{aligned} and no hash-map entry has left the map since "
+                     "they were first scheduled")
 
     def _block_aligned_replay(self, lengths: Sequence[Sequence[int]], hit: int) -> str:
         # Named so a finding says its mechanism: on such a prompt a Mamba state
@@ -343,11 +363,32 @@ class RetentionLedger:
         elif junction is not None:
             self.junctions[request] = junction
 
-    def progress(self, running: dict[str, int], entries: frozenset) -> None:
-        """After an operation: requests whose whole prompt is now computed
-        (their registrations are in ``entries``)."""
+    def progress(self, running: dict[str, int], entries: frozenset, settled: bool = True) -> None:
+        """After a transition: the map ``entries`` every request still
+        computing its prompt has seen (its blocks are registered chunk by
+        chunk, and one registered early may leave the map before the prompt
+        completes: a sliding window frees it once it leaves the window, and
+        an allocation may evict it), and, once ``settled`` (not a step's
+        ``schedule()``, whose outputs are still to come), the requests whose
+        whole prompt is now computed."""
         self.admitted.update(running)
         for request, done in running.items():
             prompt = self.prompts.get(request)
-            if prompt is not None and request not in self.computed and done >= len(prompt):
-                self.computed[request] = entries
+            if prompt is None or request in self.computed:
+                continue
+            seen = self.computing.get(request)
+            seen = entries if seen is None else seen | entries
+            if settled and done >= len(prompt):
+                self.computing.pop(request, None)
+                self.computed[request] = seen
+            else:
+                self.computing[request] = seen
+
+    def preempted(self, requests: Iterable[str]) -> None:
+        """Requests a ``schedule()`` preempted: one whose prompt was not yet
+        computed may have registered blocks in that same schedule that were
+        freed and evicted before any state was seen, so it is never owed
+        from (until it arrives again)."""
+        for request in requests:
+            if request not in self.computed:
+                self.interrupted.add(request)

@@ -789,8 +789,11 @@ INVARIANTS: tuple[Invariant, ...] = (
               "serve from blocks earlier requests whose prompts were computed kept under the engine's retention "
               "setting (replay boundaries and shared-prefix junctions, and under dense retention or a positive "
               "interval the kept sliding-window runs), each request's within the prefix it shares with the new "
-              "prompt, several combined, counting requests whose hash-map entries present then are all still "
-              "present (a lower bound: model.retention)", _retention_hit, exact=False),
+              "prompt, several combined, counting requests not preempted before their prompts were computed and "
+              "all of whose hash-map entries present at any point since they were first scheduled are still "
+              "present (vLLM registers a block when its chunk is allocated, and a sliding window frees blocks "
+              "that leave the window, which pool pressure may evict, before the prompt completes; a lower "
+              "bound: model.retention)", _retention_hit, exact=False),
 )
 
 # What the state model does not decide, said with every verdict that uses it.

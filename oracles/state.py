@@ -64,8 +64,11 @@ class StateOracle:
         # A prompt counts as computed after the step whose schedule() took its
         # last token (vLLM keys the blocks there; under async scheduling the
         # output may still be in flight, and a later lookup reads them anyway).
-        if self.ledger is not None and op["do"] != "step":
-            self.ledger.progress(self.running, self._entries(after))
+        # Until then every state seen counts: blocks registered by an earlier
+        # chunk may leave the map before the prompt completes.
+        if self.ledger is not None:
+            self.ledger.preempted(result.get("preempted", ()))
+            self.ledger.progress(self.running, self._entries(after), settled=op["do"] != "step")
         transition = Transition(
             op=_OPS.get(op["do"], op["do"]), request=op.get("id"), before=self.state, after=after, config=self.config,
             regime=self.regime, capabilities=self.capabilities, running=self.running, lookups=lookups, gone=gone,

@@ -11,6 +11,9 @@ positive interval keeps its boundaries on a sliding window."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from kvspec.diff_tests.engine import replay_engine_program
@@ -100,3 +103,32 @@ def test_blocks_of_several_earlier_requests_combine(proc):
     owed = owed_hit(layout, prompts[2], [(p, lk.get("junction", 0)) for p, lk in zip(prompts[:2], lookups)])
     assert owed == (80, ((0, 1), (0, 1)))  # the run's blocks from both; full attention's too
     assert [owed_hit(layout, prompts[2], [(p, 0)])[0] for p in prompts[:2]] == [64, 0]
+
+
+EVICTED = Path(__file__).parent.parent / "fixtures" / "program_window_block_evicted_before_prompt_completes.json"
+
+
+def test_a_window_block_evicted_before_the_prompt_completes_is_not_owed(proc):
+    """The control run's false alarm (``kvspec fuzz --vllm 0.34.0 --engine
+    --seed 0``, unmutated): r10's 129-token prompt registers its first 128
+    tokens in one step (the window's blocks 1 and 3: junction 64, replay
+    boundary 128); the step computing its last token frees the window's
+    blocks 0-2 (remove_skipped_blocks) and r14's allocation, the 19-block
+    pool empty, evicts block 1's key, so r15 (sharing 66 tokens) hits 0.
+    vLLM's LRU, not a bug: the key left the map after r10 first ran, so
+    retention owes r15 nothing from r10."""
+    program = EngineProgram.from_dict(json.loads(EVICTED.read_text()))
+    found, reply = replay_engine_program(proc, program)
+    assert not found, [f.detail for f in found]
+    answers = reply["answers"]
+    lookups = {lk["request"]: lk for a in answers for part in (a.get("scheduled"), a)
+               for lk in (part or {}).get("result", {}).get("lookups", ())}
+    assert lookups["r10"]["junction"] == 64 and lookups["r14"]["hit"] == 64 and lookups["r15"]["hit"] == 0
+    # The map after r10's first 128 tokens (op 27) and after the schedule() taking its last (op 28).
+    registered = {tuple(e) for e in answers[26]["state"]["hash_map"]}
+    last_token = {tuple(e) for e in answers[27]["scheduled"]["state"]["hash_map"]}
+    assert registered - last_token  # keys left the map while r10's prompt was still being computed
+    layout = RetentionLayout((KVCacheGroup(GroupKind.SLIDING_WINDOW, 32, sliding_window=32),
+                              KVCacheGroup(GroupKind.FULL_ATTENTION, 32)), (32, 32), 32, 0)
+    prompts = {op["id"]: op["tokens"] for op in program.as_dict()["ops"] if op["do"] == "arrive"}
+    assert owed_hit(layout, prompts["r15"], [(prompts["r10"], 64)])[0] == 64  # had the block stayed
