@@ -24,10 +24,16 @@ TOP_LEVEL_FOLDERS = ("model", "proofs", "oracles", "subjects", "diff_tests")
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
-    """The wheel of this checkout, unpacked as pip would install it."""
+    """The wheel of this checkout, unpacked as pip would install it.  Built
+    from a copy of the checkout without its build outputs: setuptools reuses
+    a ``build/`` folder, and a stale one put modules since moved into the wheel."""
     out = tmp_path_factory.mktemp("wheel")
+    source = out / "source"
+    shutil.copytree(ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", ".kvspec*", ".hypothesis", ".*_cache", ".benchmarks",
+        "__pycache__", "site"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "-w", str(out), str(ROOT)], check=True, capture_output=True)
+                    "-w", str(out), str(source)], check=True, capture_output=True)
     (wheel,) = out.glob("kvspec-*.whl")
     site = out / "site"
     with zipfile.ZipFile(wheel) as archive:
