@@ -21,8 +21,7 @@ from kvspec.model.engine import ENGINE_BUILT, MODELLED_STEPS
 from kvspec.model.finding import Blame, Category, Finding, Ledger
 
 from .completion import store_finding
-from .assemble import subject_compared
-from .stateful import store_new
+from .stateful import program_compared, program_run, store_new
 
 __all__ = ["ENGINE_RULE", "engine_finding", "complete_engine_finding", "store_raw_engine_finding"]
 
@@ -35,9 +34,8 @@ def engine_finding(result, versions: dict[str, str]) -> Finding:
     program = failure.case
     first = failure.discrepancies[0]
     category = first.category
-    compared = subject_compared(result.subject, versions)
-    compared.update(spec_rule=ENGINE_RULE, capabilities=result.capabilities.as_dict(), scope=result.scope(),
-                    differential="engine", modelled=list(MODELLED_STEPS), configuration=ENGINE_BUILT)
+    compared = program_compared(result, versions, ENGINE_RULE, "engine", modelled=list(MODELLED_STEPS),
+                                configuration=ENGINE_BUILT)
     label = result.subject.get("label", "the subject")
     if category is Category.SUBJECT_CRASH:
         blame, note = (Blame.IMPLEMENTATION_BUG,
@@ -50,11 +48,7 @@ def engine_finding(result, versions: dict[str, str]) -> Finding:
     reach = (f"reachable through vLLM's scheduler with `{program.setup.cli_flags() or 'the release defaults'}` on "
              f"{program.setup.model} (a toy model of {program.setup.toy.family}; the engine's other settings are the "
              f"release's defaults)")
-    run = {"seed": result.seed, "programs": result.tally.programs, "operations": result.tally.operations,
-           "seconds": round(result.seconds, 3), "programs_to_first_failure": result.programs_to_first_failure,
-           "seconds_to_first_failure": None if result.seconds_to_first_failure is None
-           else round(result.seconds_to_first_failure, 3), "flaky": failure.flaky,
-           "engine_settings": failure.reply.get("derived") or None}
+    run = {**program_run(result), "engine_settings": failure.reply.get("derived") or None}
     return Finding(
         source="fuzz",
         verdict=f"DISCREPANCY: {category.title} ({category.meaning}) in {label}, through vLLM's Scheduler",

@@ -39,23 +39,34 @@ _BLAME_NOTES = {
 }
 
 
+def program_compared(result, versions: dict[str, str], rule: str, differential: str, **more: Any) -> dict[str, Any]:
+    """What a program differential's finding compared (stateful or engine)."""
+    compared = subject_compared(result.subject, versions)
+    compared.update(spec_rule=rule, capabilities=result.capabilities.as_dict(), scope=result.scope(),
+                    differential=differential, **more)
+    return compared
+
+
+def program_run(result) -> dict[str, Any]:
+    """The run record of a program differential's finding (stateful or engine)."""
+    return {"seed": result.seed, "programs": result.tally.programs, "operations": result.tally.operations,
+            "seconds": round(result.seconds, 3), "programs_to_first_failure": result.programs_to_first_failure,
+            "seconds_to_first_failure": None if result.seconds_to_first_failure is None
+            else round(result.seconds_to_first_failure, 3), "flaky": result.failure.flaky}
+
+
 def stateful_finding(result, versions: dict[str, str]) -> Finding:
     """The finding of a stateful run that failed (not yet stored)."""
     failure = result.failure
     program = failure.case
     first = failure.discrepancies[0]
     category = first.category
-    compared = subject_compared(result.subject, versions)
-    compared.update(spec_rule=STATE_RULE, capabilities=result.capabilities.as_dict(), scope=result.scope(),
-                    differential="stateful")
+    compared = program_compared(result, versions, STATE_RULE, "stateful")
     label = result.subject.get("label", "the subject")
     blame, note = _BLAME_NOTES.get(category, (Blame.IMPLEMENTATION_BUG,
                                               "vLLM's own state after the operation breaks the invariant; "
                                               "the invariant is checked on observations only"))
-    run = {"seed": result.seed, "programs": result.tally.programs, "operations": result.tally.operations,
-           "seconds": round(result.seconds, 3), "programs_to_first_failure": result.programs_to_first_failure,
-           "seconds_to_first_failure": None if result.seconds_to_first_failure is None
-           else round(result.seconds_to_first_failure, 3), "flaky": failure.flaky}
+    run = program_run(result)
     return Finding(
         source="fuzz",
         verdict=f"DISCREPANCY: {category.title} ({category.meaning}) in {label}",
