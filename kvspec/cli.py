@@ -67,9 +67,12 @@ def _stop_signals_interrupt(received: list[str]) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    from kvspec.subjects import stop
 
     def interrupt(signum: int, frame: object) -> None:
-        received.append(signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        received.append(name)
+        stop.request_stop(name)  # kept: raised inside a finalizer, the interrupt itself is lost
         raise KeyboardInterrupt
 
     previous = {}
@@ -77,9 +80,11 @@ def _stop_signals_interrupt(received: list[str]) -> Iterator[None]:
         number = getattr(signal, name, None)
         if number is not None and signal.getsignal(number) is not signal.SIG_IGN:  # nohup stays nohup
             previous[number] = signal.signal(number, interrupt)
+    stop.clear()
     try:
         yield
     finally:
+        stop.clear()
         for number, handler in previous.items():
             signal.signal(number, handler)
 

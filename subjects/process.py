@@ -41,6 +41,7 @@ from kvspec.model.capabilities import Capabilities, reference_capabilities
 from kvspec.model.errors import InfrastructureError
 from kvspec.model.replies import ErrorKind, MalformedReply, Reply
 
+from .stop import raise_if_requested
 from .subject import (
     SubjectError,
     Subject,
@@ -321,6 +322,7 @@ class SubjectProcess:
                                       "a kvspec bug, not a vLLM finding") from None
 
     def _send(self, message: dict[str, Any]) -> bool:
+        raise_if_requested()  # an interrupt a finalizer swallowed still stops the run here
         self._ensure_started()
         self._timed_out = False
         try:

@@ -107,7 +107,7 @@ def test_an_interrupt_during_a_second_subject_keeps_the_first_and_says_interrupt
     run, doc, markdown = _fuzz_until(tmp_path, "vllm 0.34.0: starting",
                                      "--vllm", "0.33.0", "--vllm", "0.34.0", "--max-examples", "300")
     assert run.returncode == Outcome.INTERRUPTED.exit_code, run.stdout[-2000:]
-    assert doc["status"] == "INTERRUPTED" and doc["subjects"][0]["verdict"] == "no discrepancy"
+    assert doc["status"] == "INTERRUPTED" and doc["subjects"][0]["verdict"] == "no discrepancy", run.stdout[-3000:]
     first = markdown.splitlines()[0]
     assert first.startswith("## kvspec fuzz: INTERRUPTED") and "1 of 2 subjects" in first
     assert "| vllm 0.34.0 | | | not run | | | | |" in markdown

@@ -112,3 +112,50 @@ def test_a_database_write_that_fails_warns_once(tmp_path, monkeypatch, capsys):
     fresh = example_database(str(tmp_path / "db2"))
     fresh.save(b"key", b"three")
     assert "could not save" not in capsys.readouterr().err and list(fresh.fetch(b"key")) == [b"three"]
+
+
+def test_an_interrupt_lost_in_a_finalizer_stops_the_next_request_to_a_worker(monkeypatch, capsys):
+    """Python drops an exception raised inside ``__del__`` ("Exception
+    ignored"): a stop signal handled there is lost as an exception.  The
+    request is kept, and the next request to a worker raises it again, so the
+    run starts nothing more (a run that fuzzed a second release to its end
+    after Ctrl-C, seen once under load, is what this prevents)."""
+    import gc
+    import os
+    import signal
+
+    from kvspec import cli
+    from kvspec.model.outcome import Outcome
+    from kvspec.subjects.process import SubjectProcess
+
+    class Finalized:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(10**6):  # the handler runs here, inside the finalizer
+                pass
+
+    sent, dropped = [], []
+    monkeypatch.setattr("sys.unraisablehook", lambda unraisable: dropped.append(unraisable.exc_type))
+
+    def command(args):
+        holder = Finalized()
+        holder.cycle = holder
+        del holder
+        gc.collect()  # the finalizer runs, the interrupt raised in it is dropped
+        sent.append("the run went on")
+        proc = SubjectProcess.__new__(SubjectProcess)  # a worker never started: nothing must reach it
+        proc._send({"op": "stats"})
+        sent.append("a request was sent after the stop")
+        return Outcome.OK
+
+    monkeypatch.setattr(cli.argparse.ArgumentParser, "parse_args",
+                        lambda self, argv=None: __import__("argparse").Namespace(run=command))
+    assert cli.main(["fuzz"]) == Outcome.INTERRUPTED.exit_code
+    err = capsys.readouterr().err
+    assert dropped == [KeyboardInterrupt]  # Python dropped the interrupt itself
+    assert sent == ["the run went on"]
+    assert "kvspec: interrupted by SIGTERM" in err
+    # The request ends with the run: the next run starts clean.
+    from kvspec.subjects import stop
+
+    assert stop.requested() == []
