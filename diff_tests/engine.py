@@ -32,7 +32,7 @@ from kvspec.model.finding import Category
 from kvspec.model.known import KnownBug, known_bugs, recognise
 from kvspec.model.domain import KVCacheGroup
 from kvspec.model.replies import ErrorKind, WorkerError, record_of
-from kvspec.model.state import Allocation, groups_over_estimate, scope_text
+from kvspec.model.state import Allocation, groups_over_estimate, over_estimate_kinds, scope_text
 from kvspec.oracles.registration import Discrepancy
 from kvspec.oracles.state import StateOracle
 from kvspec.subjects.process import SubjectProcess
@@ -427,25 +427,28 @@ def engine_crash(op: dict[str, Any], error: WorkerError, allocations: Any = (),
                  groups: tuple[KVCacheGroup, ...] = ()) -> Discrepancy:
     """The finding of an engine operation vLLM raised on (``allocations``:
     the operation's allocate_slots calls as the worker observed them)."""
+    raised_in = _raised_in_allocation(allocations)
+    over = groups_over_estimate(groups, raised_in, "asked for") if raised_in else ""
     return Discrepancy(Category.SUBJECT_CRASH, None, None,
                        detail=f"vLLM raised during {describe_engine_op(op)} through the real Scheduler: "
-                              f"{error.message}" + _raised_in_allocation(allocations, groups))
+                              f"{error.message}" + (f" (in allocate_slots for request {raised_in.request}{over})"
+                                                    if over else ""),
+                       group_kinds=over_estimate_kinds(groups, raised_in) if over else ())
 
 
-def _raised_in_allocation(allocations: Any, groups: tuple[KVCacheGroup, ...]) -> str:
-    """For a crash inside allocate_slots: which groups had asked the pool
-    for more than they estimated (the crash's mechanism, as block_estimate
-    names it for an allocation that succeeded)."""
+def _raised_in_allocation(allocations: Any) -> Allocation | None:
+    """For a crash inside allocate_slots, the allocation that raised, with
+    what each group asked the pool for: the crash's mechanism is the groups
+    that asked for more than they estimated, as block_estimate names them for
+    an allocation that succeeded."""
     last = allocations[-1] if isinstance(allocations, (list, tuple)) and allocations else None
     if not isinstance(last, dict) or last.get("free_after") is not None:
-        return ""
+        return None
     try:
-        allocation = Allocation(str(last["request"]), tuple(last["estimates"]), int(last["free_before"]), None,
-                                tuple(int(n) for n in last.get("taken", ())))
+        return Allocation(str(last["request"]), tuple(last["estimates"]), int(last["free_before"]), None,
+                          tuple(int(n) for n in last.get("taken", ())))
     except (KeyError, TypeError, ValueError):
-        return ""
-    over = groups_over_estimate(groups, allocation, "asked for")
-    return f" (in allocate_slots for request {allocation.request}{over})" if over else ""
+        return None
 
 
 def fuzz_engine(proc: SubjectProcess, max_examples: int, seed: int, database: ExampleDatabase | None = None,

@@ -41,9 +41,9 @@ def _release(proc) -> str | None:
     return proc.subject.version if proc.subject.kind == "release" else None
 
 
-def _xfail_if_known(proc, category, summary: str, found: str) -> None:
+def _xfail_if_known(proc, discrepancy, found: str) -> None:
     """A known vLLM bug of this release is said as such, never passed."""
-    known = known_bugs(_release(proc), category, summary)
+    known = known_bugs(_release(proc), discrepancy.category, discrepancy.summary(), discrepancy.group_kinds)
     if known:
         pytest.xfail(f"known vLLM bug in {proc.subject.label} (first without it: {known[0].fixed_in or 'none yet'}): "
                      f"{known[0].summary}; found: {found}; the rest of the budget did not run")
@@ -55,7 +55,7 @@ def _check(subject, tally, batch) -> None:
     # checks afterwards that the whole budget ran.
     if failed is not None:
         first = failed.discrepancies[0]
-        _xfail_if_known(subject, first.category, first.summary(), f"{failed.case.describe()}: {first.summary()}")
+        _xfail_if_known(subject, first, f"{failed.case.describe()}: {first.summary()}")
     assert failed is None, f"{failed.case.describe()}: {[d.summary() for d in failed.discrepancies]}"
 
 
@@ -136,7 +136,7 @@ def _invariant_tests(subject_id: str, contract: str):
                 run_state_machine_as_test(machine, settings=chosen)
             except StateViolation as violation:
                 first = violation.failure.discrepancies[0]
-                _xfail_if_known(proc, violation.failure.category, first.summary(), str(violation))
+                _xfail_if_known(proc, first, str(violation))
                 raise
             # Not vacuous: the budget's programs really drove the subject.
             assert sum(programs) >= chosen.max_examples, (

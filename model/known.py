@@ -22,6 +22,7 @@ from .capabilities import Capabilities
 from .domain import CoordinatorConfig, GroupKind, HashScheme
 from .finding import Category
 from .retention import BLOCK_ALIGNED_REPLAY
+from .state import named_group_kinds
 
 __all__ = ["KnownBug", "KNOWN_BUGS", "known_bugs", "excluded_from_draw", "known_for", "without_known",
            "stateful_exclusions", "recognise"]
@@ -52,14 +53,20 @@ class KnownBug:
     fix: str = ""
     # An upstream bug report's title (empty: the category's meaning).
     title: str = ""
-    # The mechanism a summary must show beyond its words (e.g. which group
-    # kinds broke an estimate), where the invariant or the crash names it.
-    mechanism: Callable[[str], bool] | None = None
+    # The mechanism beyond the words: recognised only when every group the
+    # broken rule names (model.state.Violation) is of these kinds (None: any).
+    group_kinds: frozenset[GroupKind] | None = None
 
-    def matches(self, summary: str, category: Category | None = None) -> bool:
-        """Whether a discrepancy's summary (of ``category``, if given) is this bug showing."""
-        if self.mechanism is not None and not self.mechanism(summary):
-            return False
+    def matches(self, summary: str, category: Category | None = None,
+                group_kinds: tuple[GroupKind, ...] | None = None) -> bool:
+        """Whether a discrepancy (its summary, ``category`` and the kinds of
+        the groups its rule names, if given) is this bug showing.  Without
+        the kinds (a summary recorded before findings carried them) they are
+        read from the summary's words."""
+        if self.group_kinds is not None:
+            named = named_group_kinds(summary) if group_kinds is None else group_kinds
+            if not set(named) <= self.group_kinds:
+                return False
         shows = ((self.category, self.signature),) + self.also_shows
         return any(sig in summary and category in (None, cat) for cat, sig in shows)
 
@@ -78,28 +85,6 @@ def _sliding_window_eagle_lookahead(config: CoordinatorConfig, caps: Capabilitie
             and any(g.kind is GroupKind.SLIDING_WINDOW for g in eagle))
 
 
-_OVER_ESTIMATE = re.compile(r"group \d+ \((\w+)\) (?:took|asked for) \d+ against its estimate")
-
-
-def _only_mamba_over_estimate(summary: str) -> bool:
-    """Every group that took (or, in an allocation that raised, asked for)
-    more than it estimated is a Mamba group (model.state's block_estimate
-    and the engine's crash summary name them; a summary recorded before they
-    did, or of a crash outside allocate_slots, names none and is known by
-    its words alone)."""
-    return all(kind == "mamba_align" for kind in _OVER_ESTIMATE.findall(summary))
-
-
-_MISSIZED_HIT = re.compile(r"group \d+ \((\w+)\(block \d+[^)]*\)\) returned \d+ blocks for a hit")
-
-
-def _only_full_attention_missized(summary: str) -> bool:
-    """Every group whose blocks did not match the hit is a full-attention
-    group (hit_groups names them; the per-request lookup contract names none
-    and is known by its words)."""
-    return all(kind == "full_attention" for kind in _MISSIZED_HIT.findall(summary))
-
-
 def _has_mamba(config: CoordinatorConfig) -> bool:
     return any(g.kind is GroupKind.MAMBA_ALIGN for g in config.groups)
 
@@ -108,7 +93,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
     KnownBug(Category.STATE_HIT_GROUPS, "0.23.0", "0.29.0",
              "the hybrid lookup trims only the first full-attention group to the reconciled hit; a second one "
              "(another block size, or a draft model's) returns blocks past the hit",
-             "hit_groups:", name="second_full_attention_group_untrimmed", mechanism=_only_full_attention_missized),
+             "hit_groups:", name="second_full_attention_group_untrimmed", group_kinds=frozenset({GroupKind.FULL_ATTENTION})),
     # The same vLLM bug (#52828's shape), seen by the hit-length differential on one request.
     KnownBug(Category.LOOKUP_CONTRACT, "0.23.0", "0.29.0",
              "the hybrid lookup trims only the first full-attention group to the reconciled hit; a second one "
@@ -145,7 +130,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
              "against the free pool passes and, with the pool tight, schedule() raises 'Cannot get N free blocks "
              "from the pool' instead of leaving the request waiting (open upstream: vLLM PR #46892)",
              "block_estimate:", name="mamba_estimate_below_allocation_after_connector_load",
-             mechanism=_only_mamba_over_estimate,
+             group_kinds=frozenset({GroupKind.MAMBA_ALIGN}),
              also_shows=((Category.SUBJECT_CRASH, "free blocks from the pool"),),
              needs="a KV connector that loads synchronously (e.g. DecodeBenchConnector) on a Mamba hybrid",
              reproduction="tests/fixtures/repro_mamba_estimate_after_connector_load.py",
@@ -184,14 +169,15 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
 )
 
 
-def known_bugs(version: str | None, category: Category | None = None, summary: str | None = None) -> list[KnownBug]:
+def known_bugs(version: str | None, category: Category | None = None, summary: str | None = None,
+               group_kinds: tuple[GroupKind, ...] | None = None) -> list[KnownBug]:
     """The known bugs release ``version`` carries (of ``category`` and
     matching a discrepancy's ``summary``, if given); none for anything that
     is not a release number."""
     if not isinstance(version, str) or not re.fullmatch(r"\d+\.\d+\.\d+", version):
         return []  # a checkout's own version says nothing of which fixes it has
     return [b for b in KNOWN_BUGS if b.carried_by(version) and (category is None or b.shows_as(category))
-            and (summary is None or b.matches(summary, category))]
+            and (summary is None or b.matches(summary, category, group_kinds))]
 
 
 def excluded_from_draw() -> tuple[KnownBug, ...]:
@@ -223,6 +209,6 @@ def recognise(known: tuple[KnownBug, ...] | list[KnownBug], found) -> KnownBug |
     kinds broke the rule), or None: a failure that is partly something else
     is new."""
     for bug in known:
-        if found and all(bug.matches(d.summary(), d.category) for d in found):
+        if found and all(bug.matches(d.summary(), d.category, d.group_kinds) for d in found):
             return bug
     return None

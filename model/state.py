@@ -11,12 +11,16 @@ where the model is not exact (sliding-window and Mamba tables, eviction
 order, registrations under sparse retention).
 
 Every check is a function ``(transition) -> list of violations`` over
-observations only; it never asks vLLM what vLLM should have done.
+observations only; it never asks vLLM what vLLM should have done.  A
+violation is its words and, where the rule names them, the kinds of the
+groups that broke it (``Violation``): the mechanism a known vLLM bug is
+recognised by (``model.known``), as data rather than read back from words.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from collections import Counter
 from typing import Any, Callable, Iterable
 
@@ -30,7 +34,8 @@ from .lookup import hit_blocks
 from .retention import RETENTION_SCOPE
 
 __all__ = ["Allocation", "Block", "Table", "ManagerState", "Lookup", "Transition", "Invariant", "INVARIANTS",
-           "OUT_OF_SCOPE", "check_transition", "scope_text", "groups_over_estimate"]
+           "OUT_OF_SCOPE", "Violation", "check_transition", "scope_text", "groups_over_estimate",
+           "over_estimate_kinds", "named_group_kinds"]
 
 
 @attrs.frozen
@@ -200,11 +205,21 @@ class Allocation:
 
 
 @attrs.frozen
+class Violation:
+    """One broken rule: its words, and the kinds of the groups the rule names
+    as breaking it (empty: it names none)."""
+
+    message: str
+    group_kinds: tuple[GroupKind, ...] = ()
+
+
+@attrs.frozen
 class Invariant:
     name: str
     category: Category
     statement: str  # what is checked, in words
-    check: Callable[[Transition], list[str]]
+    # Violations in words, or as ``Violation`` where the rule names the groups.
+    check: Callable[[Transition], list[str | Violation]]
     exact: bool = True  # False: the weaker statement that kvspec checks, said in ``statement``
     # For a rule over the state after the operation alone: the fields it
     # reads.  When they are the very values of a state already held to it,
@@ -518,7 +533,7 @@ def _hit_bounds(t: Transition) -> list[str]:
     return out[:3]
 
 
-def _hit_groups(t: Transition) -> list[str]:
+def _hit_groups(t: Transition) -> list[str | Violation]:
     out = []
     # A hit may be a block registered earlier in the same step: either side counts.
     state = t.before or t.after
@@ -527,9 +542,10 @@ def _hit_groups(t: Transition) -> list[str]:
         for index, (group, blocks) in enumerate(zip(t.config.groups, lk.group_blocks)):
             need = hit_blocks(INT, lk.hit, group.block_size)
             if len(blocks) != need:
-                out.append(f"request {lk.request}: group {index} ({group.label()}) returned {len(blocks)} blocks "
-                           f"for a hit of {lk.hit} tokens; every group must hold cdiv(hit, {group.block_size}) "
-                           f"= {need}")
+                out.append(Violation(
+                    f"request {lk.request}: group {index} ({group.label()}) returned {len(blocks)} blocks for a hit "
+                    f"of {lk.hit} tokens; every group must hold cdiv(hit, {group.block_size}) = {need}",
+                    (group.kind,)))
             elif group.kind is GroupKind.FULL_ATTENTION:
                 bad = [b for b in blocks if b == state.null_block or b not in keyed]
                 if bad:
@@ -638,7 +654,7 @@ def _zeroing_missed(t: Transition) -> list[str]:
     return out[:3]
 
 
-def _block_estimate(t: Transition) -> list[str]:
+def _block_estimate(t: Transition) -> list[str | Violation]:
     # allocate_slots refuses when the groups' estimates exceed the free blocks,
     # then allocates: a group taking more than it estimated turns a refusal
     # into the pool's "Cannot get N free blocks" (vLLM #46892's mechanism).
@@ -649,24 +665,49 @@ def _block_estimate(t: Transition) -> list[str]:
         estimated = sum(e for e in a.estimates if e is not None)
         taken = a.free_before - a.free_after
         if taken > estimated:
-            out.append(f"allocate_slots for request {a.request} took {taken} free blocks; the groups estimated "
-                       f"{estimated} ({', '.join('-' if e is None else str(e) for e in a.estimates)})"
-                       + _groups_over_estimate(t, a))
+            groups = t.config.groups
+            out.append(Violation(
+                f"allocate_slots for request {a.request} took {taken} free blocks; the groups estimated "
+                f"{estimated} ({', '.join('-' if e is None else str(e) for e in a.estimates)})"
+                + groups_over_estimate(groups, a, "took"), over_estimate_kinds(groups, a)))
     return out[:3]
 
 
-def _groups_over_estimate(t: Transition, a: Allocation) -> str:
-    return groups_over_estimate(t.config.groups, a, "took")
+def _over_estimate(groups: tuple[KVCacheGroup, ...], a: Allocation) -> list[tuple[int, int, int]]:
+    """(group, blocks taken or asked for, its estimate) for each group whose
+    takes exceeded its estimate (none when the takes were not observed)."""
+    return [(i, n, e or 0) for i, (n, e) in enumerate(zip(a.taken, a.estimates)) if i < len(groups) and n > (e or 0)]
+
+
+def over_estimate_kinds(groups: tuple[KVCacheGroup, ...], a: Allocation) -> tuple[GroupKind, ...]:
+    """The kinds of the groups that took (or asked the pool for) more blocks
+    than they estimated: the mechanism a broken estimate is known by."""
+    return tuple(groups[i].kind for i, _, _ in _over_estimate(groups, a))
 
 
 def groups_over_estimate(groups: tuple[KVCacheGroup, ...], a: Allocation, verb: str) -> str:
-    """Which groups took (or, in an allocation that raised, asked the pool
-    for) more blocks than they estimated, by kind: the mechanism a broken
-    estimate is known by (``model.known``), not its numbers.  Empty when
-    none did or the takes were not observed."""
-    over = [f"group {i} ({groups[i].kind.value}) {verb} {n} against its estimate {e or 0}"
-            for i, (n, e) in enumerate(zip(a.taken, a.estimates)) if i < len(groups) and n > (e or 0)]
+    """The same groups in words ("took", or "asked for" in an allocation
+    that raised), for the violation's text; empty when none did."""
+    over = [f"group {i} ({groups[i].kind.value}) {verb} {n} against its estimate {e}"
+            for i, n, e in _over_estimate(groups, a)]
     return "; " + ", ".join(over) if over else ""
+
+
+# How the two formatters above and _hit_groups name a group, read back from a
+# summary recorded before findings carried the kinds as data.
+_NAMED_GROUP = re.compile(r"group \d+ \((\w+)\) (?:took|asked for) \d+ against its estimate"
+                          r"|group \d+ \((\w+)\(block \d+[^)]*\)\) returned \d+ blocks for a hit")
+
+
+def named_group_kinds(summary: str) -> tuple[GroupKind, ...]:
+    """The kinds of the groups a recorded summary names as breaking its rule."""
+    kinds = []
+    for estimate, hit in _NAMED_GROUP.findall(summary):
+        try:
+            kinds.append(GroupKind(estimate or hit))
+        except ValueError:
+            continue
+    return tuple(kinds)
 
 
 def _evicted_findable(t: Transition) -> list[str]:
@@ -812,7 +853,7 @@ OUT_OF_SCOPE = (
 
 
 def check_transition(t: Transition, only: Iterable[str] | None = None,
-                     before_checked: bool = False) -> list[tuple[Invariant, str]]:
+                     before_checked: bool = False) -> list[tuple[Invariant, Violation]]:
     """Every violation of the invariants (or of the named ones) in ``t``.
 
     ``before_checked``: ``t.before`` broke no invariant (it was the state
@@ -826,7 +867,7 @@ def check_transition(t: Transition, only: Iterable[str] | None = None,
             continue
         if before_checked and invariant.reads and t.before is not None and _unchanged(t, invariant.reads):
             continue
-        found += [(invariant, message) for message in invariant.check(t)]
+        found += [(invariant, v if isinstance(v, Violation) else Violation(v)) for v in invariant.check(t)]
     return found
 
 

@@ -16,7 +16,7 @@ import attrs
 
 from kvspec.model.capabilities import Capabilities, ExpectedRegime, expected_regime
 from kvspec.model.case import Case
-from kvspec.model.domain import GroupRegistration
+from kvspec.model.domain import GroupKind, GroupRegistration
 from kvspec.model.finding import Category
 from kvspec.model.replies import ErrorKind, MalformedReply, Reply
 from kvspec.model.spec import RegistrationRule, StepsRule, evaluate_config, registration_bound
@@ -27,6 +27,10 @@ __all__ = ["Discrepancy", "expected_calls", "compare"]
 DETAIL_CATEGORIES = (Category.PRECONDITION, Category.REGIME_MISMATCH, Category.SUBJECT_CRASH,
                      Category.CALL_MISMATCH, Category.LOOKUP_CONTRACT, Category.HIT_MISMATCH,
                      *(c for c in Category if c.is_state))
+
+
+def _kinds(kinds) -> tuple[GroupKind, ...]:
+    return tuple(GroupKind(k) for k in kinds)
 
 
 @attrs.frozen
@@ -47,6 +51,10 @@ class Discrepancy:
     hashed_tokens: int | None = None
     registrations: tuple[GroupRegistration, ...] = ()
     expected_calls: tuple[tuple[int, ...], ...] = ()
+    # The kinds of the groups the broken rule names as breaking it (a state
+    # invariant's, or an allocation that raised): the mechanism a known vLLM
+    # bug is recognised by (model.known); empty when it names none.
+    group_kinds: tuple[GroupKind, ...] = attrs.field(default=(), converter=_kinds)
 
     def summary(self) -> str:
         if self.category in DETAIL_CATEGORIES:
@@ -58,7 +66,8 @@ class Discrepancy:
         )
 
     def as_dict(self) -> dict[str, Any]:
-        return {**attrs.asdict(self, recurse=True), "category": self.category.value}
+        return {**attrs.asdict(self, recurse=True), "category": self.category.value,
+                "group_kinds": [k.value for k in self.group_kinds]}
 
 
 def expected_calls(case: Case, regime: ExpectedRegime, observed: list[dict],

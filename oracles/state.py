@@ -78,8 +78,9 @@ class StateOracle:
         found = check_transition(transition, before_checked=self.state_checked)
         self.state, self.state_checked = after, not found
         return [Discrepancy(invariant.category, None, None,
-                            detail=f"{invariant.name}: {message} (after {describe_op(op)})")
-                for invariant, message in found]
+                            detail=f"{invariant.name}: {violation.message} (after {describe_op(op)})",
+                            group_kinds=violation.group_kinds)
+                for invariant, violation in found]
 
     def _lookup(self, lk: dict[str, Any], op: dict[str, Any], after: ManagerState) -> Lookup:
         owed, why = 0, ""

@@ -66,7 +66,7 @@ def test_block_estimate_flags_an_allocation_that_took_more_than_estimated():
     assert rule.check(_transition([Allocation("r0", (1, None), 10, 9)])) == []
     assert rule.check(_transition([Allocation("r0", (1, 1), 10, None)])) == []  # raised: the crash is the finding
     broken = rule.check(_transition([Allocation("r0", (1, 0), 10, 8)]))
-    assert broken and "took 2 free blocks; the groups estimated 1" in broken[0]
+    assert broken and "took 2 free blocks; the groups estimated 1" in broken[0].message
 
 
 def test_block_estimate_names_the_groups_that_took_more_than_they_estimated():
@@ -75,11 +75,13 @@ def test_block_estimate_names_the_groups_that_took_more_than_they_estimated():
     rule = next(i for i in INVARIANTS if i.name == "block_estimate")
     kinds = (GroupKind.MAMBA_ALIGN, GroupKind.FULL_ATTENTION)
     (broken,) = rule.check(_transition([Allocation("r0", (1, 1), 10, 7, taken=(2, 1))], kinds))
-    assert broken.endswith("; group 0 (mamba_align) took 2 against its estimate 1")
+    assert broken.message.endswith("; group 0 (mamba_align) took 2 against its estimate 1")
+    assert broken.group_kinds == (GroupKind.MAMBA_ALIGN,)
     (broken,) = rule.check(_transition([Allocation("r0", (1, 1), 10, 7, taken=(1, 2))], kinds))
-    assert broken.endswith("; group 1 (full_attention) took 2 against its estimate 1")
+    assert broken.message.endswith("; group 1 (full_attention) took 2 against its estimate 1")
+    assert broken.group_kinds == (GroupKind.FULL_ATTENTION,)
     (unattributed,) = rule.check(_transition([Allocation("r0", (1, 1), 10, 7)], kinds))
-    assert unattributed.endswith("the groups estimated 2 (1, 1)")
+    assert unattributed.message.endswith("the groups estimated 2 (1, 1)") and unattributed.group_kinds == ()
 
 
 def test_speculative_decoding_needs_the_toys_drafter():

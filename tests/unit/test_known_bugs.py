@@ -74,8 +74,10 @@ def test_a_crash_inside_allocate_slots_names_the_groups_that_asked_for_more_than
     error = WorkerError(ErrorKind.DRIVE, "ValueError: Cannot get 2 free blocks from the pool")
     allocations = [{"request": "r0", "estimates": [1, 1], "taken": [1, 1], "free_before": 9, "free_after": 7},
                    {"request": "r1", "estimates": [1, 1], "taken": [2, 0], "free_before": 1, "free_after": None}]
-    detail = engine_crash({"do": "step"}, error, allocations, groups).detail
-    assert detail.endswith("(in allocate_slots for request r1; group 0 (mamba_align) asked for 2 against its estimate 1)")
+    crash = engine_crash({"do": "step"}, error, allocations, groups)
+    assert crash.detail.endswith(
+        "(in allocate_slots for request r1; group 0 (mamba_align) asked for 2 against its estimate 1)")
+    assert crash.group_kinds == (GroupKind.MAMBA_ALIGN,)
     # Raised elsewhere (the last allocation completed), or nothing observed: the words alone.
     assert engine_crash({"do": "step"}, error, allocations[:1], groups).detail.endswith("from the pool")
     assert engine_crash({"do": "step"}, error, "junk", groups).detail.endswith("from the pool")
@@ -103,3 +105,25 @@ def test_an_untrimmed_group_is_the_known_bug_only_when_it_is_full_attention():
     window = line.format("sliding_window(block 16, window 32)")
     assert [b.name for b in known_bugs("0.28.0", Category.STATE_HIT_GROUPS, full)] == ["second_full_attention_group_untrimmed"]
     assert known_bugs("0.28.0", Category.STATE_HIT_GROUPS, window) == []
+
+
+def test_the_mechanism_is_matched_as_data_and_read_from_words_only_for_old_records():
+    """A discrepancy carries the kinds of the groups its rule names; the known
+    bug is recognised by them, not by its words.  A summary recorded before
+    the kinds were carried has them read back from its words."""
+    from kvspec.oracles.registration import Discrepancy
+
+    detail = "block_estimate: allocate_slots for request r0 took 4 free blocks; the groups estimated 3 (1, 2)"
+    mamba = Discrepancy(Category.STATE_BLOCK_ESTIMATE, None, None, detail=detail, group_kinds=("mamba_align",))
+    window = Discrepancy(Category.STATE_BLOCK_ESTIMATE, None, None, detail=detail,
+                         group_kinds=(GroupKind.SLIDING_WINDOW,))
+    (bug,) = [b for b in KNOWN_BUGS if b.name == "mamba_estimate_below_allocation_after_connector_load"]
+    assert recognise((bug,), [mamba]) is bug
+    assert recognise((bug,), [window]) is None  # the same words, another mechanism
+    # Stored and read back, the kinds stay data.
+    assert mamba.as_dict()["group_kinds"] == ["mamba_align"]
+    assert Discrepancy(**{**mamba.as_dict(), "registrations": ()}).group_kinds == (GroupKind.MAMBA_ALIGN,)
+    # An old record: the words name the groups.
+    old = detail + "; group 1 (sliding_window) took 3 against its estimate 2"
+    assert not bug.matches(old, Category.STATE_BLOCK_ESTIMATE)
+    assert bug.matches(old.replace("sliding_window", "mamba_align"), Category.STATE_BLOCK_ESTIMATE)

@@ -95,6 +95,10 @@ def test_lookups_are_pure_bounded_and_agree_across_groups():
     assert Category.STATE_HIT_BOUNDS in _broken(_transition(_state(), lookups=(too_long,)))
     extra_block = attrs.evolve(ok, hit=0, group_blocks=((1,), ()))  # the 0.23-0.28 second-group defect
     assert Category.STATE_HIT_GROUPS in _broken(_transition(_state(), lookups=(extra_block,)))
+    # The rule names the group whose blocks miss the hit, by kind (the mechanism, as data).
+    (missized,) = [v for i, v in check_transition(_transition(_state(), lookups=(extra_block,)))
+                   if i.name == "hit_groups"]
+    assert missized.group_kinds == (CONFIG.groups[0].kind,) and "group 0" in missized.message
     unregistered = attrs.evolve(ok, group_blocks=((1, 3), (3,)))
     assert Category.STATE_HIT_GROUPS in _broken(_transition(_state(), lookups=(unregistered,)))
 
@@ -209,7 +213,7 @@ def test_the_pool_rules_read_from_a_compact_snapshot_flag_exactly_the_bad_blocks
     blocks = [i for i in ref if i != data["null_block"]]
     free_bad = [i for i in blocks if (ref[i] == 0 and i not in queued) or (ref[i] > 0 and i in queued) or ref[i] < 0]
     count_bad = [i for i in blocks if ref[i] != held[i]]
-    found = {name: [int(m.split()[1]) for i, m in check_transition(_transition(state, before=state)) if i.name == name]
+    found = {name: [int(m.message.split()[1]) for i, m in check_transition(_transition(state, before=state)) if i.name == name]
              for name in ("free_iff_unreferenced", "ref_counts")}
     assert found["free_iff_unreferenced"] == sorted(free_bad)[:3]
     assert found["ref_counts"] == sorted(count_bad)[:3]
@@ -349,7 +353,7 @@ def test_a_block_evict_blocks_named_must_not_stay_findable():
     # Broken one way only: the block forgot its key, the map still names it (the
     # map rule sees the disagreement too; the eviction rule names the evicted block).
     half = _state(blocks=evicted.blocks)
-    found = {(i.name, m.split(" was")[0]) for i, m in check_transition(_transition(half, evicted=(2,)))}
+    found = {(i.name, m.message.split(" was")[0]) for i, m in check_transition(_transition(half, evicted=(2,)))}
     assert ("evicted_unfindable", "block 2") in found
     # Without an evict_blocks call the rule says nothing of keyed blocks.
     assert Category.STATE_EVICTED_FINDABLE not in _broken(_transition(_state()))
