@@ -84,6 +84,7 @@ class Category(str, enum.Enum):
     STATE_RETENTION_HIT = "state_retention_hit"
     STATE_FREE_ORDER = "state_free_order"
     STATE_WINDOW = "state_window"
+    STATE_MAMBA_STATE = "state_mamba_state"
 
     @property
     def is_state(self) -> bool:
@@ -131,6 +132,8 @@ _MEANINGS = {
                                "first, a freed request's blocks tail first)",
     Category.STATE_WINDOW: "a sliding-window group no longer holds a block inside the window the request's next "
                            "step reads",
+    Category.STATE_MAMBA_STATE: "a Mamba group no longer holds the block with the request's running state, which "
+                                "its next step continues from",
     Category.STATE_ZEROING: "a block handed out for zeroing is not one the operation placed",
     Category.STATE_ZEROING_MISSED: "a fresh attention block on a layout vLLM zeroes was not handed out for zeroing",
     Category.STATE_EVICTED_FINDABLE: "a block evict_blocks evicted (a failed KV load) is still findable by a lookup: "

@@ -496,6 +496,33 @@ def _window_held(t: Transition) -> list[str]:
     return out[:3]
 
 
+def _mamba_state_held(t: Transition) -> list[str]:
+    # In 'align' mode vLLM keeps a request's running Mamba state in the block
+    # of its last computed token, slot cdiv(computed, block) - 1: allocate_slots
+    # places it for the tokens scheduled, and remove_skipped_blocks frees only
+    # state blocks of earlier steps (below that slot).  Not on layouts with
+    # drafts (an EAGLE group): vLLM then gives Mamba groups speculative
+    # blocks that move the state, and draft tokens are counted as computed
+    # (kvspec's hand-built layouts give none).  A request whose count fell
+    # since it started running (a failed load) is not checked: the slot then
+    # lies in what was allocated for more.
+    if t.config.any_eagle:
+        return []
+    out = []
+    null = t.after.null_block
+    for table in t.after.tables:
+        computed = t.running.get(table.request)
+        group = t.config.groups[table.group]
+        if not computed or group.kind is not GroupKind.MAMBA_ALIGN or t.peaks.get(table.request, 0) > computed:
+            continue
+        slot = _cdiv(computed, group.block_size) - 1
+        if slot >= len(table.blocks) or table.blocks[slot] == null:
+            out.append(f"request {table.request}, group {table.group} (mamba_align, block {group.block_size}): "
+                       f"{computed} computed tokens keep their state in slot {slot}, which is "
+                       f"{'missing' if slot >= len(table.blocks) else 'the null block'}")
+    return out[:3]
+
+
 def _forgets(t: Transition) -> list[str]:
     out = []
     for request in t.gone:
@@ -791,6 +818,12 @@ INVARIANTS: tuple[Invariant, ...] = (
               "since it last started running (a count that fell back, by rejected drafts or a failed load, may "
               "have had slots freed for the larger one; that vLLM frees on the processed count is not checked), "
               "and that slots below the window are freed is not checked", _window_held, exact=False),
+    Invariant("mamba_state_held", Category.STATE_MAMBA_STATE,
+              "a running request's Mamba ('align') table holds a real block in slot cdiv(computed, block) - 1, "
+              "where its running state is kept for its next step.  Weaker than exact: checked while the request's "
+              "count has not fallen since it last started running, on layouts without drafts (no EAGLE group: "
+              "speculative decoding gives Mamba groups speculative blocks that move the state); which earlier blocks (prefill checkpoints, states retention keeps) it holds is "
+              "checked only through the hits retention owes", _mamba_state_held, exact=False),
     Invariant("forgets", Category.STATE_FORGET,
               "after free or preemption no group keeps a table for the request, unless the same operation admitted it "
               "again (running, or holding blocks for a new KV load)", _forgets),
@@ -841,9 +874,9 @@ INVARIANTS: tuple[Invariant, ...] = (
 OUT_OF_SCOPE = (
     "the free queue's order when a KV connector frees cached blocks to its head (0.34's SimpleKVOffload "
     "lazy mode) or unpins blocks (HiSparse): neither is driven",
-    "which blocks Mamba groups keep is checked only as tables that never change a slot except to null, "
-    "and sliding-window groups only for the window the next step reads; under retention both only "
-    "through the hits it owes (retention_hit, engine programs): "
+    "which blocks Mamba groups keep is checked only as tables that never change a slot except to null "
+    "and for the block of the running state, and sliding-window groups only for the window the next step "
+    "reads; under retention both only through the hits it owes (retention_hit, engine programs): "
     + RETENTION_SCOPE,
     "hit lengths on layouts of two or more groups are checked for their bounds and their agreement across "
     "groups, not predicted (they are predicted on one-group full-attention models; the hit-length "

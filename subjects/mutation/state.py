@@ -129,6 +129,19 @@ def _mamba_hit_unpadded(src: Source) -> tuple[str, list[Edit]]:
     return where, [src.replace(n, "pass") for n in pads]
 
 
+def _mamba_state_slot_nulled(src: Source) -> tuple[str, list[Edit]]:
+    where, method = _method(src, "MambaManager", "allocate_new_blocks")
+    # `[self._null_block for _ in range(prev_block_len, END)]`, the slots a
+    # request skips in one step: one more, so the slot of the running state
+    # is padded null and no block is allocated for it.
+    end = exactly_one([n.args[1] for n in walk(method.body)
+                       if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "range"
+                       and len(n.args) == 2 and isinstance(n.args[0], ast.Name) and n.args[0].id == "prev_block_len"
+                       and isinstance(n.args[1], ast.Name)],
+                      f"`range(prev_block_len, num_skipped_blocks)` (the null padding) in {where}")
+    return where, [src.replace(end, f"{end.id} + 1")]
+
+
 def _allocate_floors_partial_block(src: Source) -> tuple[str, list[Edit]]:
     where, method = _method(src, "SingleTypeKVCacheManager", "allocate_new_blocks")
     assign = exactly_one(
@@ -262,6 +275,11 @@ STATE_MUTANTS: tuple[MutationOperator, ...] = (
         "MambaManager.find_longest_cache_hit returns the cached state without the null blocks before it "
         "(a hit of h tokens no longer holds cdiv(h, block) slots)",
         "", _mamba_hit_unpadded, MANAGER_FILE, side="state"),
+    MutationOperator(
+        "mamba_state_slot_nulled",
+        "MambaManager.allocate_new_blocks pads one slot too many with null blocks when a step skips "
+        "blocks, so the slot of the running state holds the null block and none is allocated for it",
+        "", _mamba_state_slot_nulled, MANAGER_FILE, side="state"),
     MutationOperator(
         "allocate_floors_partial_block",
         "SingleTypeKVCacheManager.allocate_new_blocks floors the blocks a request needs instead of "

@@ -79,6 +79,7 @@ TARGETED = {
     "free_cached_to_head": (Category.STATE_FREE_ORDER, "a freed cached block joins the tail"),
     "free_head_first": (Category.STATE_FREE_ORDER, "tail first (reverse slot order)"),
     "window_frees_early": (Category.STATE_WINDOW, "the next step reads slots"),
+    "mamba_state_slot_nulled": (Category.STATE_MAMBA_STATE, "keep their state in slot"),
 }
 
 

@@ -490,6 +490,16 @@ class MambaManager(SingleTypeKVCacheManager):
                     computed.append(cached)
                 break
         return computed_blocks
+
+    def allocate_new_blocks(self, request_id, num_tokens, num_tokens_main_model):
+        req_blocks = self.req_to_blocks[request_id]
+        prev_block_len = len(req_blocks)
+        num_skipped_blocks = cdiv(num_tokens_main_model, self.block_size) - 1
+        if prev_block_len < num_skipped_blocks:
+            req_blocks.extend([self._null_block for _ in range(prev_block_len, num_skipped_blocks)])
+        for block_idx in range(prev_block_len, len(req_blocks)):
+            pass
+        return self.block_pool.get_new_blocks(cdiv(num_tokens_main_model, self.block_size) - len(req_blocks))
 '''
 
 
@@ -502,6 +512,8 @@ class MambaManager(SingleTypeKVCacheManager):
      "free_blocks(self.pop_blocks_for_free(request_id))"),
     ("window_frees_early", "max(0, num_computed_tokens - self.sliding_window + 1)",
      "max(0, (num_computed_tokens - self.sliding_window + 1) + self.block_size)"),
+    ("mamba_state_slot_nulled", "range(prev_block_len, num_skipped_blocks)",
+     "range(prev_block_len, num_skipped_blocks + 1)"),
 ])
 def test_state_operators_rewrite_the_managers(name, removed, added):
     from kvspec.subjects.mutation import STATE_MUTANTS

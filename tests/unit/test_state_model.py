@@ -33,7 +33,7 @@ def _state(**changes) -> ManagerState:
         blocks=(Block(0, 0), Block(1, 2, ("k1",)), Block(2, 1, ("k2",)), Block(3, 1), Block(4, 1),
                 Block(5, 0), Block(6, 0), Block(7, 0)),
         hash_map=(("k1", 1), ("k2", 2)),
-        tables=(Table("r0", 0, (1, 2), 2), Table("r0", 1, (0, 3)), Table("r1", 0, (1, 4), 1)),
+        tables=(Table("r0", 0, (1, 2), 2), Table("r0", 1, (3,)), Table("r1", 0, (1, 4), 1)),
     )
     return attrs.evolve(base, **changes)
 
@@ -73,7 +73,7 @@ def test_a_reference_count_off_by_one_is_caught():
 
 
 def test_tables_append_only_and_covering():
-    changed = _state(tables=(Table("r0", 0, (1, 5), 2), Table("r0", 1, (0, 3)), Table("r1", 0, (1, 4), 1)))
+    changed = _state(tables=(Table("r0", 0, (1, 5), 2), Table("r0", 1, (3,)), Table("r1", 0, (1, 4), 1)))
     assert Category.STATE_TABLE_APPEND_ONLY in _broken(_transition(changed))
     nulled = _state(tables=(Table("r0", 0, (1, 2), 2), Table("r0", 1, (0, 0)), Table("r1", 0, (1, 4), 1)))
     # A slot turning null is what sliding-window and Mamba groups do (reference counts aside).
@@ -112,7 +112,7 @@ def test_reset_leak_and_zeroing():
     leaked = attrs.evolve(idle, free_queue=(1, 2, 3, 4, 5, 6), num_free=6)
     assert Category.STATE_LEAK in _broken(_transition(leaked, running={}))
     assert Category.STATE_ZEROING in _broken(_transition(_state(), handed_for_zeroing=(1,)))
-    grown = _state(tables=(Table("r0", 0, (1, 2, 5), 2), Table("r0", 1, (0, 3)), Table("r1", 0, (1, 4), 1)))
+    grown = _state(tables=(Table("r0", 0, (1, 2, 5), 2), Table("r0", 1, (3,)), Table("r1", 0, (1, 4), 1)))
     assert Category.STATE_ZEROING not in _broken(_transition(grown, handed_for_zeroing=(5,)))
 
 
@@ -294,7 +294,7 @@ def test_with_prefix_caching_off_nothing_is_registered_and_every_lookup_misses()
 
 def test_a_fresh_attention_block_on_a_mamba_layout_must_be_handed_out_for_zeroing():
     # CONFIG has a Mamba group, so vLLM zeroes new attention blocks (#51749).
-    grown = _state(tables=(Table("r0", 0, (1, 2, 5), 2), Table("r0", 1, (0, 3)), Table("r1", 0, (1, 4), 1)))
+    grown = _state(tables=(Table("r0", 0, (1, 2, 5), 2), Table("r0", 1, (3,)), Table("r1", 0, (1, 4), 1)))
     assert Category.STATE_ZEROING_MISSED in _broken(_transition(grown))
     assert Category.STATE_ZEROING_MISSED not in _broken(_transition(grown, handed_for_zeroing=(5,)))
     # A block a lookup gave the request holds cached data: not zeroed.
@@ -310,7 +310,7 @@ def test_a_fresh_attention_block_on_a_mamba_layout_must_be_handed_out_for_zeroin
 
 def test_a_block_held_by_two_groups_at_once_is_caught():
     assert Category.STATE_ONE_GROUP not in _broken(_transition(_state()))  # r0 and r1 share block 1 in group 0
-    aliased = _state(tables=(Table("r0", 0, (1, 2), 2), Table("r0", 1, (0, 3)), Table("r1", 0, (1, 3), 1)))
+    aliased = _state(tables=(Table("r0", 0, (1, 2), 2), Table("r0", 1, (3,)), Table("r1", 0, (1, 3), 1)))
     assert Category.STATE_ONE_GROUP in _broken(_transition(aliased))
 
 
@@ -527,3 +527,28 @@ def test_the_oracle_carries_a_requests_peak_until_it_stops_running():
     assert not window_alarm(oracle, {"do": "evict", "id": "r0"}, 5, (0, 0, 0, 23, 24))
     # Preempted and running again within the step: its peak starts over at 5.
     assert window_alarm(oracle, {"do": "schedule"}, 5, (0, 0, 0, 23, 24), preempted=["r0"])
+
+
+def _mamba_broken(slots: tuple[int, ...], computed: int, peak: int | None = None) -> bool:
+    """One request on a Mamba group of block 4 (blocks 1-3 real, 0 null)."""
+    config = CoordinatorConfig((KVCacheGroup("mamba_align", 4),), 4, 4)
+    blocks = tuple(Block(i, 1 if i in slots and i else 0) for i in range(4))
+    free = tuple(i for i in range(1, 4) if i not in slots)
+    after = ManagerState(null_block=0, num_free=len(free), free_queue=free, blocks=blocks, hash_map=(),
+                         tables=(Table("r0", 0, slots),))
+    t = _transition(after, before=after, config=config, regime=expected_regime(config, CAPS),
+                    running={"r0": computed}, peaks={"r0": peak} if peak else {})
+    return bool(check_transition(t, only=["mamba_state_held"]))
+
+
+def test_a_mamba_table_holds_the_block_of_the_running_state():
+    # Block 4: 9 computed tokens keep their state in slot 2 (tokens 8..11);
+    # the slots before it may have been freed (null) once the state moved on.
+    assert not _mamba_broken((0, 0, 3), 9)
+    assert not _mamba_broken((0, 0, 3), 12)
+    assert _mamba_broken((0, 3, 0), 9)  # the state's block freed, an old one kept
+    assert _mamba_broken((0, 3), 9)  # the state's slot missing
+    assert not _mamba_broken((0, 3), 8)  # 8 tokens: slot 1
+    # A count that fell (a failed load) is not checked: the slot lies in what was allocated for more.
+    assert not _mamba_broken((0, 0, 3), 5, peak=9)
+    assert _mamba_broken((0, 0, 3), 5)
