@@ -333,8 +333,7 @@ class _Emitter:
             elif call == "reset_prefix_cache":
                 if in_final and self.category is Category.STATE_RESET:
                     out += ["    in_use = any(",
-                            "        block.ref_cnt > 0 and not block.is_null",
-                            "        for block in manager.block_pool.blocks",
+                            "        block.ref_cnt > 0 and not block.is_null for block in manager.block_pool.blocks",
                             "    )",
                             "    reset = manager.reset_prefix_cache()"]
                 elif entry.get("returned") is None:
@@ -563,7 +562,7 @@ class _Emitter:
         return running
 
     # the file
-    def manager_lines(self) -> list[str]:
+    def manager_lines(self, assign: str = "manager = ") -> list[str]:
         out = ["    init_none_hash(sha256)", "    kv_cache_config = KVCacheConfig(",
                f"        num_blocks={self.program.num_blocks},", "        kv_cache_tensors=[],",
                "        kv_cache_groups=["]
@@ -592,7 +591,7 @@ class _Emitter:
         accepted = set(self.caps.manager_keywords)
         args = ["kv_cache_config"] + [f"{k}={v}" for k, v, on in wanted
                                       if on and (not accepted or k in accepted)]
-        return out + _call("    ", f"manager = {builder}", args)
+        return out + _call("    ", f"{assign}{builder}", args)
 
     def _group_spec(self, g, name: str) -> list[str]:
         kind = g.kind.value
@@ -618,8 +617,9 @@ class _Emitter:
         kinds = sorted({_SPEC_CLASSES[g.kind.value] for g in self.groups} | {"KVCacheConfig", "KVCacheGroupSpec"})
         first = []
         if self.idiom.helpers:
-            first.append("from tests.v1.core.test_prefix_caching import make_kv_cache_manager, make_request")
-        else:
+            names = ["make_kv_cache_manager"] + (["make_request"] if "make_request(" in body else [])
+            first.append(_import_line("tests.v1.core.test_prefix_caching", names))
+        elif "SamplingParams(" in body:
             first.append("from vllm.sampling_params import SamplingParams")
         first.append("from vllm.utils.hashing import sha256")
         if not self.idiom.helpers:
@@ -711,9 +711,8 @@ def emit_stateful_test(finding: Finding, trace: list[dict[str, Any]] | None, cap
         return None
     if body is None:
         return None
-    setup = emitter.manager_lines()
-    if finding.category is Category.PRECONDITION:
-        setup[-len(setup):] = [line.replace("    manager = ", "    ", 1) for line in setup]
+    # A refused layout: building the manager is the test.
+    setup = emitter.manager_lines("" if finding.category is Category.PRECONDITION else "manager = ")
     function = [f"def {name}():", *_docstring(emitter, name), *setup, *body]
     text = "\n".join(function)
     out = [*idiom.header, *emitter.imports(text), "", ""]
