@@ -346,6 +346,7 @@ class _Emitter:
             elif call == "take_new_block_ids":
                 if in_final and self.category in (Category.STATE_ZEROING_MISSED, Category.STATE_ZEROING):
                     out.append("    zeroed = set(manager.take_new_block_ids())")
+                    return out + self._final_check()  # what follows in the step is not needed
                 else:
                     out.append("    manager.take_new_block_ids()")
             elif call == "take_kv_cache_block_copies":

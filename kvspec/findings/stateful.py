@@ -168,7 +168,7 @@ def with_regression_test(finding: Finding, path: Path, trace, capabilities, subj
         why_not = "it does not pass ruff with the release's configuration"
     elif not runs[0].get("as_expected"):
         why_not = f"it did not fail on {subject.label} as the finding did"
-    record = {"file_name": file_name, "path": str(test_path), "code": code, "test_name": name,
+    record = {"file_name": file_name, "path": str(test_path), "code": code, "test_name": name, "trace": trace,
               "idiom": idiom.as_dict(), "module": module, "proposed": why_not is None, "why_not_proposed": why_not,
               "command": f"pytest {module or 'tests/v1/core/' + file_name}::{name}", **checked}
     return attrs.evolve(finding, artifacts={**finding.artifacts, "regression_test": str(test_path)},

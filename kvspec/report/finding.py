@@ -720,6 +720,26 @@ def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
+def _stateful_test_fold(f: Finding) -> list[str]:
+    """A stateful finding's test, emitted anew from its recorded calls
+    (validated by the emitter: plain ids, whole numbers, known calls)."""
+    from kvspec.emit.stateful_test import emit_stateful_test
+    from kvspec.emit.vllm_tests import Idiom
+
+    t = f.regression_test or {}
+    trace = t.get("trace")
+    if not isinstance(trace, list) or not all(isinstance(e, dict) for e in trace):
+        return []
+    code = emit_stateful_test(f, trace, f.subject_capabilities(), Idiom.from_recorded(t.get("idiom")))
+    if code is None:
+        return []
+    module = t.get("module")
+    where = module if isinstance(module, str) and _TEST_FILE.fullmatch(module) else "tests/v1/core"
+    body = [f"Add to `{where}` of vLLM (as its own file it runs as is: it imports the release's helpers):",
+            "", *_fence(code, "python")]
+    return _fold(f"Regression test for {where}", body)
+
+
 def _regression_test_code(f: Finding, xfail: bool = False) -> str | None:
     """The test, emitted anew from the finding's (validated) inputs: code is
     never copied from a finding into a report."""
@@ -798,7 +818,10 @@ def render_markdown(f: Finding, heading: str = "###", plot_path: str | None = No
     if f.groups:
         headers, rows = derivation_table(f)
         out += _fold("Derivation (spec and subject)", _md_table(headers, [[_md(c) for c in r] for r in rows]))
-    code = _regression_test_code(f) if f.source == "fuzz" and proposes_test(f) else None
+    stateful = f.compared.get("differential") == "stateful"
+    if stateful and f.source == "fuzz" and proposes_test(f):
+        out += _stateful_test_fold(f)
+    code = _regression_test_code(f) if f.source == "fuzz" and proposes_test(f) and not stateful else None
     if code is not None:
         t = f.regression_test or {}
         from kvspec.emit.regression_test import FILE_NAME, xfail_decorator

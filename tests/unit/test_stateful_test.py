@@ -177,6 +177,14 @@ def test_the_report_names_the_module_and_what_failed_on_each_side():
     assert "passed on vllm 0.28.0, the first release without" in text
     assert "ruff check and ruff format --check with the release's configuration: passed" in text
     assert "test_prefix_cache_registration" not in text
+    # The code is emitted anew from the recorded calls, never copied from the finding.
+    shown = render_markdown(_finding(Category.STATE_ZEROING_MISSED, regression_test={
+        **record, "trace": TRACE, "code": "import os  # not shown", "idiom": {"helpers": "tests.v1.core.test_prefix_caching"}}))
+    assert "Regression test for tests/v1/core/test_prefix_caching.py" in shown
+    assert "def test_new_attention_blocks_are_handed_out_for_zeroing():" in shown and "import os" not in shown
+    bad = [*TRACE[:1], {**TRACE[1], "id": "r0; import os"}, *TRACE[2:]]
+    hostile = render_markdown(_finding(Category.STATE_ZEROING_MISSED, regression_test={**record, "trace": bad}))
+    assert "def test_" not in hostile
     crash = attrs.evolve(_finding(Category.SUBJECT_CRASH), regression_test={
         **record, "verified": [{**record["verified"][0], "failure": "vLLM's own assert (AssertionError: x)"},
                                {"outcome": "failed", "must": "passed", "as_expected": False, "against": "vllm 0.28.0",
