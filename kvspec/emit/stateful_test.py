@@ -93,6 +93,9 @@ _BEHAVIOUR: dict[Category, tuple[str, str]] = {
         "a block must be held by one KV cache group at a time"),
 }
 
+_LOOKUP_RULES = (Category.STATE_HIT_GROUPS, Category.STATE_HIT_BOUNDS, Category.STATE_HIT_LENGTH,
+                 Category.STATE_LOOKUP_PURITY)
+
 # The manager calls a stateful test can make (what the worker records).
 STATE_CALLS = ("request", "new_step_starts", "get_computed_blocks", "truncate_computed_blocks",
                "allocate_slots", "set_computed", "append_output", "set_shared_prefix_boundary",
@@ -226,8 +229,16 @@ class _Emitter:
         self.final_start = ops[-1]
         self.trace = trace
         self.message = assertion_message(self.category) or ""
+        # A lookup rule is checked at the lookup that broke it: the request
+        # the finding names (only to choose among the trace's own ids), else
+        # the step's last lookup.
+        lookups = [i for i in range(self.final_start, len(trace)) if trace[i].get("call") == "get_computed_blocks"]
+        named = re.search(r"request (\w+)", finding.detail or "")
+        chosen = [i for i in lookups if named and trace[i].get("id") == named.group(1)]
+        self.checked_lookup = (chosen or lookups or [None])[-1]
         self.uses: set[str] = set()  # names the body uses, for the imports
         self.helpers: set[str] = set()
+        self.request_spans: dict[str, tuple[int, int]] = {}  # where each request is made in the body
 
     # words
     def _op_comment(self, op: dict[str, Any], step: int) -> list[str]:
@@ -275,18 +286,19 @@ class _Emitter:
             if call not in STATE_CALLS:
                 return None
             if call == "request":
+                start = len(out)
                 out += self._request(rid, [_int(t) for t in entry["tokens"]])
+                self.request_spans[rid] = (start, len(out))
             elif call == "new_step_starts":
                 out.append("    manager.new_step_starts()")
             elif call == "get_computed_blocks":
                 if entry.get("hit") is None:  # vLLM raised here: the call is the test
                     return out + ["    # A scheduler step looks the request up: this must not raise.",
                                   f"    manager.get_computed_blocks({rid})"]
-                out += self._lookup(index, rid, in_final)
+                out += self._lookup(index, rid, index == self.checked_lookup)
                 last_hit = _int(entry["hit"])
                 hit_var[rid] = last_hit
-                if in_final and self.category in (Category.STATE_HIT_GROUPS, Category.STATE_HIT_BOUNDS,
-                                                  Category.STATE_HIT_LENGTH, Category.STATE_LOOKUP_PURITY):
+                if index == self.checked_lookup and self.category in _LOOKUP_RULES:
                     return out + self._lookup_check(rid)
                 out.append(f"    assert num_computed_tokens == {last_hit}")
             elif call == "set_shared_prefix_boundary":
@@ -639,6 +651,16 @@ class _Emitter:
         return third + [""] + [line for chunk in first for line in chunk.split("\n")]
 
 
+def _without_unused_requests(body: list[str], spans: dict[str, tuple[int, int]]) -> list[str]:
+    """The body without the requests no call up to the check uses."""
+    drop: set[int] = set()
+    for rid, (start, end) in spans.items():
+        rest = "\n".join(line for i, line in enumerate(body) if not start <= i < end)
+        if not re.search(rf"\b{rid}\b", rest):
+            drop.update(range(start, end))
+    return [line for i, line in enumerate(body) if i not in drop]
+
+
 def _running_line(running: list[str]) -> str:
     """The requests still running at the end, by id (plain names only)."""
     return "    running = {" + ", ".join(f'"{r}"' for r in running) + "}" if running else "    running = set()"
@@ -712,6 +734,7 @@ def emit_stateful_test(finding: Finding, trace: list[dict[str, Any]] | None, cap
         return None
     if body is None:
         return None
+    body = _without_unused_requests(body, emitter.request_spans)
     # A refused layout: building the manager is the test.
     setup = emitter.manager_lines("" if finding.category is Category.PRECONDITION else "manager = ")
     function = [f"def {name}():", *_docstring(emitter, name), *setup, *body]

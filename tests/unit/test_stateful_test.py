@@ -79,11 +79,11 @@ TRACE = [
 STATEFUL = [c for c in Category if assertion_message(c)] + [Category.SUBJECT_CRASH, Category.PRECONDITION]
 
 
-def _finding(category, config=SWA_MAMBA, **more):
+def _finding(category, config=SWA_MAMBA, detail="a kvspec finding", **more):
     program = Program(config, 64, 128, ops=({"do": "arrive", "id": "r0", "tokens": PROMPT}, {"do": "schedule"}))
     return Finding(source="fuzz", verdict=f"DISCREPANCY: {category.value}", category=category,
                    compared={"differential": "stateful", "capabilities": {}},
-                   inputs={"program": program.as_dict()}, detail="a kvspec finding", **more)
+                   inputs={"program": program.as_dict()}, detail=detail, **more)
 
 
 def _ruff(*args, cwd):
@@ -192,3 +192,21 @@ def test_the_report_names_the_module_and_what_failed_on_each_side():
     text = render_markdown(crash)
     assert "failed on vLLM's own assert (AssertionError: x) on vllm 0.27.1" in text
     assert "the test cannot run on vllm 0.28.0: TypeError" in text
+
+
+def test_a_lookup_rule_is_checked_at_the_lookup_that_broke_it():
+    """The step looks up r0 then r1; the finding names r1: the check follows
+    r1's lookup, and a request no call uses is not made."""
+    trace = [{"call": "op", "op": {"do": "arrive", "id": "r0", "tokens": PROMPT}},
+             {"call": "request", "id": "r0", "tokens": PROMPT},
+             {"call": "op", "op": {"do": "arrive", "id": "r1", "tokens": PROMPT}},
+             {"call": "request", "id": "r1", "tokens": PROMPT},
+             {"call": "op", "op": {"do": "arrive", "id": "r2", "tokens": PROMPT}},
+             {"call": "request", "id": "r2", "tokens": PROMPT},
+             *_step("r0", 10)[:-2], {"call": "get_computed_blocks", "id": "r1", "hit": 0},
+             {"call": "get_computed_blocks", "id": "r2", "hit": 0}]
+    f = _finding(Category.STATE_HIT_GROUPS, TWO_FULL, detail="hit_groups: request r1: group 1 returned 1 blocks")
+    code = emit_stateful_test(f, trace, Capabilities(), Idiom(helpers=True))
+    lookup = code.index("manager.get_computed_blocks(r1)")
+    assert code.index("block_sizes = ") > lookup > code.index("manager.get_computed_blocks(r0)")
+    assert "r2" not in code  # looked up after the check: not needed, not made
