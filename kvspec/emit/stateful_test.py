@@ -1,394 +1,752 @@
 """A regression test, in vLLM's idiom, from a stateful finding.
 
-The worker records every call the program made on vLLM's objects (requests
-built, ``new_step_starts``, ``get_computed_blocks``, ``allocate_slots`` with
-its arguments, tokens appended, ``free``, ``reset_prefix_cache``,
-``evict_blocks``, the step's zeroing and copy-on-write drains).  The test
-replays exactly those calls on a ``KVCacheManager`` built as vLLM's own
-prefix-caching tests build one, asserts that each call answers as it did
-(otherwise the replay diverged: a different failure, said so), then asserts
-the broken invariant in plain code on vLLM's own attributes.  It imports
-vLLM, pytest and the standard library only: it can be pasted into
-``tests/v1/core/``.
+The worker records the calls the finding's (shrunk) program made on vLLM's
+objects: requests built, ``new_step_starts``, ``get_computed_blocks``,
+``allocate_slots`` with its arguments, tokens appended, ``free``,
+``reset_prefix_cache``, ``evict_blocks``, the step's zeroing and
+copy-on-write drains.  The test makes those calls, up to the operation that
+broke the rule, as vLLM's own prefix-caching tests make them: the manager
+and the requests from the release's helpers (``make_kv_cache_manager`` and
+``make_request`` of ``tests/v1/core/test_prefix_caching.py``, when the
+release has them), keyword arguments only where they differ from vLLM's
+defaults, one comment per scheduler step.  It then asserts the rule in plain
+code on vLLM's own attributes, with a message in vLLM's words.  It is named
+after the behaviour, imports vLLM and the release's helpers only, and names
+neither kvspec nor the finding.
+
+Safety: a finding may come from a file kvspec did not write.  What goes
+into code is rebuilt from typed values (the program through
+``model.program.Program``, request ids as plain names, numbers as ints,
+keyword names from a fixed list); no string of a finding is copied in.
+
+``kvspec.findings.stateful`` lints it with the release's ruff configuration
+and runs it on both sides.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+import re
+from math import lcm
 from typing import Any
 
-from kvspec.model.capabilities import Capabilities, expected_regime
+from kvspec.model.capabilities import Capabilities
 from kvspec.model.finding import Category, Finding
-from kvspec.model.program import Program, describe_op
+from kvspec.model.program import Program
 
-__all__ = ["STATE_ASSERT_MESSAGE", "DIVERGED_MESSAGE", "emit_stateful_test", "expected_failure",
-           "verify_stateful_test"]
+from .vllm_tests import Idiom
 
-STATE_ASSERT_MESSAGE = "kvspec state invariant"
-DIVERGED_MESSAGE = "the replay diverged from the recorded run"
+__all__ = ["emit_stateful_test", "stateful_test_name", "assertion_message", "expected_failure", "STATE_CALLS",
+           "CALL_CHECKED"]
 
-_SPECS = {
-    "full_attention": "FullAttentionSpec(block_size={b}, num_kv_heads=1, head_size=8, dtype=torch.float16)",
-    "sliding_window": "SlidingWindowSpec(block_size={b}, num_kv_heads=1, head_size=8, dtype=torch.float16, "
-                      "sliding_window={w})",
-    "mamba_align": "MambaSpec(block_size={b}, shapes=((4, 4),), dtypes=(torch.float16,), "
-                   "mamba_cache_mode=\"align\")",
+WIDTH = 88  # vLLM's line length (its pyproject.toml, [tool.ruff] line-length)
+
+# The behaviour each rule pins: (test name, the assertion's message).
+_BEHAVIOUR: dict[Category, tuple[str, str]] = {
+    Category.STATE_ZEROING_MISSED: (
+        "test_new_attention_blocks_are_handed_out_for_zeroing",
+        "every block newly allocated to an attention group must be returned by "
+        "take_new_block_ids() so that it is zeroed"),
+    Category.STATE_ZEROING: (
+        "test_only_newly_allocated_blocks_are_handed_out_for_zeroing",
+        "take_new_block_ids() must return only blocks this step allocated"),
+    Category.STATE_HIT_GROUPS: (
+        "test_every_group_trims_its_hit_blocks_to_the_common_hit",
+        "each KV cache group must hold cdiv(num_computed_tokens, block_size) hit blocks"),
+    Category.STATE_HIT_BOUNDS: (
+        "test_prefix_cache_hit_leaves_a_token_to_compute",
+        "a prefix cache hit must leave one token to compute and end on a block boundary"),
+    Category.STATE_HIT_LENGTH: (
+        "test_prefix_cache_hit_is_the_leading_run_of_cached_blocks",
+        "the hit must be the leading run of the request's blocks in the prefix cache"),
+    Category.STATE_LOOKUP_PURITY: (
+        "test_get_computed_blocks_takes_no_reference",
+        "get_computed_blocks() must not change any block's ref_cnt or the free count"),
+    Category.STATE_REF_COUNT: (
+        "test_block_ref_cnt_counts_the_block_tables_holding_it",
+        "a block's ref_cnt must equal the number of block tables holding it"),
+    Category.STATE_FREE_LIST: (
+        "test_free_block_queue_matches_its_counter",
+        "the free block queue must match num_free_blocks and hold each block once"),
+    Category.STATE_FREE_BLOCKS: (
+        "test_a_block_is_free_iff_nothing_references_it",
+        "the free block queue must hold exactly the blocks with ref_cnt == 0"),
+    Category.STATE_FORGET: (
+        "test_freed_request_leaves_no_block_table",
+        "no KV cache group may keep a block table for a freed request"),
+    Category.STATE_LEAK: (
+        "test_every_block_is_free_when_no_request_holds_one",
+        "with no request left, every block but the null block must be free"),
+    Category.STATE_TABLE_COVERAGE: (
+        "test_full_attention_block_table_covers_computed_tokens",
+        "a full-attention block table must cover the request's computed tokens"),
+    Category.STATE_TABLE_APPEND_ONLY: (
+        "test_running_request_block_table_is_append_only",
+        "a running request's block table may only grow or null out skipped blocks"),
+    Category.STATE_RESET: (
+        "test_reset_prefix_cache_succeeds_iff_no_block_is_in_use",
+        "reset_prefix_cache() must succeed exactly when no block is in use"),
+    Category.STATE_HASH_MAP: (
+        "test_cached_block_map_agrees_with_block_hashes",
+        "the cached block map must hold exactly the blocks that have a hash"),
+    Category.STATE_ONE_GROUP: (
+        "test_a_block_belongs_to_one_kv_cache_group",
+        "a block must be held by one KV cache group at a time"),
 }
 
-_HEADER = '''\
-import inspect
-from collections import Counter
+_LOOKUP_RULES = (Category.STATE_HIT_GROUPS, Category.STATE_HIT_BOUNDS, Category.STATE_HIT_LENGTH,
+                 Category.STATE_LOOKUP_PURITY)
 
-import pytest
-import torch
+# The manager calls a stateful test can make (what the worker records).
+STATE_CALLS = ("request", "new_step_starts", "get_computed_blocks", "truncate_computed_blocks",
+               "allocate_slots", "set_computed", "append_output", "set_shared_prefix_boundary",
+               "set_drafts", "set_status", "free", "reset_prefix_cache", "evict_blocks",
+               "take_new_block_ids", "take_kv_cache_block_copies")
 
-from vllm.sampling_params import SamplingParams
-from vllm.v1.core import kv_cache_utils
-from vllm.v1.core.kv_cache_manager import KVCacheManager
-from vllm.v1.kv_cache_interface import (
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheGroupSpec,
-    MambaSpec,
-    SlidingWindowSpec,
-)
-from vllm.v1.request import Request
+# allocate_slots keywords the worker passes, with vLLM's defaults: a keyword
+# at its default is left out, as vLLM's own tests leave it out.
+_ALLOCATE_DEFAULTS = {"num_lookahead_tokens": 0, "num_external_computed_tokens": 0,
+                      "delay_cache_blocks": False, "num_encoder_tokens": 0,
+                      "full_sequence_must_fit": False, "reserved_blocks": 0, "has_scheduled_reqs": True}
+_STATUSES = ("RUNNING", "PREEMPTED", "WAITING", "FINISHED_STOPPED", "FINISHED_ABORTED",
+             "FINISHED_LENGTH_CAPPED")
 
-try:
-    from vllm.utils.hashing import sha256
-except ImportError:  # older layout
-    from vllm.utils import sha256
+_SPEC_CLASSES = {"full_attention": "FullAttentionSpec", "sliding_window": "SlidingWindowSpec",
+                 "mamba_align": "MambaSpec"}
+_LAYER_NAMES = {"full_attention": "full", "sliding_window": "swa", "mamba_align": "mamba"}
 
 
-def _known(fn, wanted):
-    """The keyword arguments this vLLM's ``fn`` takes."""
-    params = inspect.signature(fn).parameters
-    return {k: v for k, v in wanted.items() if k in params}
+def stateful_test_name(finding: Finding) -> str | None:
+    """The test function's name, from the rule (never from a finding's text)."""
+    if finding.category is Category.SUBJECT_CRASH:
+        return "test_scheduler_step_does_not_raise"
+    if finding.category is Category.PRECONDITION:
+        return "test_kv_cache_manager_accepts_the_layout"
+    entry = _BEHAVIOUR.get(finding.category)
+    if entry is None:
+        return None
+    name = entry[0]
+    if finding.category is Category.STATE_HIT_GROUPS:
+        try:
+            groups = Program.from_dict(finding.inputs["program"]).config.groups
+        except (KeyError, TypeError, ValueError):
+            return name
+        if sum(g.kind.value == "full_attention" for g in groups) >= 2:
+            return "test_second_full_attention_group_trims_hit_blocks"
+    return name
 
 
-def _held(manager):
-    """How many table slots (every group, every request) hold each block."""
-    return Counter(
-        block.block_id
-        for group in manager.coordinator.single_type_managers
-        for blocks in group.req_to_blocks.values()
-        for block in blocks
-    )
+def assertion_message(category: Category) -> str | None:
+    entry = _BEHAVIOUR.get(category)
+    return entry[1] if entry else None
 
 
-def _free_ids(manager):
-    return [block.block_id for block in manager.block_pool.free_block_queue.get_all_free_blocks()]
+def expected_failure(finding: Finding) -> str:
+    """What the test's failure on the subject must show: its assertion's
+    message, or for a crash the exception vLLM raised."""
+    if finding.category in (Category.SUBJECT_CRASH, Category.PRECONDITION):
+        error = (finding.observations or {}).get("error", "")
+        return error.split(":", 1)[0] or "Error"
+    return assertion_message(finding.category) or ""
 
 
-def _tables(manager):
-    return {
-        (rid, index): [block.block_id for block in blocks]
-        for index, group in enumerate(manager.coordinator.single_type_managers)
-        for rid, blocks in group.req_to_blocks.items()
-    }
+# -- code layout, as ruff format lays it out ------------------------------------
 
 
-def _has_hash(block):
-    return getattr(block, "block_hash", getattr(block, "_block_hash", None)) is not None
-'''
+def _call(indent: str, head: str, args: list[str], tail: str = "") -> list[str]:
+    """``head(args)tail``: on one line if it fits, else the arguments on one
+    line inside the brackets, else one per line with a trailing comma."""
+    one = f"{indent}{head}({', '.join(args)}){tail}"
+    if len(one) <= WIDTH:
+        return [one]
+    inner = f"{indent}    {', '.join(args)}"
+    if len(inner) <= WIDTH:
+        return [f"{indent}{head}(", inner, f"{indent}){tail}"]
+    return [f"{indent}{head}(", *[f"{indent}    {a}," for a in args], f"{indent}){tail}"]
 
 
-def _q(value: Any) -> str:
-    """A Python literal for data from a finding: json is a subset of
-    Python's literal syntax for the ints, strings and lists used here."""
-    text = json.dumps(value)
-    return text.replace("true", "True").replace("false", "False").replace("null", "None")
+def _list(indent: str, prefix: str, items: list[int]) -> list[str]:
+    line = f"{indent}{prefix}[{', '.join(map(str, items))}]"
+    if len(line) <= WIDTH:
+        return [line]
+    inner = f"{indent}    {', '.join(map(str, items))}"
+    if len(inner) <= WIDTH:
+        return [f"{indent}{prefix}[", inner, f"{indent}]"]
+    return [f"{indent}{prefix}[", *[f"{indent}    {i}," for i in items], f"{indent}]"]
 
 
-def _manager_lines(program: Program, caps: Capabilities) -> list[str]:
-    lines = ["def _manager():", "    groups = ["]
-    for i, g in enumerate(program.config.groups):
-        spec = _SPECS[g.kind.value].format(b=g.block_size, w=g.sliding_window)
-        eagle = f", is_eagle_group={g.eagle}" if caps.per_group_eagle else ""
-        lines.append(f"        KVCacheGroupSpec([\"layer{i}\"], {spec}{eagle}),")
-    lines.append("    ]")
-    retention = ""
-    if program.retention_interval is not None:
-        retention = f", prefix_cache_retention_interval={program.retention_interval}"
-    c = program.config
-    use_eagle = any(g.eagle for g in c.groups)
-    lines += [
-        "    config = KVCacheConfig(**_known(KVCacheConfig, dict(",
-        f"        num_blocks={program.num_blocks}, kv_cache_tensors=[], kv_cache_groups=groups{retention})))",
-        "    return KVCacheManager(**_known(KVCacheManager.__init__, dict(",
-        f"        kv_cache_config=config, max_model_len={program.max_model_len}, "
-        f"scheduler_block_size={c.scheduler_block_size},",
-        f"        hash_block_size={c.hash_block_size}, enable_caching={c.enable_caching}, "
-        f"use_eagle={use_eagle},",
-        f"        num_prefill_lookahead={c.num_prefill_lookahead}, dcp_world_size={c.dcp_world_size}, "
-        f"max_num_batched_tokens={program.max_model_len},",
-        f"        max_in_flight_tokens={program.max_model_len}, log_stats=False,",
-        "    )))",
-    ]
-    return lines
+def _comment(indent: str, text: str) -> list[str]:
+    lines, line = [], ""
+    for word in text.split():
+        if line and len(indent) + 2 + len(line) + 1 + len(word) > WIDTH:
+            lines.append(f"{indent}# {line}")
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return lines + ([f"{indent}# {line}"] if line else [])
 
 
-def _check_lines(category: Category, program: Program, final_op: dict[str, Any]) -> list[str]:
-    """The broken invariant, asserted on vLLM's attributes after the last operation."""
-    msg = STATE_ASSERT_MESSAGE
-    null = "manager.block_pool.null_block.block_id"
-    if category is Category.STATE_REF_COUNT:
-        return ["held = _held(manager)",
-                f"counts = {{b.block_id: b.ref_cnt for b in manager.block_pool.blocks if b.block_id != {null}}}",
-                "assert counts == {i: held.get(i, 0) for i in counts}, (",
-                f"    \"{msg}: a block's ref_cnt equals the table slots holding it\")"]
-    if category is Category.STATE_FREE_LIST:
-        return ["free = _free_ids(manager)",
-                f"assert manager.block_pool.get_num_free_blocks() == len(free) == len(set(free)) and {null} not in free, (",
-                f"    \"{msg}: the free queue matches its counter, holds no block twice, not the null block\")"]
-    if category is Category.STATE_FREE_BLOCKS:
-        return [f"unreferenced = {{b.block_id for b in manager.block_pool.blocks if b.ref_cnt == 0}} - {{{null}}}",
-                "assert set(_free_ids(manager)) == unreferenced, (",
-                f"    \"{msg}: a block is in the free queue iff nothing references it\")"]
-    if category is Category.STATE_FORGET:
-        return ["left = [key for key in _tables(manager) if key[0] not in running]",
-                f"assert not left, \"{msg}: no group keeps a table for a freed or preempted request\""]
-    if category is Category.STATE_LEAK:
-        return ["assert manager.block_pool.get_num_free_blocks() == len(manager.block_pool.blocks) - 1, (",
-                f"    \"{msg}: with no request holding a block, every block but the null one is free\")"]
-    if category is Category.STATE_TABLE_COVERAGE:
-        sizes = [g.block_size if g.kind.value == "full_attention" else None for g in program.config.groups]
-        return [f"sizes = {_q(sizes)}",
-                "for (rid, index), blocks in _tables(manager).items():",
-                "    if rid in running and sizes[index]:",
-                f"        real = [b for b in blocks if b != {null}]",
-                "        need = -(-requests[rid].num_computed_tokens // sizes[index])",
-                f"        assert len(real) >= need, \"{msg}: a full-attention table covers the computed tokens\""]
-    if category is Category.STATE_TABLE_APPEND_ONLY:
-        return ["after = _tables(manager)",
-                "for key, old in tables_before.items():",
-                "    new = after.get(key)",
-                "    if new is None or key[0] not in running:",
-                "        continue",
-                f"    assert len(new) >= len(old) and all(n in (o, {null}) for o, n in zip(old, new)), (",
-                f"        \"{msg}: a running request's table slot keeps its block or turns null\")"]
-    if category is Category.STATE_RESET:
-        return ["assert reset_returned == (not held_before_reset), (",
-                f"    \"{msg}: reset_prefix_cache succeeds iff no block is held\")",
-                "if reset_returned:",
-                "    assert not any(_has_hash(b) for b in manager.block_pool.blocks), (",
-                f"        \"{msg}: a successful reset leaves no key\")"]
-    if category is Category.STATE_HASH_MAP:
-        return ["mapped = set()",
-                "for value in manager.block_pool.cached_block_hash_to_block._cache.values():",
-                "    blocks = value.values() if isinstance(value, dict) else [value]",
-                "    mapped |= {getattr(b, 'block_id', b) for b in blocks}",
-                "keyed = {b.block_id for b in manager.block_pool.blocks if _has_hash(b)}",
-                f"assert mapped == keyed and {null} not in mapped, (",
-                f"    \"{msg}: the hash map and the blocks' own hashes agree\")"]
-    if category is Category.STATE_ONE_GROUP:
-        return ["owners = {}",
-                "for (rid, index), blocks in _tables(manager).items():",
-                "    for b in blocks:",
-                f"        if b != {null}:",
-                "            owners.setdefault(b, set()).add(index)",
-                "assert all(len(groups) == 1 for groups in owners.values()), (",
-                f"    \"{msg}: a block is held by one KV-cache group at a time\")"]
-    if category is Category.STATE_ZEROING_MISSED:
-        attention = [i for i, g in enumerate(program.config.groups) if g.kind.value != "mamba_align"]
-        return ["after = _tables(manager)",
-                f"fresh = {{b for (rid, index), blocks in after.items() if index in {_q(attention)} and rid not in loaded",
-                "         for i, b in enumerate(blocks)",
-                f"         if b != {null} and (tables_before.get((rid, index)) or [])[i:i + 1] != [b]",
-                "         and b not in hit_blocks}",
-                "assert fresh <= set(zeroed), (",
-                f"    \"{msg}: every fresh attention block a step places is handed out for zeroing\")"]
-    if category is Category.STATE_ZEROING:
-        return ["after = _tables(manager)",
-                "placed = {b for key, blocks in after.items() for i, b in enumerate(blocks)",
-                "          if (tables_before.get(key) or [])[i:i + 1] != [b]}",
-                "assert set(zeroed) <= placed, (",
-                f"    \"{msg}: what is handed out for zeroing are blocks this operation placed\")"]
-    return []
+def _assert(indent: str, condition: str, message: str) -> list[str]:
+    """``assert condition, "message"`` as ruff format lays it out (the
+    message split into adjacent literals when it does not fit)."""
+    one = f'{indent}assert {condition}, "{message}"'
+    if len(one) <= WIDTH:
+        return [one]
+    if len(f"{indent}assert {condition}, (") <= WIDTH and len(f'{indent}    "{message}"') <= WIDTH:
+        return [f"{indent}assert {condition}, (", f'{indent}    "{message}"', f"{indent})"]
+    parts, line = [], ""
+    for word in message.split(" "):
+        piece = f"{line} {word}" if line else word
+        if line and len(f'{indent}    "{piece} "') > WIDTH:
+            parts.append(line + " ")
+            line = word
+        else:
+            line = piece
+    parts.append(line)
+    return [f"{indent}assert {condition}, (", *[f'{indent}    "{p}"' for p in parts], f"{indent})"]
 
 
-_LOOKUP_CHECKS = {
-    Category.STATE_HIT_GROUPS: lambda sizes, unit, fa, eagle: [
-        "for group, size in zip(found[0].blocks, " + _q(sizes) + "):",
-        "    assert len(group) == -(-found[1] // size), (",
-        f"        \"{STATE_ASSERT_MESSAGE}: every group holds cdiv(hit, block) blocks for one hit\")",
-        "for index in " + _q(fa) + ":",
-        "    assert all(not b.is_null and _has_hash(b) for b in found[0].blocks[index]), (",
-        f"        \"{STATE_ASSERT_MESSAGE}: full-attention hit blocks are real and registered\")"],
-    Category.STATE_HIT_BOUNDS: lambda sizes, unit, fa, eagle: [
-        f"assert 0 <= found[1] <= max(0, request.num_tokens - 1) and found[1] % {unit} == 0, (",
-        f"    \"{STATE_ASSERT_MESSAGE}: a hit leaves a token to compute and lands on a multiple of {unit}\")"],
-    # A one-group model: the leading run of the request's blocks the map holds
-    # (a lookup changes no key, so the map is read after it), less EAGLE's block.
-    Category.STATE_HIT_LENGTH: lambda sizes, unit, fa, eagle: [
-        "held = [kv_cache_utils.make_block_hash_with_group_id(h, 0) in "
-        "manager.block_pool.cached_block_hash_to_block._cache",
-        f"        for h in request.block_hashes[:max(0, request.num_tokens - 1) // {sizes[0]}]]",
-        "run = held.index(False) if False in held else len(held)",
-        f"run -= 1 if {eagle} and run else 0",
-        f"assert found[1] == run * {sizes[0]}, (",
-        f"    \"{STATE_ASSERT_MESSAGE}: the hit is the leading run of registered blocks\")"],
-    Category.STATE_LOOKUP_PURITY: lambda sizes, unit, fa, eagle: [
-        "assert pool_before == [b.ref_cnt for b in manager.block_pool.blocks] + "
-        "[manager.block_pool.get_num_free_blocks()], (",
-        f"    \"{STATE_ASSERT_MESSAGE}: a lookup takes no reference and frees no block\")"],
-}
+def _is_plain_id(value: Any) -> bool:
+    return isinstance(value, str) and value.isidentifier() and len(value) <= 16 and value.isascii()
 
 
-def emit_stateful_test(finding: Finding, trace: list[dict[str, Any]] | None, caps: Capabilities) -> str | None:
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected a whole number, got {value!r}")
+    return value
+
+
+# -- the test ---------------------------------------------------------------------
+
+
+class _Emitter:
+    def __init__(self, finding: Finding, program: Program, trace: list[dict[str, Any]], caps: Capabilities,
+                 idiom: Idiom):
+        self.f, self.program, self.caps, self.idiom = finding, program, caps, idiom
+        self.category = finding.category
+        self.config = program.config
+        self.groups = program.config.groups
+        ops = [i for i, entry in enumerate(trace) if entry.get("call") == "op"]
+        self.final_start = ops[-1]
+        self.trace = trace
+        self.message = assertion_message(self.category) or ""
+        # A lookup rule is checked at the lookup that broke it: the request
+        # the finding names (only to choose among the trace's own ids), else
+        # the step's last lookup.
+        lookups = [i for i in range(self.final_start, len(trace)) if trace[i].get("call") == "get_computed_blocks"]
+        named = re.search(r"request (\w+)", finding.detail or "")
+        chosen = [i for i in lookups if named and trace[i].get("id") == named.group(1)]
+        self.checked_lookup = (chosen or lookups or [None])[-1]
+        self.uses: set[str] = set()  # names the body uses, for the imports
+        self.helpers: set[str] = set()
+        self.request_spans: dict[str, tuple[int, int]] = {}  # where each request is made in the body
+
+    # words
+    def _op_comment(self, op: dict[str, Any], step: int) -> list[str]:
+        kind = op.get("do")
+        if kind == "schedule":
+            budget = f", token budget {_int(op['budget'])}" if "budget" in op else ""
+            drafts = (f", {_int(op['drafts'])} draft tokens ({_int(op.get('accepted', 0))} accepted)"
+                      if op.get("drafts") else "")
+            return _comment("    ", f"Scheduler step {step}{budget}{drafts}.")
+        rid = op.get("id")
+        if kind == "finish" and _is_plain_id(rid):
+            return _comment("    ", f"{rid} finishes.")
+        if kind == "preempt" and _is_plain_id(rid):
+            return _comment("    ", f"{rid} is preempted.")
+        if kind == "reset":
+            return ["    # Reset the prefix cache."]
+        if kind == "evict" and _is_plain_id(rid):
+            return _comment("    ", f"A failed KV load evicts {rid}'s blocks from block "
+                                   f"{_int(op.get('from_block', 0))} on.")
+        return []
+
+    def body(self) -> list[str] | None:
+        out: list[str] = []
+        step = 0
+        hit_var: dict[str, int] = {}
+        last_hit: int | None = None
+        final = self.final_start
+        attention = [i for i, g in enumerate(self.groups) if g.kind.value != "mamba_align"]
+        for index, entry in enumerate(self.trace):
+            call = entry.get("call")
+            rid = entry.get("id")
+            if rid is not None and not _is_plain_id(rid):
+                return None
+            in_final = index > final
+            if call == "op":
+                op = entry.get("op") or {}
+                if op.get("do") == "schedule":
+                    step += 1
+                comment = self._op_comment(op, step)
+                if comment:
+                    out += ["", *comment]
+                if index == final:
+                    out += self._before_final()
+                continue
+            if call not in STATE_CALLS:
+                return None
+            if call == "request":
+                start = len(out)
+                out += self._request(rid, [_int(t) for t in entry["tokens"]])
+                self.request_spans[rid] = (start, len(out))
+            elif call == "new_step_starts":
+                out.append("    manager.new_step_starts()")
+            elif call == "get_computed_blocks":
+                if entry.get("hit") is None:  # vLLM raised here: the call is the test
+                    return out + ["    # A scheduler step looks the request up: this must not raise.",
+                                  f"    manager.get_computed_blocks({rid})"]
+                out += self._lookup(index, rid, index == self.checked_lookup)
+                last_hit = _int(entry["hit"])
+                hit_var[rid] = last_hit
+                if index == self.checked_lookup and self.category in _LOOKUP_RULES:
+                    return out + self._lookup_check(rid)
+                out.append(f"    assert num_computed_tokens == {last_hit}")
+            elif call == "set_shared_prefix_boundary":
+                out.append(f"    {rid}.shared_prefix_boundary = boundary")
+            elif call == "truncate_computed_blocks":
+                tokens = _int(entry["tokens"])
+                out += _call("    ", "computed_blocks = manager.truncate_computed_blocks",
+                             ["computed_blocks", str(tokens)])
+                out.append(f"    num_computed_tokens = {tokens}")
+                last_hit = tokens
+            elif call == "allocate_slots":
+                args = self._allocate_args(entry, rid, last_hit)
+                if args is None:
+                    return None
+                line = _call("    ", "new_blocks = manager.allocate_slots", args)
+                if entry.get("allocated") is None:  # vLLM raised here: the call is the test
+                    return out + ["    # A scheduler step allocates the request's slots: this must not raise.",
+                                  *_call("    ", "manager.allocate_slots", args)]
+                out += line
+                out.append("    assert new_blocks is not None" if entry["allocated"] else
+                           "    assert new_blocks is None")
+                if in_final and self.category is Category.STATE_ZEROING_MISSED and entry["allocated"] \
+                        and not entry.get("kwargs", {}).get("num_external_computed_tokens"):
+                    self.uses.add("allocated")
+                    out += _call("    ", "allocated.update", [
+                        f"block.block_id for group_id in {attention} for block in new_blocks.blocks[group_id]"])
+                last_hit = None
+            elif call == "set_computed":
+                out.append(f"    {rid}.num_computed_tokens = {_int(entry['value'])}")
+            elif call == "append_output":
+                tokens = [_int(t) for t in entry["tokens"]]
+                arg = str(tokens[0]) if len(tokens) == 1 else str(tokens)
+                out.append(f"    {rid}.append_output_token_ids({arg})")
+            elif call == "set_drafts":
+                out.append(f"    {rid}.spec_token_ids = [7] * {_int(entry['count'])}")
+            elif call == "set_status":
+                status = entry.get("status")
+                if status not in _STATUSES:
+                    return None
+                self.uses.add("RequestStatus")
+                out.append(f"    {rid}.status = RequestStatus.{status}")
+            elif call == "free":
+                out.append(f"    manager.free({rid})")
+            elif call == "reset_prefix_cache":
+                if in_final and self.category is Category.STATE_RESET:
+                    out += ["    in_use = any(",
+                            "        block.ref_cnt > 0 and not block.is_null for block in manager.block_pool.blocks",
+                            "    )",
+                            "    reset = manager.reset_prefix_cache()"]
+                elif entry.get("returned") is None:
+                    out.append("    manager.reset_prefix_cache()")
+                else:
+                    out.append(f"    assert manager.reset_prefix_cache() is {bool(entry['returned'])}")
+            elif call == "evict_blocks":
+                ids = sorted(_int(i) for i in entry["ids"])
+                out.append(f"    manager.evict_blocks({set(ids) if ids else 'set()'})")
+            elif call == "take_new_block_ids":
+                if in_final and self.category in (Category.STATE_ZEROING_MISSED, Category.STATE_ZEROING):
+                    out.append("    zeroed = set(manager.take_new_block_ids())")
+                    return out + self._final_check()  # what follows in the step is not needed
+                else:
+                    out.append("    manager.take_new_block_ids()")
+            elif call == "take_kv_cache_block_copies":
+                out += ["    _, retained = manager.take_kv_cache_block_copies()",
+                        "    manager.block_pool.free_blocks(retained)"]
+        return out + self._final_check()
+
+    def _before_final(self) -> list[str]:
+        if self.category is Category.STATE_ZEROING_MISSED:
+            self.uses.add("allocated")
+            return ["    allocated = set()"]
+        if self.category in (Category.STATE_TABLE_APPEND_ONLY, Category.STATE_ZEROING):
+            self.helpers.add("block_tables")
+            return ["    tables_before = block_tables(manager)"]
+        return []
+
+    def _request(self, rid: str, tokens: list[int]) -> list[str]:
+        hash_block = self.config.hash_block_size
+        lookahead = self.program.num_hash_lookahead_tokens
+        contiguous = len(tokens) > 3 and tokens == list(range(tokens[0], tokens[0] + len(tokens)))
+        if contiguous:
+            start = "" if tokens[0] == 0 else f"{tokens[0]}, "
+            prompt, out = f"list(range({start}{tokens[0] + len(tokens)}))", []
+        elif len(tokens) <= 8:
+            prompt, out = str(tokens), []
+        else:
+            prompt, out = f"{rid}_prompt", _list("    ", f"{rid}_prompt = ", tokens)
+        if self.idiom.helpers:
+            args = [f'"{rid}"', prompt, str(hash_block), "sha256"]
+            if lookahead:
+                args.append(f"num_hash_lookahead_tokens={lookahead}")
+            return out + _call("    ", f"{rid} = make_request", args)
+        self.uses.add("Request")
+        hasher = f"get_request_block_hasher({hash_block}, sha256" + (f", {lookahead})" if lookahead else ")")
+        wanted = {"request_id": f'"{rid}"', "prompt_token_ids": prompt,
+                  "sampling_params": f"SamplingParams(max_tokens={self.program.max_model_len})",
+                  "pooling_params": "None", "block_hasher": hasher, "eos_token_id": "None"}
+        if self.caps.request_keywords:
+            wanted = {k: v for k, v in wanted.items() if k in self.caps.request_keywords}
+        return out + _call("    ", f"{rid} = Request", [f"{k}={v}" for k, v in wanted.items()])
+
+    def _lookup(self, index: int, rid: str, in_final: bool) -> list[str]:
+        boundary = index + 1 < len(self.trace) and self.trace[index + 1].get("call") == "set_shared_prefix_boundary"
+        out = []
+        if in_final and self.category is Category.STATE_LOOKUP_PURITY:
+            out += ["    ref_cnts = [block.ref_cnt for block in manager.block_pool.blocks]",
+                    "    num_free = manager.block_pool.get_num_free_blocks()"]
+        if boundary:
+            return out + _call("    ", "computed_blocks, num_computed_tokens, boundary = manager.get_computed_blocks",
+                               [rid])
+        return out + [f"    computed_blocks, num_computed_tokens = manager.get_computed_blocks({rid})[:2]"]
+
+    def _allocate_args(self, entry: dict[str, Any], rid: str, last_hit: int | None) -> list[str] | None:
+        kwargs = entry.get("kwargs") or {}
+        args = [rid, str(_int(entry["num_new_tokens"]))]
+        hit = kwargs.get("num_new_computed_tokens", 0)
+        computed = kwargs.get("new_computed_blocks") == "computed"
+        if computed or hit:
+            args.append("num_computed_tokens" if last_hit is not None and hit == last_hit else str(_int(hit)))
+            if computed:
+                args.append("computed_blocks")
+        for key, value in kwargs.items():
+            if key in ("num_new_computed_tokens", "new_computed_blocks"):
+                continue
+            if key not in _ALLOCATE_DEFAULTS:
+                return None
+            if isinstance(value, bool):
+                if value is not _ALLOCATE_DEFAULTS[key]:
+                    args.append(f"{key}={value}")
+            elif _int(value) != _ALLOCATE_DEFAULTS[key]:
+                args.append(f"{key}={value}")
+        return args
+
+    def _lookup_check(self, rid: str) -> list[str]:
+        m = self.message
+        if self.category is Category.STATE_HIT_GROUPS:
+            sizes = [g.block_size for g in self.groups]
+            fa = [i for i, g in enumerate(self.groups) if g.kind.value == "full_attention"]
+            out = [f"    block_sizes = {sizes}",
+                   "    for group_blocks, block_size in zip(computed_blocks.blocks, block_sizes):",
+                   "        num_blocks = (num_computed_tokens + block_size - 1) // block_size",
+                   *_assert("        ", "len(group_blocks) == num_blocks", m)]
+            if fa:
+                out += [f"    for group_id in {fa}:",
+                        "        blocks = computed_blocks.blocks[group_id]",
+                        *_assert("        ", "not any(block.is_null for block in blocks)",
+                                 "full-attention hit blocks must be real blocks")]
+            return out
+        if self.category is Category.STATE_HIT_BOUNDS:
+            partial = self.f.compared.get("capabilities", {}).get("partial_hash_hits")
+            unit = self.config.hash_block_size if partial and self.config.allow_partial_hash_hits \
+                else self.config.scheduler_block_size
+            return [f"    assert num_computed_tokens % {unit} == 0",
+                    *_assert("    ", f"num_computed_tokens < {rid}.num_tokens", m)]
+        if self.category is Category.STATE_HIT_LENGTH:
+            size = self.groups[0].block_size
+            eagle = any(g.eagle for g in self.groups)
+            self.uses.add("make_block_hash_with_group_id")
+            out = [f"    num_full_blocks = ({rid}.num_tokens - 1) // {size}",
+                   "    cached = manager.block_pool.cached_block_hash_to_block",
+                   "    num_cached = 0",
+                   f"    for block_hash in {rid}.block_hashes[:num_full_blocks]:",
+                   "        if make_block_hash_with_group_id(block_hash, 0) not in cached._cache:",
+                   "            break",
+                   "        num_cached += 1"]
+            if eagle:
+                out.append("    num_cached = max(num_cached - 1, 0)  # EAGLE drops the last block")
+            return out + _assert("    ", f"num_computed_tokens == num_cached * {size}", m)
+        # STATE_LOOKUP_PURITY
+        return [*_assert("    ", "[block.ref_cnt for block in manager.block_pool.blocks] == ref_cnts", m),
+                "    assert manager.block_pool.get_num_free_blocks() == num_free"]
+
+    def _final_check(self) -> list[str]:
+        m, c = self.message, self.category
+        if c is Category.STATE_ZEROING_MISSED:
+            return ["", *_comment("    ", "Every attention group's new blocks must be handed out to be zeroed."),
+                    *_assert("    ", "allocated <= zeroed", m)]
+        if c is Category.STATE_ZEROING:
+            return ["    placed = {",
+                    "        block_id",
+                    "        for key, blocks in block_tables(manager).items()",
+                    "        for block_id in blocks[len(tables_before.get(key, [])) :]",
+                    "    }",
+                    *_assert("    ", "zeroed <= placed", m)]
+        if c is Category.STATE_REF_COUNT:
+            self.helpers.add("block_tables")
+            return ["    held = Counter(",
+                    "        block_id for blocks in block_tables(manager).values() for block_id in blocks",
+                    "    )",
+                    "    for block in manager.block_pool.blocks:",
+                    "        if not block.is_null:",
+                    *_assert("            ", "block.ref_cnt == held[block.block_id]", m)]
+        if c is Category.STATE_FREE_LIST:
+            return ["    pool = manager.block_pool",
+                    "    free = [block.block_id for block in pool.free_block_queue.get_all_free_blocks()]",
+                    "    assert pool.null_block.block_id not in free",
+                    *_assert("    ", "len(set(free)) == len(free) == pool.get_num_free_blocks()", m)]
+        if c is Category.STATE_FREE_BLOCKS:
+            return ["    pool = manager.block_pool",
+                    "    free = {block.block_id for block in pool.free_block_queue.get_all_free_blocks()}",
+                    "    unused = {",
+                    "        block.block_id",
+                    "        for block in pool.blocks",
+                    "        if block.ref_cnt == 0 and not block.is_null",
+                    "    }",
+                    *_assert("    ", "free == unused", m)]
+        if c is Category.STATE_FORGET:
+            self.helpers.add("block_tables")
+            running = self._running_at_end()
+            return [_running_line(running),
+                    "    for request_id, _ in block_tables(manager):",
+                    *_assert("        ", "request_id in running", m)]
+        if c is Category.STATE_LEAK:
+            return ["    pool = manager.block_pool",
+                    *_assert("    ", "pool.get_num_free_blocks() == len(pool.blocks) - 1", m)]
+        if c is Category.STATE_TABLE_COVERAGE:
+            self.helpers.add("block_tables")
+            fa = {i: g.block_size for i, g in enumerate(self.groups) if g.kind.value == "full_attention"}
+            running = self._running_at_end()
+            out = ["    requests = {" + ", ".join(f'"{r}": {r}' for r in running) + "}",
+                   f"    block_sizes = {fa}",
+                   "    for (request_id, group_id), blocks in block_tables(manager).items():",
+                   "        if request_id in requests and group_id in block_sizes:",
+                   "            num_computed = requests[request_id].num_computed_tokens",
+                   "            need = -(-num_computed // block_sizes[group_id])",
+                   *_assert("            ", "len(blocks) >= need", m)]
+            return out
+        if c is Category.STATE_TABLE_APPEND_ONLY:
+            running = self._running_at_end()
+            self.helpers.add("block_tables")
+            return [_running_line(running),
+                    "    null_block_id = manager.block_pool.null_block.block_id",
+                    "    for key, blocks in block_tables(manager).items():",
+                    "        before = tables_before.get(key)",
+                    "        if before is None or key[0] not in running:",
+                    "            continue",
+                    "        assert len(blocks) >= len(before)",
+                    "        kept = all(new in (old, null_block_id) for old, new in zip(before, blocks))",
+                    *_assert("        ", "kept", m)]
+        if c is Category.STATE_RESET:
+            return _assert("    ", "bool(reset) is not in_use", m)
+        if c is Category.STATE_HASH_MAP:
+            return ["    pool = manager.block_pool",
+                    "    mapped = set()",
+                    "    for value in pool.cached_block_hash_to_block._cache.values():",
+                    "        blocks = value.values() if isinstance(value, dict) else [value]",
+                    "        mapped |= {block.block_id for block in blocks}",
+                    "    hashed = {",
+                    "        block.block_id",
+                    "        for block in pool.blocks",
+                    "        if getattr(block, \"block_hash\", None) is not None",
+                    "    }",
+                    *_assert("    ", "mapped == hashed", m)]
+        if c is Category.STATE_ONE_GROUP:
+            self.helpers.add("block_tables")
+            return ["    null_block_id = manager.block_pool.null_block.block_id",
+                    "    owners = {}",
+                    "    for (_, group_id), blocks in block_tables(manager).items():",
+                    "        for block_id in blocks:",
+                    "            if block_id != null_block_id:",
+                    "                owners.setdefault(block_id, set()).add(group_id)",
+                    *_assert("    ", "all(len(groups) == 1 for groups in owners.values())", m)]
+        return []
+
+    def _running_at_end(self) -> list[str]:
+        running: list[str] = []
+        for entry in self.trace:
+            if entry.get("call") == "set_status" and _is_plain_id(entry.get("id")):
+                rid = entry["id"]
+                if entry.get("status") == "RUNNING" and rid not in running:
+                    running.append(rid)
+                elif entry.get("status") != "RUNNING" and rid in running:
+                    running.remove(rid)
+        return running
+
+    # the file
+    def manager_lines(self, assign: str = "manager = ") -> list[str]:
+        out = ["    init_none_hash(sha256)", "    kv_cache_config = KVCacheConfig(",
+               f"        num_blocks={self.program.num_blocks},", "        kv_cache_tensors=[],",
+               "        kv_cache_groups=["]
+        names = [_LAYER_NAMES[g.kind.value] for g in self.groups]
+        names = [f"{n}{i}" if names.count(n) > 1 else n for i, n in enumerate(names)]
+        for g, name in zip(self.groups, names):
+            out += [f"            {line}" for line in self._group_spec(g, name)]
+        out += ["        ],"]
+        if self.program.retention_interval is not None:
+            out.append(f"        prefix_cache_retention_interval={_int(self.program.retention_interval)},")
+        out.append("    )")
+        builder = "make_kv_cache_manager" if self.idiom.helpers else "KVCacheManager"
+        c, p = self.config, self.program
+        wanted = [("max_model_len", str(p.max_model_len), True)]
+        if not self.idiom.helpers or c.scheduler_block_size != lcm(*(g.block_size for g in self.groups)):
+            wanted.append(("scheduler_block_size", str(c.scheduler_block_size), True))
+        wanted += [("hash_block_size", str(c.hash_block_size), True),
+                   ("enable_caching", "False", not c.enable_caching),
+                   ("use_eagle", "True", any(g.eagle for g in self.groups) and not p.num_hash_lookahead_tokens),
+                   ("num_prefill_lookahead", str(c.num_prefill_lookahead), bool(c.num_prefill_lookahead)),
+                   ("num_hash_lookahead_tokens", str(p.num_hash_lookahead_tokens),
+                    bool(p.num_hash_lookahead_tokens)),
+                   ("dcp_world_size", str(c.dcp_world_size), c.dcp_world_size != 1)]
+        # max_num_batched_tokens and max_in_flight_tokens, where a release
+        # takes them, default to max_model_len, as the worker sets them.
+        accepted = set(self.caps.manager_keywords)
+        args = ["kv_cache_config"] + [f"{k}={v}" for k, v, on in wanted
+                                      if on and (not accepted or k in accepted)]
+        return out + _call("    ", f"{assign}{builder}", args)
+
+    def _group_spec(self, g, name: str) -> list[str]:
+        kind = g.kind.value
+        if kind == "mamba_align":
+            spec = ["MambaSpec(", f"    block_size={g.block_size},", "    shapes=((1,),),",
+                    "    dtypes=(torch.float32,),", '    mamba_cache_mode="align",', "),"]
+        else:
+            spec = [f"{_SPEC_CLASSES[kind]}(", f"    block_size={g.block_size},", "    num_kv_heads=1,",
+                    "    head_size=1,", "    dtype=torch.float32,"]
+            if kind == "sliding_window":
+                spec.append(f"    sliding_window={g.sliding_window},")
+            spec.append("),")
+        lines = ["KVCacheGroupSpec(", f'    ["{name}"],', *[f"    {s}" for s in spec]]
+        if g.eagle and self.caps.per_group_eagle:
+            lines.append("    is_eagle_group=True,")
+        return lines + ["),"]
+
+    def imports(self, body: str) -> list[str]:
+        third = []
+        if "Counter(" in body:
+            third.append("from collections import Counter")
+        third = third + ([""] if third else []) + ["import torch"]
+        kinds = sorted({_SPEC_CLASSES[g.kind.value] for g in self.groups} | {"KVCacheConfig", "KVCacheGroupSpec"})
+        first = []
+        if self.idiom.helpers:
+            names = ["make_kv_cache_manager"] + (["make_request"] if "make_request(" in body else [])
+            first.append(_import_line("tests.v1.core.test_prefix_caching", names))
+        elif "SamplingParams(" in body:
+            first.append("from vllm.sampling_params import SamplingParams")
+        first.append("from vllm.utils.hashing import sha256")
+        if not self.idiom.helpers:
+            first.append("from vllm.v1.core.kv_cache_manager import KVCacheManager")
+        utils = ["init_none_hash"]
+        if not self.idiom.helpers and "Request(" in body:
+            utils.insert(0, "get_request_block_hasher")
+        if "make_block_hash_with_group_id" in body:
+            utils.append("make_block_hash_with_group_id")
+        first.append(_import_line("vllm.v1.core.kv_cache_utils", sorted(utils)))
+        first += [_import_line("vllm.v1.kv_cache_interface", kinds)]
+        request_names = sorted(n for n in ("Request", "RequestStatus")
+                               if re.search(rf"\b{n}\b[(.]", body))
+        if request_names:
+            first.append(_import_line("vllm.v1.request", request_names))
+        return third + [""] + [line for chunk in first for line in chunk.split("\n")]
+
+
+def _without_unused_requests(body: list[str], spans: dict[str, tuple[int, int]]) -> list[str]:
+    """The body without the requests no call up to the check uses."""
+    drop: set[int] = set()
+    for rid, (start, end) in spans.items():
+        rest = "\n".join(line for i, line in enumerate(body) if not start <= i < end)
+        if not re.search(rf"\b{rid}\b", rest):
+            drop.update(range(start, end))
+    return [line for i, line in enumerate(body) if i not in drop]
+
+
+def _running_line(running: list[str]) -> str:
+    """The requests still running at the end, by id (plain names only)."""
+    return "    running = {" + ", ".join(f'"{r}"' for r in running) + "}" if running else "    running = set()"
+
+
+def _import_line(module: str, names: list[str]) -> str:
+    one = f"from {module} import {', '.join(names)}"
+    if len(one) <= WIDTH:
+        return one
+    return "\n".join([f"from {module} import (", *[f"    {n}," for n in names], ")"])
+
+
+_BLOCK_TABLES = [
+    "def block_tables(manager):",
+    '    """(request id, KV cache group id) -> the block ids in that block table."""',
+    "    return {",
+    "        (request_id, group_id): [block.block_id for block in blocks]",
+    "        for group_id, group in enumerate(manager.coordinator.single_type_managers)",
+    "        for request_id, blocks in group.req_to_blocks.items()",
+    "    }",
+]
+
+
+def _docstring(emitter: _Emitter, name: str) -> list[str]:
+    words = {"full_attention": "full attention", "sliding_window": "sliding window",
+             "mamba_align": 'Mamba "align"'}
+    layout = ", ".join(f"{words[g.kind.value]} (block {g.block_size}"
+                       + (f", window {g.sliding_window}" if g.kind.value == "sliding_window" else "")
+                       + (", EAGLE" if g.eagle else "") + ")" for g in emitter.groups)
+    if emitter.category is Category.SUBJECT_CRASH:
+        rule = "the calls a scheduler step makes on the KV cache manager must not raise"
+    elif emitter.category is Category.PRECONDITION:
+        rule = "KVCacheManager must accept a layout its config validators accept"
+    else:
+        rule = emitter.message
+    text = f"Groups {layout}: {rule}."
+    text = text[0].upper() + text[1:]
+    lines, line, limit = [], "", WIDTH - 7
+    for word in text.split():
+        if line and len(line) + 1 + len(word) > limit:
+            lines.append(line)
+            line, limit = word, WIDTH - 4
+        else:
+            line = f"{line} {word}" if line else word
+    lines.append(line)
+    if len(lines) == 1 and len(f'    """{lines[0]}"""') <= WIDTH:
+        return [f'    """{lines[0]}"""']
+    return [f'    """{lines[0]}', *[f"    {line}" for line in lines[1:]], '    """']
+
+
+def emit_stateful_test(finding: Finding, trace: list[dict[str, Any]] | None, caps: Capabilities,
+                       idiom: Idiom | None = None) -> str | None:
     """The test's source, or None when the finding's program or trace cannot make one."""
-    if not trace:
+    idiom = idiom or Idiom()
+    name = stateful_test_name(finding)
+    if not trace or name is None:
         return None
     try:
         program = Program.from_dict(finding.inputs["program"])
     except (KeyError, TypeError, ValueError):
         return None
-    category = finding.category
-    ops = [i for i, entry in enumerate(trace) if entry["call"] == "op"]
-    if not ops:
+    if not any(entry.get("call") == "op" for entry in trace):
         return None
-    final_start = ops[-1]
-    final_op = trace[final_start]["op"]
-    sizes = [g.block_size for g in program.config.groups]
-    fa = [i for i, g in enumerate(program.config.groups) if g.kind.value == "full_attention"]
-    partial = expected_regime(program.config, caps).partial_hash_hits
-    unit = program.config.hash_block_size if partial else program.config.scheduler_block_size
-    name = f"test_kvspec_{category.value}"
-    body = [
-        "kv_cache_utils.init_none_hash(sha256)",
-        "manager = _manager()",
-        f"hasher = kv_cache_utils.get_request_block_hasher({program.config.hash_block_size}, sha256)",
-        f"params = SamplingParams(max_tokens={program.max_model_len})",
-        "requests, running, found = {}, set(), None",
-    ]
-    if category is Category.PRECONDITION:
-        body = body[:1] + ["_manager()  # vLLM refused this geometry"]
-        trace = []
-    for index, entry in enumerate(trace):
-        call, rid = entry["call"], entry.get("id")
-        last = index >= final_start
-        if call == "op":
-            body.append(f"# {describe_op(entry['op'])}")
-            if index == final_start:
-                body += ["tables_before = _tables(manager)", "zeroed = []"]
-                if category is Category.STATE_ZEROING_MISSED:
-                    body += ["hit_blocks, loaded = set(), set()  # cache hits, requests given connector tokens"]
-            continue
-        r = f"requests[{_q(rid)}]" if rid else ""
-        if call == "request":
-            body.append(f"requests[{_q(rid)}] = Request(**_known(Request.__init__, dict(request_id={_q(rid)}, "
-                        f"prompt_token_ids={_q(entry['tokens'])}, sampling_params=params, pooling_params=None, "
-                        "block_hasher=hasher, eos_token_id=None, arrival_time=0.0)))")
-        elif call == "new_step_starts":
-            body.append("manager.new_step_starts()")
-        elif call == "get_computed_blocks":
-            if last and category is Category.STATE_LOOKUP_PURITY:
-                body.append("pool_before = [b.ref_cnt for b in manager.block_pool.blocks] + "
-                            "[manager.block_pool.get_num_free_blocks()]")
-            body.append(f"found = manager.get_computed_blocks({r})")
-            if entry["hit"] is None:  # vLLM raised here: the call is the test
-                continue
-            if last and category is Category.STATE_ZEROING_MISSED:
-                body.append("hit_blocks |= {b.block_id for group in found[0].blocks for b in group}")
-            if last and category in _LOOKUP_CHECKS:
-                body.append(f"request = {r}")
-                body += _LOOKUP_CHECKS[category](sizes, unit, fa, any(g.eagle for g in program.config.groups))
-            else:
-                body.append(f"assert found[1] == {entry['hit']}, \"{DIVERGED_MESSAGE}\"")
-        elif call == "truncate_computed_blocks":
-            body.append(f"found = (manager.truncate_computed_blocks(found[0], {entry['tokens']}), {entry['tokens']})")
-        elif call == "allocate_slots":
-            kwargs = ", ".join(f"{k}=found[0]" if v == "computed" else f"{k}={_q(v)}"
-                               for k, v in entry["kwargs"].items())
-            call_text = f"manager.allocate_slots({r}, {entry['num_new_tokens']}{', ' + kwargs if kwargs else ''})"
-            if last and category is Category.STATE_ZEROING_MISSED and \
-                    entry["kwargs"].get("num_external_computed_tokens"):
-                body.append(f"loaded.add({_q(rid)})")
-            if entry["allocated"] is None:  # vLLM raised here: the call is the test
-                body.append(call_text)
-            else:
-                expect = "is not None" if entry["allocated"] else "is None"
-                body.append(f"assert {call_text} {expect}, \"{DIVERGED_MESSAGE}\"")
-        elif call == "set_computed":
-            body.append(f"{r}.num_computed_tokens = {entry['value']}")
-        elif call == "append_output":
-            body += [f"{r}.append_output_token_ids({t})" for t in entry["tokens"]]
-        elif call == "set_shared_prefix_boundary":
-            body.append(f"{r}.shared_prefix_boundary = found[2]")
-        elif call == "set_drafts":
-            body.append(f"{r}.spec_token_ids = [7] * {entry['count']}")
-        elif call == "set_status":
-            body.append(f"{r}.status = type({r}.status).{entry['status']}")
-            if entry["status"] == "RUNNING":
-                body.append(f"running.add({_q(rid)})")
-            else:
-                body.append(f"running.discard({_q(rid)})")
-        elif call == "free":
-            body.append(f"manager.free({r})")
-        elif call == "reset_prefix_cache":
-            if last and category is Category.STATE_RESET:
-                body += ["held_before_reset = any(b.ref_cnt > 0 for b in manager.block_pool.blocks "
-                         "if b.block_id != manager.block_pool.null_block.block_id)",
-                         "reset_returned = bool(manager.reset_prefix_cache())"]
-            elif entry["returned"] is None:
-                body.append("manager.reset_prefix_cache()")
-            else:
-                body.append(f"assert bool(manager.reset_prefix_cache()) is {entry['returned']}, "
-                            f"\"{DIVERGED_MESSAGE}\"")
-        elif call == "evict_blocks":
-            body.append(f"manager.evict_blocks(set({_q(entry['ids'])}))")
-        elif call == "take_new_block_ids":
-            body.append("zeroed = list(manager.take_new_block_ids())" if last else "manager.take_new_block_ids()")
-        elif call == "take_kv_cache_block_copies":
-            body += ["_, retained = manager.take_kv_cache_block_copies()",
-                     "if retained:", "    manager.block_pool.free_blocks(retained)"]
-    if category not in _LOOKUP_CHECKS and category not in (Category.SUBJECT_CRASH, Category.PRECONDITION):
-        checks = _check_lines(category, program, final_op)
-        if not checks:
-            return None
-        body += checks
-    doc = [f'"""{_docline(finding.verdict)}', "", f"kvspec program: {_docline(program.describe())}",
-           f"finding: {_docline(finding.detail)}", '"""']
-    lines = [f'"""Regression test emitted by kvspec from a stateful finding (replay: {_docline(finding.replay or "")})."""',
-             "", _HEADER, "", *_manager_lines(program, caps), "", "",
-             f"def {name}(monkeypatch):", *(f"    {line}" for line in doc)]
-    if program.retention_interval is not None:  # the environment before 0.29; harmless after
-        lines.append(f"    monkeypatch.setenv(\"VLLM_PREFIX_CACHE_RETENTION_INTERVAL\", \"{program.retention_interval}\")")
-    lines += [f"    {line}" for line in body]
-    return "\n".join(lines) + "\n"
+    emitter = _Emitter(finding, program, trace, caps, idiom)
+    try:
+        if finding.category is Category.PRECONDITION:
+            body: list[str] | None = []
+        else:
+            body = emitter.body()
+    except (KeyError, TypeError, ValueError):
+        return None
+    if body is None:
+        return None
+    body = _without_unused_requests(body, emitter.request_spans)
+    # A refused layout: building the manager is the test.
+    setup = emitter.manager_lines("" if finding.category is Category.PRECONDITION else "manager = ")
+    function = [f"def {name}():", *_docstring(emitter, name), *setup, *body]
+    text = "\n".join(function)
+    out = [*idiom.header, *emitter.imports(text), "", ""]
+    if "block_tables(" in text:
+        out += [*_BLOCK_TABLES, "", ""]
+    return "\n".join(out + function) + "\n"
 
 
-def _docline(text: str) -> str:
-    """Text from a finding, safe inside a docstring or comment."""
-    return str(text).replace("\\", "/").replace('"""', "'''").replace("\n", " ")[:400]
-
-
-def expected_failure(finding: Finding) -> str:
-    """What the emitted test's failure must show: the invariant's message,
-    or for a crash the exception vLLM raised."""
-    if finding.category in (Category.SUBJECT_CRASH, Category.PRECONDITION):
-        error = (finding.observations or {}).get("error", "")
-        return error.split(":", 1)[0] or "Error"
-    return STATE_ASSERT_MESSAGE
-
-
-def verify_stateful_test(test_path: Path, subject, expected: str = STATE_ASSERT_MESSAGE) -> list[dict[str, Any]]:
-    """Run the emitted test where it must fail showing ``expected`` (the
-    subject) and, for a mutant, where it must pass (its release)."""
-    from kvspec.subjects.subject import release
-    from kvspec.subjects.testrun import run_pytest
-
-    checks = [{**run_pytest(subject, str(test_path)), "must": "failed"}]
-    if subject.kind == "mutant":
-        base = release(subject.version)
-        checks.append({**run_pytest(base, str(test_path)), "must": "passed", "against": f"unmutated {base.label}"})
-    for check in checks:
-        output = check.get("output", "")
-        # The failure must be the invariant's own (pytest prints the test's
-        # source too, so the messages alone would match any failure).
-        raised = [line for line in output.splitlines() if line.startswith("E ") and "Error" in line]
-        genuine = check["must"] != "failed" or (any(expected in line for line in raised)
-                                                and not any(DIVERGED_MESSAGE in line for line in raised))
-        check["as_expected"] = check["outcome"] == check["must"] and genuine
-    return checks
+# What each rule's test checks, by the vLLM call it reads (where in vLLM's tests it belongs).
+CALL_CHECKED = {Category.STATE_ZEROING_MISSED: "take_new_block_ids", Category.STATE_ZEROING: "take_new_block_ids",
+            Category.STATE_HIT_GROUPS: "get_computed_blocks", Category.STATE_HIT_BOUNDS: "get_computed_blocks",
+            Category.STATE_HIT_LENGTH: "get_computed_blocks", Category.STATE_LOOKUP_PURITY: "get_computed_blocks",
+            Category.STATE_RESET: "reset_prefix_cache"}

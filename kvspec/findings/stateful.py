@@ -12,6 +12,9 @@ regression test emitted from the manager calls the program made
 
 from __future__ import annotations
 
+import re
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +28,8 @@ from .completion import finding_stem, store_finding
 from .assemble import subject_compared
 
 __all__ = ["STATE_RULE", "stateful_finding", "store_new", "complete_stateful_finding", "store_raw_stateful_finding",
-           "unconfirmed_crash", "with_engine_reproduction", "with_engine_impact"]
+           "unconfirmed_crash", "with_engine_reproduction", "with_engine_impact", "with_regression_test",
+           "proposed_module", "other_side", "verify_stateful_test"]
 
 STATE_RULE = "state invariants (model.state.INVARIANTS)"
 
@@ -109,8 +113,6 @@ def complete_stateful_finding(proc, result, findings_dir: Path,
     from kvspec.diff_tests.reproduce import reproduce_through_engine
     from kvspec.diff_tests.stateful import replay_program
 
-    from kvspec.emit.stateful_test import emit_stateful_test, expected_failure, verify_stateful_test
-
     finding, path = store_new(stateful_finding(result, versions), findings_dir)
     program = result.failure.case
     found, _ = replay_program(proc, program)
@@ -120,17 +122,8 @@ def complete_stateful_finding(proc, result, findings_dir: Path,
         finding = unconfirmed_crash(finding)
     store_finding(finding, path)
     trace = proc.session({"op": "machine_trace"}) if reproduced else {}
-    code = emit_stateful_test(finding, trace.get("trace"), proc.capabilities) if trace.get("ok") else None
-    artifacts = dict(finding.artifacts)
-    if code is not None:
-        test_dir = path.with_suffix("")
-        test_dir.mkdir(exist_ok=True)
-        test_path = test_dir / f"test_kvspec_{finding.category.value}.py"
-        test_path.write_text(code)
-        artifacts["regression_test"] = str(test_path)
-        checks = verify_stateful_test(test_path, proc.subject, expected_failure(finding))
-        finding = attrs.evolve(finding, artifacts=artifacts, regression_test={
-            "file_name": test_path.name, "path": str(test_path), "code": code, "verified": checks})
+    if trace.get("ok"):
+        finding = with_regression_test(finding, path, trace.get("trace"), proc.capabilities, proc.subject)
         store_finding(finding, path)
     # Last (the worker's machine trace above is the program's): reachable
     # through vLLM's scheduler, or hand-built only (hardening).
@@ -140,6 +133,46 @@ def complete_stateful_finding(proc, result, findings_dir: Path,
     finding = with_engine_impact(proc, finding)
     store_finding(finding, path)
     return finding, path
+
+
+def with_regression_test(finding: Finding, path: Path, trace, capabilities, subject) -> Finding:
+    """The finding with its regression test (``kvspec.emit.stateful_test``):
+    written beside it, linted with the release's ruff configuration and run
+    on both sides (failing on the subject, passing where the bug is not)."""
+    from kvspec.emit.stateful_test import emit_stateful_test, expected_failure, stateful_test_name
+    from kvspec.emit.vllm_tests import idiom_of, tests_root_of
+
+    tests_root = None
+    try:
+        tests_root = tests_root_of(subject)
+    except Exception as exc:  # no network, no sdist: the test builds its own manager
+        from kvspec.subjects.provision import report
+
+        report(f"vLLM's test helpers are not available ({exc}); the emitted test builds its own manager")
+    idiom = idiom_of(tests_root)
+    code = emit_stateful_test(finding, trace, capabilities, idiom)
+    if code is None:
+        return finding
+    name = stateful_test_name(finding)
+    file_name = f"{name}.py"
+    test_dir = path.with_suffix("")
+    test_dir.mkdir(exist_ok=True)
+    test_path = test_dir / file_name
+    test_path.write_text(code)
+    checked = verify_stateful_test(code, file_name, subject, tests_root, expected_failure(finding), finding)
+    module = proposed_module(tests_root, finding.category)
+    # Offered only when it lints clean and fails on the subject as the finding did.
+    lint, runs = checked["lint"], checked["verified"]
+    why_not = None
+    if lint is not None and lint.get("outcome") != "passed":
+        why_not = "it does not pass ruff with the release's configuration"
+    elif not runs[0].get("as_expected"):
+        why_not = f"it did not fail on {subject.label} as the finding did"
+    record = {"file_name": file_name, "path": str(test_path), "code": code, "test_name": name, "trace": trace,
+              "idiom": idiom.as_dict(), "module": module, "proposed": why_not is None, "why_not_proposed": why_not,
+              "command": f"pytest {module or 'tests/v1/core/' + file_name}::{name}", **checked}
+    return attrs.evolve(finding, artifacts={**finding.artifacts, "regression_test": str(test_path)},
+                        regression_test=record)
 
 
 def with_engine_impact(proc, finding: Finding) -> Finding:
@@ -198,3 +231,111 @@ def unconfirmed_crash(finding: Finding) -> Finding:
 def store_raw_stateful_finding(result, findings_dir: Path, versions: dict[str, str]) -> tuple[Finding, Path]:
     """A failure from a run that stopped early, stored as found (unshrunk)."""
     return store_new(stateful_finding(result, versions), findings_dir, stopped=result.stopped_why)
+
+
+
+def proposed_module(tests_root: Path | None, category: Category) -> str | None:
+    """The release's test module the test belongs in: of vLLM's own CPU
+    tests of the area, the one that calls what the test checks most; else
+    the module whose helpers it uses (``tests/v1/core/test_prefix_caching.py``)."""
+    from kvspec.emit.stateful_test import CALL_CHECKED
+    from kvspec.emit.vllm_tests import HELPER_FILE
+    from kvspec.findings.vllm_suite import covering_module
+
+    module = covering_module(tests_root, CALL_CHECKED.get(category, "allocate_slots"))
+    if module is None and tests_root is not None and (Path(tests_root) / HELPER_FILE).is_file():
+        module = HELPER_FILE
+    return module
+
+
+def other_side(finding: Finding, subject) -> tuple[Any, str] | tuple[None, str]:
+    """Where the test must pass: (subject, why) -- the unmutated release of a
+    mutant, the release a known bug is fixed in -- or (None, why not)."""
+    from kvspec.model.known import known_bugs
+    from kvspec.subjects.subject import release
+
+    if subject.kind == "mutant":
+        base = release(subject.version)
+        return base, f"unmutated {base.label}"
+    if subject.kind == "release":
+        for bug in known_bugs(subject.version, finding.category, finding.detail):
+            if bug.fixed_in:
+                return release(bug.fixed_in), f"vllm {bug.fixed_in}, the first release without {bug.name}"
+        return None, "no release without this bug is known to kvspec (model/known.py)"
+    return None, "a source tree has no release known to be without the bug"
+
+
+_ERROR = re.compile(r"^E\s+(\w+(?:Error|Exception|Warning))\b(.*)$")
+
+
+def _first_error(output: str) -> str | None:
+    """The exception pytest reports (its 'E   ...Error: ...' line)."""
+    for line in output.splitlines():
+        match = _ERROR.match(line)
+        if match:
+            return (match.group(1) + match.group(2)).strip()
+    return None
+
+
+def _run(code: str, file_name: str, tests_root: Path | None, subject, must: str, against: str,
+         expected: str, message: str | None) -> dict[str, Any]:
+    """The test laid out as in vLLM's repository, run on ``subject``: did it
+    do what it ``must``, and how it failed (the test's assertion, ``message``;
+    vLLM's own assert; another exception)."""
+    from kvspec.subjects.testrun import run_pytest
+
+    from kvspec.emit.vllm_tests import verification_tree
+
+    with tempfile.TemporaryDirectory(prefix="kvspec-test-") as scratch:
+        path = verification_tree(Path(scratch), tests_root, file_name, code)
+        started = time.perf_counter()
+        check = {**run_pytest(subject, str(path)), "must": must, "against": against,
+                 "seconds": round(time.perf_counter() - started, 2)}
+    output = check.pop("output", "")
+    error = _first_error(output)
+    if check["outcome"] == "failed":
+        # The test's own assertion carries its message; anything else is
+        # vLLM's own assert or an exception raised on the way.
+        own = error is not None and error.startswith("AssertionError") and bool(message) and message in error
+        if own:
+            check["failure"] = "the test's assertion"
+        elif error and error.startswith("AssertionError"):
+            check["failure"] = f"vLLM's own assert ({error[:300]})"
+        else:
+            check["failure"] = f"vLLM raised {(error or 'an error')[:300]}"
+        # On the subject: its own assertion, or for a crash the exception the finding recorded.
+        check["as_expected"] = must == "failed" and (own if message else bool(error) and error.startswith(expected))
+        if must == "passed" and not own and not (error or "").startswith("AssertionError"):
+            check["cannot_run"] = f"the test cannot run on {against}: {(error or 'an error')[:300]}"
+    else:
+        check["as_expected"] = check["outcome"] == must
+    check["output"] = output[-4000:]
+    return check
+
+
+def verify_stateful_test(code: str, file_name: str, subject, tests_root: Path | None, expected: str,
+                         finding: Finding) -> dict[str, Any]:
+    """Lint, then run on both sides: ``{"lint": ..., "verified": [...],
+    "other_side": why}``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kvspec.emit.stateful_test import assertion_message
+    from kvspec.emit.vllm_tests import ensure_vllm_tests
+
+    from .completion import lint_test
+
+    other, why = other_side(finding, subject)
+    jobs = [(subject, "failed", subject.label, tests_root)]
+    if other is not None:
+        try:
+            other_root = ensure_vllm_tests(other.version) if tests_root is not None else None
+        except Exception:  # no network: the other side runs with the subject's helpers
+            other_root = tests_root
+        jobs.append((other, "passed", why, other_root))
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        lint = pool.submit(lint_test, code, file_name, subject, tests_root)
+        message = assertion_message(finding.category)
+        runs = [pool.submit(_run, code, file_name, root, s, must, against, expected, message)
+                for s, must, against, root in jobs]
+        return {"lint": lint.result(), "verified": [r.result() for r in runs],
+                "other_side": why if other is None else None}

@@ -481,6 +481,8 @@ def _test_lines(f: Finding, label=lambda s: s) -> list[str]:
         return []
     from kvspec.emit.regression_test import FILE_NAME
 
+    if f.compared.get("differential") == "stateful":
+        return _stateful_test_lines(f, label)
     where = f"tests/v1/core/{FILE_NAME}"
     if not proposes_test(f):
         return [f"the test kvspec emitted for {where}: not proposed (vLLM's own test above already catches "
@@ -501,6 +503,38 @@ def _test_lines(f: Finding, label=lambda s: s) -> list[str]:
                       f"{lint['outcome']}")
     out = [f"regression test for {where}" + (f": {'; '.join(checks)}" if checks else " (not run)")]
     return out
+
+
+def _check_words(c: dict[str, Any], label) -> str:
+    """One run of an emitted test: its outcome, how it failed, where."""
+    outcome = str(c.get("outcome"))
+    if c.get("cannot_run"):
+        return str(c["cannot_run"])
+    if outcome == "failed" and c.get("failure"):
+        outcome = f"failed on {c['failure']}"
+    words = f"{outcome} on {label(str(c.get('against')))}"
+    return words + ("" if c.get("as_expected") else f" (it must have {c.get('must')})")
+
+
+def _stateful_test_lines(f: Finding, label) -> list[str]:
+    """A stateful finding's test: the module it extends, both runs, the lint."""
+    t = f.regression_test
+    name = t.get("test_name")
+    name = name if isinstance(name, str) and name.isidentifier() else "the test"
+    module = t.get("module")
+    where = (f"{name}, to add to {module} (the release's test module that covers this)"
+             if isinstance(module, str) and _TEST_FILE.fullmatch(module) else f"{name}, for tests/v1/core")
+    checks = [_check_words(c, label) for c in t.get("verified", ()) if isinstance(c, dict)]
+    if t.get("other_side"):
+        checks.append(f"not run where the bug is absent: {t['other_side']}")
+    lint = t.get("lint")
+    if isinstance(lint, dict):
+        checks.append(f"ruff check and ruff format --check with the release's configuration: {lint.get('outcome')}")
+    else:
+        checks.append("ruff not run (ruff or the release's configuration unavailable)")
+    if t.get("proposed") is False and t.get("why_not_proposed"):
+        checks.append(f"not proposed: {t['why_not_proposed']}")
+    return [f"regression test {where}: {'; '.join(checks)}"]
 
 
 def run_line(f: Finding) -> str | None:
@@ -686,6 +720,26 @@ def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
+def _stateful_test_fold(f: Finding) -> list[str]:
+    """A stateful finding's test, emitted anew from its recorded calls
+    (validated by the emitter: plain ids, whole numbers, known calls)."""
+    from kvspec.emit.stateful_test import emit_stateful_test
+    from kvspec.emit.vllm_tests import Idiom
+
+    t = f.regression_test or {}
+    trace = t.get("trace")
+    if not isinstance(trace, list) or not all(isinstance(e, dict) for e in trace):
+        return []
+    code = emit_stateful_test(f, trace, f.subject_capabilities(), Idiom.from_recorded(t.get("idiom")))
+    if code is None:
+        return []
+    module = t.get("module")
+    where = module if isinstance(module, str) and _TEST_FILE.fullmatch(module) else "tests/v1/core"
+    body = [f"Add to `{where}` of vLLM (as its own file it runs as is: it imports the release's helpers):",
+            "", *_fence(code, "python")]
+    return _fold(f"Regression test for {where}", body)
+
+
 def _regression_test_code(f: Finding, xfail: bool = False) -> str | None:
     """The test, emitted anew from the finding's (validated) inputs: code is
     never copied from a finding into a report."""
@@ -764,7 +818,10 @@ def render_markdown(f: Finding, heading: str = "###", plot_path: str | None = No
     if f.groups:
         headers, rows = derivation_table(f)
         out += _fold("Derivation (spec and subject)", _md_table(headers, [[_md(c) for c in r] for r in rows]))
-    code = _regression_test_code(f) if f.source == "fuzz" and proposes_test(f) else None
+    stateful = f.compared.get("differential") == "stateful"
+    if stateful and f.source == "fuzz" and proposes_test(f):
+        out += _stateful_test_fold(f)
+    code = _regression_test_code(f) if f.source == "fuzz" and proposes_test(f) and not stateful else None
     if code is not None:
         t = f.regression_test or {}
         from kvspec.emit.regression_test import FILE_NAME, xfail_decorator

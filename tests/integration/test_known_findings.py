@@ -13,7 +13,8 @@ import attrs
 import pytest
 
 from kvspec.diff_tests.stateful import replay_program
-from kvspec.model.finding import Category
+from kvspec.findings.stateful import with_regression_test
+from kvspec.model.finding import Category, Finding
 from kvspec.model.case import Case, prefill
 from kvspec.model.domain import CoordinatorConfig, GroupKind, HashScheme, KVCacheGroup
 from kvspec.model.known import KNOWN_BUGS, excluded_from_draw, known_bugs, recognise
@@ -87,20 +88,40 @@ def test_the_standalone_reproduction_shows_the_mechanism_on_every_release_it_nam
 ZEROING = Path(__file__).parent.parent / "fixtures" / "program_sliding_window_not_zeroed.json"
 
 
-@pytest.mark.parametrize("version, carried", [("0.27.1", True), ("0.28.0", False)])
-def test_sliding_window_blocks_are_zeroed_from_0_28(kvspec_release, version, carried):
+@pytest.mark.parametrize("version, carried", [("0.25.0", True), ("0.27.1", True), ("0.28.0", False)])
+def test_sliding_window_blocks_are_zeroed_from_0_28(kvspec_release, version, carried, tmp_path):
     """vLLM #51749 (fixed in 0.28.0), found by the stateful differential: a
     full-attention + sliding-window + Mamba model's first prefill step hands
-    out the full-attention block for zeroing but not the sliding-window one."""
+    out the full-attention block for zeroing but not the sliding-window one.
+    Where it shows, the finding's regression test is vLLM's idiom, ruff-clean
+    under the release's configuration, fails there on its own assertion and
+    passes on 0.28.0 (run with 0.28.0's own test helpers)."""
     (bug,) = [b for b in KNOWN_BUGS if b.name == "sliding_window_blocks_not_zeroed"]
     program = Program.from_dict(json.loads(ZEROING.read_text()))
-    found, _ = replay_program(kvspec_release(version), program)
+    proc = kvspec_release(version)
+    found, _ = replay_program(proc, program)
     assert bug.carried_by(version) is carried
-    if carried:
-        assert [d.category for d in found] == [Category.STATE_ZEROING_MISSED] and bug.matches(found[0].summary())
-        assert "sliding_window" in found[0].summary()
-    else:
+    if not carried:
         assert found == []
+        return
+    assert [d.category for d in found] == [Category.STATE_ZEROING_MISSED] and bug.matches(found[0].summary())
+    assert "sliding_window" in found[0].summary()
+    trace = proc.session({"op": "machine_trace"})
+    finding = Finding(source="fuzz", verdict="DISCREPANCY", category=Category.STATE_ZEROING_MISSED,
+                      compared={"differential": "stateful", "capabilities": proc.capabilities.as_dict()},
+                      inputs={"program": program.as_dict()}, detail=found[0].summary())
+    test = with_regression_test(finding, tmp_path / "finding.json", trace.get("trace"), proc.capabilities,
+                                proc.subject).regression_test
+    assert test["test_name"] == "test_new_attention_blocks_are_handed_out_for_zeroing" and test["proposed"]
+    code = test["code"]
+    assert "make_kv_cache_manager(" in code and "make_request(" in code and "kvspec" not in code.lower()
+    assert test["module"] == "tests/v1/core/test_prefix_caching.py"
+    assert test["lint"]["outcome"] == "passed", test["lint"]["output"]
+    subject, fixed = test["verified"]
+    assert (subject["against"], subject["outcome"], subject["failure"]) == \
+        (f"vllm {version}", "failed", "the test's assertion"), subject["output"]
+    assert fixed["against"].startswith("vllm 0.28.0, the first release without")
+    assert fixed["outcome"] == "passed" and fixed["as_expected"], fixed["output"]
 
 
 ALIASED = Path(__file__).parent.parent / "fixtures" / "program_external_blocks_evict_a_later_groups_hit.json"

@@ -21,8 +21,7 @@ from kvspec.model.outcome import Outcome
 from kvspec.model.program import Program
 from kvspec.subjects.mutation import STATE_MUTANTS
 from kvspec.subjects.process import SubjectProcess
-from kvspec.subjects.subject import mutant_subject, release
-from kvspec.subjects.testrun import run_pytest
+from kvspec.subjects.subject import mutant_subject
 
 pytestmark = pytest.mark.vllm
 
@@ -63,11 +62,17 @@ def test_the_real_second_group_defect_is_found_on_0_28_and_fixed_in_0_34(kvspec_
     found, _ = replay_program(kvspec_release(BUGGY), program)
     assert [d.category for d in found][:1] == [Category.STATE_HIT_GROUPS]
     assert replay_program(kvspec_release(NEWEST), program)[0] == []
-    # The emitted test is genuine: it fails on the release with the defect
-    # with kvspec's invariant message, and passes on the one without.
+    # The emitted test is genuine and in vLLM's idiom: ruff-clean under the
+    # release's configuration, it fails on the release with the defect on its
+    # own assertion and passes on the first release without it (0.29.0).
     test = finding["regression_test"]
-    assert [c["as_expected"] for c in test["verified"]] == [True]
-    assert run_pytest(release(NEWEST), test["path"])["outcome"] == "passed"
+    assert test["test_name"] == "test_second_full_attention_group_trims_hit_blocks" and test["proposed"]
+    assert "make_kv_cache_manager(" in test["code"] and "kvspec" not in test["code"].lower()
+    assert test["lint"]["outcome"] == "passed", test["lint"]["output"]
+    subject, fixed = test["verified"]
+    assert subject["as_expected"] and subject["failure"] == "the test's assertion", subject["output"]
+    assert fixed["against"].startswith("vllm 0.29.0, the first release without second_full_attention_group")
+    assert fixed["outcome"] == "passed" and fixed["as_expected"], fixed["output"]
     document = json.loads((tmp_path / "fuzz.json").read_text())
     assert document["subjects"][0]["differential"] == "stateful"
     assert main(["replay", str(stored), "--vllm", NEWEST]) == Outcome.OK.exit_code

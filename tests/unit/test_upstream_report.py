@@ -20,7 +20,8 @@ from kvspec.model.outcome import Outcome
 from kvspec.report.upstream import render_upstream
 from kvspec.subjects.upstream_repro import ReproRun, Unscriptable, repro_script
 
-FIXTURE = Path(__file__).parent.parent / "fixtures" / "finding_engine_mamba_estimate_0.34.0.json"
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+FIXTURE = FIXTURES / "finding_engine_mamba_estimate_0.34.0.json"
 HOSTILE = "<img src=x onerror=alert(1)> [click](https://evil.example) ``` `x` \x1b[31m| ![i](j)"
 
 
@@ -43,9 +44,10 @@ def test_the_script_carries_the_findings_settings_and_inputs_and_nothing_of_kvsp
     compile(script.code, "repro.py", "exec")
     assert "kvspec" not in script.code.split('"""', 2)[2]  # the docstring may say who wrote it; the code imports none
     assert "NUM_BLOCKS = 22" in script.code and "ASYNC_SCHEDULING = True" in script.code
-    assert "('mamba_align', 64, 0, 1)" in script.code
-    assert "('arrive', 'r0', list(range(0, 65)), 1),  # add_request: 65 prompt tokens" in script.code
-    assert "('step',),  # one engine step" in script.code
+    assert '("mamba_align", 64, 0, 1)' in script.code
+    assert '    # add_request: 65 prompt tokens, max_tokens 1\n    ("arrive", "r0", list(range(0, 65)), 1),' \
+        in script.code
+    assert '    # one engine step, as EngineCore.step / step_with_batch_queue\n    ("step",),' in script.code
     assert "# The finding's engine flags: vllm serve MODEL --num-gpu-blocks-override 22 --max-model-len 256" \
         in script.code
     assert "pip install vllm==0.34.0 && python repro.py" in script.code
@@ -169,3 +171,28 @@ def test_only_a_published_release_gets_an_upstream_report(tmp_path, capsys, subj
     path.write_text(json.dumps(doc))
     assert main(["report", "--upstream", str(path)]) == Outcome.USAGE.exit_code
     assert "published release" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tokens", [list(range(0, 65)), [(i * 7919) % 1000 for i in range(60)], [5, 3]],
+                         ids=["range", "long list", "short list"])
+def test_the_script_passes_ruff_format_under_vllms_configuration(tmp_path, tokens):
+    """What ``kvspec report --upstream`` offers is laid out as vLLM's own code
+    is (ruff format, vLLM's configuration), whatever the prompt's tokens."""
+    import subprocess
+
+    from ruff.__main__ import find_ruff_bin
+
+    doc = _doc()
+    ops = doc["inputs"]["engine_program"]["ops"]
+    arrive = next(op for op in ops if op["do"] == "arrive")
+    arrive["tokens"] = tokens
+    ops.append({"do": "abort", "id": arrive["id"]})
+    ops.append({"do": "reset"})
+    code = _script(_finding(doc)).code
+    compile(code, "repro.py", "exec")
+    (tmp_path / "pyproject.toml").write_text((FIXTURES / "vllm-0.33.0-ruff.toml").read_text())
+    (tmp_path / "repro.py").write_text(code)
+    run = subprocess.run([str(find_ruff_bin()), "format", "--no-cache", "--check", "--diff", "repro.py"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+

@@ -1,0 +1,212 @@
+"""The test a stateful finding carries reads like one of vLLM's own
+(tests/v1/core): the release's helpers, a behaviour's name, vLLM's words,
+nothing of kvspec, ruff-clean under vLLM's configuration; and the report says
+which module it extends and what failed on each side."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+from pathlib import Path
+
+import attrs
+import pytest
+
+from kvspec.emit.stateful_test import assertion_message, emit_stateful_test, stateful_test_name
+from kvspec.emit.vllm_tests import Idiom
+from kvspec.model.capabilities import Capabilities
+from kvspec.model.finding import Category, Finding
+from kvspec.model.domain import CoordinatorConfig, GroupKind, KVCacheGroup
+from kvspec.model.program import Program
+from kvspec.report.finding import render_markdown
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+HEADER = ("# SPDX-License-Identifier: Apache-2.0",
+          "# SPDX-FileCopyrightText: Copyright contributors to the vLLM project")
+
+SWA_MAMBA = CoordinatorConfig(groups=(KVCacheGroup(GroupKind.SLIDING_WINDOW, 4, sliding_window=4),
+                                      KVCacheGroup(GroupKind.MAMBA_ALIGN, 4)),
+                              scheduler_block_size=4, hash_block_size=4)
+TWO_FULL = CoordinatorConfig(groups=(KVCacheGroup(GroupKind.FULL_ATTENTION, 2),
+                                     KVCacheGroup(GroupKind.FULL_ATTENTION, 4),
+                                     KVCacheGroup(GroupKind.SLIDING_WINDOW, 4, sliding_window=4)),
+                             scheduler_block_size=4, hash_block_size=2)
+PROMPT = list(range(1, 11))
+OTHER = [5, 9, 2, 40000, 7, 7, 1, 3, 12, 11, 10, 4, 8]  # not a range: laid out as a list
+
+
+def _allocate(rid, n, hit, **extra):
+    kwargs = {"num_new_computed_tokens": hit, "new_computed_blocks": "computed", "num_external_computed_tokens": 0,
+              "num_lookahead_tokens": 0, "full_sequence_must_fit": True, "has_scheduled_reqs": False, **extra}
+    return {"call": "allocate_slots", "id": rid, "num_new_tokens": n, "kwargs": kwargs, "allocated": True}
+
+
+def _step(rid, n, hit=0, boundary=True):
+    return [{"call": "op", "op": {"do": "schedule"}}, {"call": "new_step_starts"},
+            {"call": "get_computed_blocks", "id": rid, "hit": hit},
+            *([{"call": "set_shared_prefix_boundary", "id": rid}] if boundary else []),
+            _allocate(rid, n, hit), {"call": "set_computed", "id": rid, "value": hit + n},
+            {"call": "append_output", "id": rid, "tokens": [100001]},
+            {"call": "set_status", "id": rid, "status": "RUNNING"},
+            {"call": "take_new_block_ids"}, {"call": "take_kv_cache_block_copies"}]
+
+
+# A program of every kind of call the worker records, ending in a schedule step.
+TRACE = [
+    {"call": "op", "op": {"do": "arrive", "id": "r0", "tokens": PROMPT}},
+    {"call": "request", "id": "r0", "tokens": PROMPT}, *_step("r0", 10),
+    {"call": "op", "op": {"do": "finish", "id": "r0"}},
+    {"call": "set_status", "id": "r0", "status": "FINISHED_STOPPED"}, {"call": "free", "id": "r0"},
+    {"call": "op", "op": {"do": "evict", "id": "r0", "from_block": 1}}, {"call": "evict_blocks", "ids": [3, 2]},
+    {"call": "op", "op": {"do": "reset"}}, {"call": "reset_prefix_cache", "returned": True},
+    {"call": "op", "op": {"do": "arrive", "id": "r1", "tokens": OTHER}},
+    {"call": "request", "id": "r1", "tokens": OTHER},
+    {"call": "op", "op": {"do": "arrive", "id": "r2", "tokens": PROMPT[:6]}},
+    {"call": "request", "id": "r2", "tokens": PROMPT[:6]},
+    *_step("r1", 12, 0, boundary=False),
+    {"call": "op", "op": {"do": "preempt", "id": "r1"}},
+    {"call": "set_status", "id": "r1", "status": "PREEMPTED"}, {"call": "free", "id": "r1"},
+    {"call": "op", "op": {"do": "schedule", "budget": 8}}, {"call": "new_step_starts"},
+    {"call": "get_computed_blocks", "id": "r2", "hit": 4},
+    {"call": "truncate_computed_blocks", "id": "r2", "tokens": 4},
+    {"call": "set_drafts", "id": "r2", "count": 2},
+    _allocate("r2", 1, 4, num_external_computed_tokens=1), {"call": "set_computed", "id": "r2", "value": 6},
+    {"call": "append_output", "id": "r2", "tokens": [100002, 100003]},
+    {"call": "set_status", "id": "r2", "status": "RUNNING"},
+    {"call": "reset_prefix_cache", "returned": None},
+    {"call": "take_new_block_ids"}, {"call": "take_kv_cache_block_copies"},
+]
+STATEFUL = [c for c in Category if assertion_message(c)] + [Category.SUBJECT_CRASH, Category.PRECONDITION]
+
+
+def _finding(category, config=SWA_MAMBA, detail="a kvspec finding", **more):
+    program = Program(config, 64, 128, ops=({"do": "arrive", "id": "r0", "tokens": PROMPT}, {"do": "schedule"}))
+    return Finding(source="fuzz", verdict=f"DISCREPANCY: {category.value}", category=category,
+                   compared={"differential": "stateful", "capabilities": {}},
+                   inputs={"program": program.as_dict()}, detail=detail, **more)
+
+
+def _ruff(*args, cwd):
+    from ruff.__main__ import find_ruff_bin
+
+    return subprocess.run([str(find_ruff_bin()), *args], capture_output=True, text=True, cwd=cwd)
+
+
+def _ruff_clean(tmp_path, code, name):
+    (tmp_path / "pyproject.toml").write_text((FIXTURES / "vllm-0.33.0-ruff.toml").read_text())
+    for module in ("vllm/__init__.py", "vllm/utils/__init__.py", "vllm/utils/hashing.py", "vllm/v1/__init__.py",
+                   "vllm/v1/core/__init__.py", "vllm/v1/core/kv_cache_utils.py", "vllm/v1/core/kv_cache_manager.py",
+                   "vllm/v1/kv_cache_interface.py", "vllm/v1/request.py", "vllm/sampling_params.py",
+                   "tests/__init__.py", "tests/v1/__init__.py", "tests/v1/core/__init__.py",
+                   "tests/v1/core/test_prefix_caching.py"):
+        (tmp_path / module).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / module).touch()
+    test = tmp_path / "tests" / "v1" / "core" / f"{name}.py"
+    test.write_text(code)
+    rel = str(test.relative_to(tmp_path))
+    for args in (("check", "--no-cache", rel), ("format", "--no-cache", "--check", "--diff", rel)):
+        run = _ruff(*args, cwd=tmp_path)
+        assert run.returncode == 0, run.stdout + run.stderr + code
+
+
+@pytest.mark.parametrize("helpers", [True, False], ids=["helpers", "own-builder"])
+@pytest.mark.parametrize("category", STATEFUL, ids=lambda c: c.value)
+def test_every_stateful_test_reads_like_vllms_and_is_ruff_clean(tmp_path, category, helpers):
+    config = TWO_FULL if category is Category.STATE_HIT_GROUPS else SWA_MAMBA
+    trace = TRACE
+    if category in (Category.STATE_HIT_GROUPS, Category.STATE_HIT_BOUNDS, Category.STATE_HIT_LENGTH,
+                    Category.STATE_LOOKUP_PURITY):
+        trace = TRACE[:TRACE.index({"call": "truncate_computed_blocks", "id": "r2", "tokens": 4})]
+    if category is Category.SUBJECT_CRASH:  # vLLM raised in the last lookup
+        trace = trace[:-11] + [{"call": "get_computed_blocks", "id": "r2", "hit": None}]
+    f = _finding(category, config, observations={"error": "AssertionError: no"})
+    caps = Capabilities(request_keywords=("request_id", "prompt_token_ids", "sampling_params", "pooling_params",
+                                          "block_hasher", "eos_token_id"))
+    code = emit_stateful_test(f, trace, caps, Idiom(helpers=helpers, header=HEADER))
+    assert code is not None
+    name = stateful_test_name(f)
+    assert f"\ndef {name}():\n" in code and name.startswith("test_")
+    assert "kvspec" not in code.lower() and "monkeypatch" not in code and "inspect" not in code
+    assert code.startswith(HEADER[0])
+    ast.parse(code)
+    message = assertion_message(category)
+    if message:
+        assert message.split()[0] in code  # the rule, in vLLM's words, is the assertion's message
+    if category not in (Category.PRECONDITION,):
+        assert ("make_request(" in code) is helpers and ("make_kv_cache_manager(" in code) is helpers
+    _ruff_clean(tmp_path, code, name)
+
+
+def test_the_second_full_attention_groups_test_is_named_after_it():
+    assert stateful_test_name(_finding(Category.STATE_HIT_GROUPS, TWO_FULL)) == \
+        "test_second_full_attention_group_trims_hit_blocks"
+    assert stateful_test_name(_finding(Category.STATE_HIT_GROUPS)) == \
+        "test_every_group_trims_its_hit_blocks_to_the_common_hit"
+
+
+def test_only_the_calls_up_to_the_broken_rule_and_defaults_left_out():
+    code = emit_stateful_test(_finding(Category.STATE_ZEROING_MISSED), TRACE, Capabilities(), Idiom(helpers=True))
+    # At vLLM's defaults: no keyword.  Not at them: said.
+    assert "num_lookahead_tokens" not in code and "full_sequence_must_fit=True" in code
+    assert "num_external_computed_tokens=1" in code
+    # The step under test collects what it allocated, then asserts on take_new_block_ids.
+    assert code.index("allocated = set()") > code.index("manager.free(r1)")
+    assert code.rstrip().endswith(")") and "assert allocated <= zeroed" in code
+
+
+def test_an_untrusted_trace_makes_no_test():
+    bad = [dict(e) for e in TRACE]
+    bad[1] = {**bad[1], "id": "r0); import os; os.system('x'"}
+    assert emit_stateful_test(_finding(Category.STATE_LEAK), bad, Capabilities(), Idiom()) is None
+    odd = TRACE + [{"call": "open('/etc/passwd')"}]
+    assert emit_stateful_test(_finding(Category.STATE_LEAK), odd, Capabilities(), Idiom()) is None
+
+
+def test_the_report_names_the_module_and_what_failed_on_each_side():
+    record = {"test_name": "test_new_attention_blocks_are_handed_out_for_zeroing", "proposed": True,
+              "module": "tests/v1/core/test_prefix_caching.py",
+              "lint": {"outcome": "passed", "against": "ruff"},
+              "verified": [{"outcome": "failed", "must": "failed", "as_expected": True, "against": "vllm 0.27.1",
+                            "failure": "the test's assertion"},
+                           {"outcome": "passed", "must": "passed", "as_expected": True,
+                            "against": "vllm 0.28.0, the first release without sliding_window_blocks_not_zeroed"}]}
+    text = render_markdown(_finding(Category.STATE_ZEROING_MISSED, regression_test=record))
+    assert "test_new_attention_blocks_are_handed_out_for_zeroing, to add to tests/v1/core/test_prefix_caching.py" \
+        in text
+    assert "failed on the test's assertion on vllm 0.27.1" in text
+    assert "passed on vllm 0.28.0, the first release without" in text
+    assert "ruff check and ruff format --check with the release's configuration: passed" in text
+    assert "test_prefix_cache_registration" not in text
+    # The code is emitted anew from the recorded calls, never copied from the finding.
+    shown = render_markdown(_finding(Category.STATE_ZEROING_MISSED, regression_test={
+        **record, "trace": TRACE, "code": "import os  # not shown", "idiom": {"helpers": "tests.v1.core.test_prefix_caching"}}))
+    assert "Regression test for tests/v1/core/test_prefix_caching.py" in shown
+    assert "def test_new_attention_blocks_are_handed_out_for_zeroing():" in shown and "import os" not in shown
+    bad = [*TRACE[:1], {**TRACE[1], "id": "r0; import os"}, *TRACE[2:]]
+    hostile = render_markdown(_finding(Category.STATE_ZEROING_MISSED, regression_test={**record, "trace": bad}))
+    assert "def test_" not in hostile
+    crash = attrs.evolve(_finding(Category.SUBJECT_CRASH), regression_test={
+        **record, "verified": [{**record["verified"][0], "failure": "vLLM's own assert (AssertionError: x)"},
+                               {"outcome": "failed", "must": "passed", "as_expected": False, "against": "vllm 0.28.0",
+                                "cannot_run": "the test cannot run on vllm 0.28.0: TypeError: unexpected"}]})
+    text = render_markdown(crash)
+    assert "failed on vLLM's own assert (AssertionError: x) on vllm 0.27.1" in text
+    assert "the test cannot run on vllm 0.28.0: TypeError" in text
+
+
+def test_a_lookup_rule_is_checked_at_the_lookup_that_broke_it():
+    """The step looks up r0 then r1; the finding names r1: the check follows
+    r1's lookup, and a request no call uses is not made."""
+    trace = [{"call": "op", "op": {"do": "arrive", "id": "r0", "tokens": PROMPT}},
+             {"call": "request", "id": "r0", "tokens": PROMPT},
+             {"call": "op", "op": {"do": "arrive", "id": "r1", "tokens": PROMPT}},
+             {"call": "request", "id": "r1", "tokens": PROMPT},
+             {"call": "op", "op": {"do": "arrive", "id": "r2", "tokens": PROMPT}},
+             {"call": "request", "id": "r2", "tokens": PROMPT},
+             *_step("r0", 10)[:-2], {"call": "get_computed_blocks", "id": "r1", "hit": 0},
+             {"call": "get_computed_blocks", "id": "r2", "hit": 0}]
+    f = _finding(Category.STATE_HIT_GROUPS, TWO_FULL, detail="hit_groups: request r1: group 1 returned 1 blocks")
+    code = emit_stateful_test(f, trace, Capabilities(), Idiom(helpers=True))
+    lookup = code.index("manager.get_computed_blocks(r1)")
+    assert code.index("block_sizes = ") > lookup > code.index("manager.get_computed_blocks(r0)")
+    assert "r2" not in code  # looked up after the check: not needed, not made
