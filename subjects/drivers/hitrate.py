@@ -22,10 +22,10 @@ import attrs
 from kvspec.model.capabilities import ExpectedRegime, expected_regime
 from kvspec.model.case import Case, prefill
 from kvspec.model.domain import CoordinatorConfig, GroupKind
+from kvspec.model.requests import OpenSession, SessionActions, case_message
 from kvspec.model.workload import Workload, WorkloadRequest
 
 from ..process import SubjectError
-from ..protocol import case_message
 
 __all__ = ["ReplayError", "RequestOutcome", "ReplayResult", "SubjectCache", "replay", "session_case"]
 
@@ -105,12 +105,12 @@ class SubjectCache:
         self.name = subject.subject.label
         self.subject, self.config = subject, config
         self.regime = expected_regime(config, subject.capabilities)
-        reply = subject.session({"op": "open_session", "case": session_case(config, workload)})
+        reply = subject.session(OpenSession(session_case(config, workload)))
         if not reply.ok:
             raise ReplayError(f"{self.name}: cannot build the manager: {reply.error.message}")
 
     def apply(self, actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        reply = self.subject.session({"op": "session_actions", "actions": actions})
+        reply = self.subject.session(SessionActions(actions))
         if not reply.ok:
             raise ReplayError(f"{self.name}: {reply.error.message}\n{reply.error.traceback or ''}".rstrip())
         return reply["answers"]

@@ -19,9 +19,9 @@ from typing import Any, Iterator
 
 from kvspec.model.case import Case, LookupProbe, Step, decode
 from kvspec.model.domain import CoordinatorConfig, GroupKind, InvalidGeometry, KVCacheGroup
+from kvspec.model.requests import MambaLayerCheckpointFields, PrefillChunks, Stream, case_message
 from kvspec.oracles.mtp import HASH_SCHEMES, fix_rejects, model_predicts_stale, stale_reuse
 
-from ..protocol import case_message
 
 __all__ = ["GEOMETRIES", "mtp_configs", "search_stale_reuse"]
 
@@ -63,8 +63,8 @@ def _chunks(subject, config: CoordinatorConfig, lookahead: int, mamba_fields: di
         return {p: {"chunks": [p], "stalled_at": None} for p in prompts}
     from kvspec.model.case import prefill
 
-    reply = subject.session({"op": "prefill_chunks", "prompts": prompts,
-                             "case": _message(Case(config, 1, (prefill(1),)), lookahead, mamba_fields)})
+    reply = subject.session(PrefillChunks(_message(Case(config, 1, (prefill(1),)), lookahead, mamba_fields),
+                                         prompts))
     if not reply.ok:
         raise RuntimeError(f"prefill_chunks: {reply.error.message}")
     return {r["prompt"]: r for r in reply["results"]}
@@ -76,7 +76,7 @@ def search_stale_reuse(subject, schemes: tuple[str, ...]) -> dict[str, dict[str,
     the subject supports; per scheme the smallest witness (fewest writer
     tokens, then shortest hit), the per-configuration counts beside the
     model's prediction, and the writers vLLM's own scheduler stalls."""
-    fields_reply = subject.session({"op": "mamba_layer_checkpoint_fields"})
+    fields_reply = subject.session(MambaLayerCheckpointFields())
     mamba_fields = fields_reply.get("fields", {}) if fields_reply.ok else {}
     out: dict[str, dict[str, Any]] = {}
     for scheme in schemes:
@@ -110,7 +110,7 @@ def search_stale_reuse(subject, schemes: tuple[str, ...]) -> dict[str, dict[str,
                         cases.append(case)
                         messages.append(_message(case, lookahead, mamba_fields))
         witnesses, errors = [], []
-        for case, reply in zip(cases, subject.run_many(messages)):
+        for case, reply in zip(cases, subject.run_many(Stream(messages))):
             row = rows[case.config.describe()]
             row["cases"] += 1
             if not reply.ok:

@@ -12,6 +12,8 @@ import pytest
 
 from kvspec.model.errors import InfrastructureError
 from kvspec.model.replies import ErrorKind, MalformedReply, ObservedRegime, Reply, record_of
+from kvspec.model.requests import EngineOps, MachineOps, MachineTrace
+from kvspec.model.wire import parse_request
 from kvspec.subjects import process
 from kvspec.subjects.process import SubjectProcess
 from kvspec.subjects.subject import current_environment
@@ -86,13 +88,13 @@ def test_each_failure_of_a_case_is_answered_with_its_kind(raising, kind):
     assert reply.failed_as(kind) and str(raising) in reply.error.message and "seconds" in reply
 
 
-def test_a_message_for_nothing_open_or_unknown_is_kvspecs_error():
+def test_a_message_for_nothing_open_is_kvspecs_error():
     driver = _Driver(None)
     sent = []
-    for request in ({"op": "machine_ops", "ops": [{}]}, {"op": "machine_trace"}, {"op": "engine_ops", "ops": []},
-                    {"op": "run_many", "cases": []}):
-        loop.HANDLERS.get(request["op"], loop._unknown)(driver, request, sent.append)
-    assert [Reply.parse(r).error.kind for r in sent] == [ErrorKind.KVSPEC] * 4
+    for request in (MachineOps([{}]), MachineTrace(), EngineOps([])):
+        parsed = parse_request(request.to_wire())
+        loop.HANDLERS[parsed.op](driver, parsed, sent.append)
+    assert [Reply.parse(r).error.kind for r in sent] == [ErrorKind.KVSPEC] * 3
 
 
 def test_a_bad_operation_is_kvspecs_error_with_its_index():
@@ -103,7 +105,7 @@ def test_a_bad_operation_is_kvspecs_error_with_its_index():
             return {"result": {}}
 
     driver = types.SimpleNamespace(machine=Machine())
-    reply = Reply.parse(loop._machine_op(driver, {"op": "machine_ops", "ops": [{}, {"id": "gone"}]}))
+    reply = Reply.parse(loop._machine_op(driver, parse_request(MachineOps([{}, {"id": "gone"}]).to_wire())))
     assert reply.failed_as(ErrorKind.KVSPEC) and reply.error.index == 1 and reply["answers"] == [{"result": {}}]
 
 
