@@ -15,6 +15,7 @@ import attrs
 import pytest
 
 from kvspec.model.finding import Finding, Reach
+from kvspec.model.outcome import Outcome
 from kvspec.report.finding import render_markdown, render_text
 from kvspec.report.fuzz import render_markdown as render_fuzz_markdown
 from kvspec.report.plot import plot_data, render_png, render_svg
@@ -161,6 +162,25 @@ def test_fuzz_markdown(finding, monkeypatch):
     assert ("| differential | verdict | Hypothesis examples | checked | to the first discrepancy | "
             "fuzzing and shrinking (s) |") in text
     assert_snapshot("fuzz_report.md", text)
+
+
+def test_a_subjects_result_is_said_by_the_renderer_from_the_typed_result(finding):
+    from kvspec.report.fuzz import subject_run_lines
+    from kvspec.usecases.fuzz import SubjectRun
+
+    run = _fuzz_run(finding)
+    found = subject_run_lines(attrs.evolve(run.subjects[0], finding_path=None))
+    assert found[0] == render_text(finding) and "  NOT STORED: it is only in this run's reports" in found
+    clean = attrs.evolve(run.subjects[0].result, failure=None, seconds=2.0, restarts=("the worker was killed",))
+    lines = subject_run_lines(SubjectRun(clean, jobs=2))
+    assert lines[0] == (f"{finding.compared['subject']['label']} [registration]: no discrepancy in "
+                        f"{clean.coverage()} (2.0 s, {clean.cases / 2:.0f} cases/s, 2 jobs); 1 worker restart(s) "
+                        "the retry did not reproduce (the machine's, not vLLM's): the worker was killed")
+    assert any(line.startswith("  not covered: ") for line in lines)
+    reused = subject_run_lines(SubjectRun(clean, reused="reused the control's recorded run", jobs=2))
+    assert reused[0].endswith("; reused the control's recorded run (it took 2.0 s then)")
+    stopped = attrs.evolve(clean, stopped=Outcome.INTERRUPTED, stopped_why="interrupted")
+    assert subject_run_lines(SubjectRun(stopped))[0].endswith(f": STOPPED after {clean.cases} cases: interrupted")
 
 
 def test_an_interrupted_run_never_reads_as_clean(finding):
