@@ -269,7 +269,7 @@ def engine_machine(subject: SubjectProcess | Callable[[], SubjectProcess], on_pr
                 # vLLM's configuration code refused the flags: not an engine it runs.
                 on_program(self, refused=opened.error.message)
                 reject()
-            self.derived = opened["derived"]
+            self.derived = opened.payload.derived
             try:
                 config = derived_config(self.derived)
             except KvspecError as error:
@@ -279,7 +279,7 @@ def engine_machine(subject: SubjectProcess | Callable[[], SubjectProcess], on_pr
                 on_program(self, refused=f"not checked: kvspec cannot model what the engine built: {error}")
                 reject()
             self.block = config.scheduler_block_size
-            self.oracle = StateOracle(self.program, live().capabilities, opened, config=config,
+            self.oracle = StateOracle(self.program, live().capabilities, opened.payload.state, config=config,
                                       retention=retention_layout(self.derived, config))
             on_program(self)
             for arrival, load in first:
@@ -564,9 +564,10 @@ def drive_engine_program(proc: SubjectProcess, program: EngineProgram, *, throug
             raise InfrastructureError(f"this subject cannot build the engine: {opened.error.message}")
         yield EngineStepRecord({"do": "open"}, opened, (StateOracle.refused(opened.error),))
         return
-    config = derived_config(opened["derived"])
-    oracle = StateOracle(program, proc.capabilities, opened, config=config,
-                         retention=retention_layout(opened["derived"], config))
+    engine = opened.payload
+    config = derived_config(engine.derived)
+    oracle = StateOracle(program, proc.capabilities, engine.state, config=config,
+                         retention=retention_layout(engine.derived, config))
     if oracle_out is not None:
         oracle_out.append(oracle)
     reply = proc.session(EngineOps(dict(op) for op in program.ops))

@@ -336,15 +336,16 @@ def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
                     on_program(self, refused=opened.error.message)
                     reject()
                 self._fail(geometry, [StateOracle.refused(opened.error)], opened)
-            if opened.get("retention_interval") != geometry.retention_interval and not (
-                    geometry.retention_interval is None and opened.get("retention_interval") in (None, 0)):
+            machine = opened.payload
+            if machine.retention_interval != geometry.retention_interval and not (
+                    geometry.retention_interval is None and machine.retention_interval in (None, 0)):
                 raise _Abort(InfrastructureError(
                     f"asked for retention interval {geometry.retention_interval}, the manager took "
-                    f"{opened.get('retention_interval')} (a kvspec bug)"))
-            self.oracle = StateOracle(geometry, proc.capabilities, opened)
+                    f"{machine.retention_interval} (a kvspec bug)"))
+            self.oracle = StateOracle(geometry, proc.capabilities, machine.state)
             self.has_eagle = any(g.eagle for g in geometry.config.groups)
             self.known = tuple(known())
-            self.can_evict = bool(opened.get("operations", {}).get("evict"))
+            self.can_evict = machine.can_evict
             on_program(self)
 
         def _fail(self, program: Program, found: list[Discrepancy], reply: dict[str, Any]) -> None:
@@ -712,7 +713,7 @@ def replay_program(proc: SubjectProcess, program: Program) -> tuple[list[Discrep
         if opened.failed_as(ErrorKind.UNSUPPORTED):
             raise InfrastructureError(f"this subject cannot drive the program: {opened.error.message}")
         return [StateOracle.refused(opened.error)], record_of(opened)
-    oracle = StateOracle(program, proc.capabilities, opened)
+    oracle = StateOracle(program, proc.capabilities, opened.payload.state)
     reply = proc.session(MachineOps(dict(op) for op in program.ops))
     for op, answer in zip(program.ops, reply.get("answers", ())):
         found = oracle.check(op, answer)

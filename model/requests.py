@@ -30,10 +30,6 @@ __all__ = [
 _Json = Mapping[str, Any]
 
 
-def _objects(values: Iterable[_Json]) -> tuple[_Json, ...]:
-    return tuple(values)
-
-
 @attrs.frozen
 class Request:
     """A request: its ``op``; ``opens`` what a later request acts on, or
@@ -70,7 +66,7 @@ class Stream(Request):
     """Cases, each answered as it is done, then an end marker."""
 
     op: ClassVar[str] = "stream"
-    cases: tuple[_Json, ...] = attrs.field(converter=_objects)
+    cases: tuple[_Json, ...] = attrs.field(converter=tuple)
 
     @classmethod
     def of(cls, cases: Iterable[Case]) -> "Stream":
@@ -92,7 +88,7 @@ class SessionActions(Request):
 
     op: ClassVar[str] = "session_actions"
     needs: ClassVar[str | None] = "replay"
-    actions: tuple[_Json, ...] = attrs.field(converter=_objects)
+    actions: tuple[_Json, ...] = attrs.field(converter=tuple)
 
 
 @attrs.frozen
@@ -121,14 +117,22 @@ class OpenMachine(Request):
 
 
 @attrs.frozen
-class MachineOps(Request):
-    """Operations on the open machine, answered each with its result and, when
-    ``observe``, the manager's state after it."""
+class _Operations(Request):
+    """Operations on an open machine or engine, answered each; ``observe``:
+    the manager's state read and sent after each (off: the benchmark's
+    unchecked baseline)."""
+
+    ops: tuple[_Json, ...] = attrs.field(converter=tuple)
+    observe: bool = True
+
+
+@attrs.frozen
+class MachineOps(_Operations):
+    """Operations on the open machine, answered each with its result and the
+    manager's state after it."""
 
     op: ClassVar[str] = "machine_ops"
     needs: ClassVar[str | None] = "machine"
-    ops: tuple[_Json, ...] = attrs.field(converter=_objects)
-    observe: bool = True
 
 
 @attrs.frozen
@@ -149,14 +153,12 @@ class OpenEngine(Request):
 
 
 @attrs.frozen
-class EngineOps(Request):
+class EngineOps(_Operations):
     """Operations on the open engine, answered each with what the step observed
-    and, when ``observe``, the manager's state after it."""
+    and the manager's state after it."""
 
     op: ClassVar[str] = "engine_ops"
     needs: ClassVar[str | None] = "engine"
-    ops: tuple[_Json, ...] = attrs.field(converter=_objects)
-    observe: bool = True
 
 
 @attrs.frozen

@@ -19,9 +19,11 @@ was ended) is an ``InfrastructureError``, never sent.  An error reply says
 whose frames raised (``origin``): one raised in kvspec's own worker code is
 kvspec's bug, an ``InfrastructureError`` too, never a vLLM finding.
 
-Every reply is parsed once, as it is read, into a ``model.replies.Reply``
-(one ``ErrorKind`` when it failed); a reply the protocol does not allow is
-kvspec's error (``InfrastructureError``), never a finding.
+Every request is a ``model.requests`` class, and every reply is parsed once,
+as it is read, into a ``model.replies.Reply`` (one ``ErrorKind`` when it
+failed; its payload typed where the request's op has one,
+``model.replies.PAYLOADS``); a reply the protocol does not allow is kvspec's
+error (``InfrastructureError``), never a finding.
 """
 
 from __future__ import annotations
@@ -289,8 +291,9 @@ class SubjectProcess:
         tail = self._stderr.read().strip().splitlines()[-lines:]
         return " | ".join(tail) or "no output"
 
-    def _read(self, timeout: float | None = None) -> Reply | None:
-        """The next reply, parsed; None if the worker closed its end or gave
+    def _read(self, timeout: float | None = None, op: str | None = None) -> Reply | None:
+        """The next reply, parsed (its payload too, as a reply to a request of
+        ``op``); None if the worker closed its end or gave
         none in time (``_timed_out`` says which).  A JSON object the protocol
         does not allow ends the worker and is an ``InfrastructureError``:
         kvspec's two sides disagree, and nothing they said is a finding."""
@@ -311,7 +314,7 @@ class SubjectProcess:
         except ValueError:
             return None
         try:
-            return Reply.parse(record)
+            return Reply.parse(record, op)
         except MalformedReply as exc:
             self._kill()
             self._forget()
@@ -447,7 +450,7 @@ class SubjectProcess:
                     f"worker ({before}); a fresh worker cannot continue it, so nothing from here is a vLLM "
                     f"finding")
         if self._send(request):
-            reply = self._read()
+            reply = self._read(op=request.op)
             if reply is not None:
                 if request.opens:
                     self._opened_on = self._spawns if reply.ok else None

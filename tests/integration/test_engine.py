@@ -68,7 +68,7 @@ def test_the_engine_default_is_read_back_not_assumed():
         opened = proc.session(OpenEngine(program.setup.message()))
         found, _ = replay_engine_program(proc, program)
     assert opened["ok"] and not found
-    derived = opened["derived"]
+    derived = opened.payload.derived
     assert derived["scheduler_class"] == "AsyncScheduler" and derived["async_scheduling"]
     assert derived["retention_interval"] == 0 and derived["scheduler_block_size"] == 64
 

@@ -11,7 +11,8 @@ import types
 import pytest
 
 from kvspec.model.errors import InfrastructureError
-from kvspec.model.replies import ErrorKind, MalformedReply, ObservedRegime, Reply, record_of
+from kvspec.model.replies import (EngineOpened, ErrorKind, MachineOpened, MalformedReply, ObservedRegime, PrefillChunking, Reply,
+                                  record_of)
 from kvspec.model.requests import EngineOps, MachineOps, MachineTrace
 from kvspec.model.wire import parse_request
 from kvspec.subjects import process
@@ -57,6 +58,38 @@ def test_an_error_reply_is_one_typed_error():
 def test_a_reply_the_protocol_does_not_allow_is_refused_in_one_line(record, says):
     with pytest.raises(MalformedReply, match=says) as refused:
         Reply.parse(record)
+    assert "\n" not in str(refused.value)
+
+
+OPENED = {"ok": True, "state": {"free": 7}, "groups": 2, "operations": {"evict": True, "reset": False},
+          "retention_interval": None}
+
+
+def test_a_payload_read_by_key_is_parsed_once_by_the_op_it_answers():
+    opened = Reply.parse(OPENED, "open_machine")
+    assert opened.payload == MachineOpened({"free": 7}, 2, can_evict=True, can_reset=False, retention_interval=None)
+    chunks = Reply.parse({"ok": True, "results": [{"prompt": 4, "chunks": [4], "stalled_at": None},
+                                                  {"prompt": 9, "chunks": [8], "stalled_at": 8}]}, "prefill_chunks")
+    assert chunks.payload == (PrefillChunking(4, (4,)), PrefillChunking(9, (8,), 8))
+    engine = Reply.parse({"ok": True, "derived": {"groups": []}, "state": {"free": 3}}, "open_engine")
+    assert engine.payload == EngineOpened({"groups": []}, {"free": 3})
+    # The same record as a case's reply, or an error reply, has none.
+    assert Reply.parse(OPENED).payload is None
+    assert Reply.parse({"ok": False, "error_kind": "construct", "error": "x"}, "open_machine").payload is None
+
+
+@pytest.mark.parametrize("record, op, says", [
+    ({"ok": True, "state": {}}, "open_machine", "open_machine reply carries the state"),
+    ({**OPENED, "operations": {"evict": "yes", "reset": False}}, "open_machine", "wrong type"),
+    ({**OPENED, "retention_interval": -1}, "open_machine", "wrong type"),
+    ({"ok": True, "results": [{"prompt": 4, "chunks": [4]}]}, "prefill_chunks", "each prompt's chunks"),
+    ({"ok": True, "state": {}}, "open_engine", "open_engine reply carries what vLLM derived"),
+    ({"ok": True, "results": [{"prompt": 4, "chunks": [True], "stalled_at": None}]}, "prefill_chunks",
+     "wrong type"),
+])
+def test_a_payload_the_protocol_does_not_allow_is_refused_in_one_line(record, op, says):
+    with pytest.raises(MalformedReply, match=says) as refused:
+        Reply.parse(record, op)
     assert "\n" not in str(refused.value)
 
 
