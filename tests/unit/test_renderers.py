@@ -418,7 +418,7 @@ def test_kill_matrix_snapshot():
 
 
 def test_history_table_snapshot():
-    from kvspec.report.history import render_table
+    from kvspec.report.history import ReleaseRow, render_table
 
     caps = capabilities("0.33.0").as_dict()
     rows = [{"version": "0.33.0", "status": "conforms", "capabilities": caps, "rule": "cacheable_tokens_032",
@@ -426,7 +426,7 @@ def test_history_table_snapshot():
              "stateful": {"examples": 300, "operations": 7021, "failure": None},
              "symbolic": {"status": "VERIFIED"}},
             {"version": "0.22.0", "status": "unsupported", "detail": "KVCacheManager takes no scheduler_block_size"}]
-    assert_snapshot("history_table.md", render_table(rows, symbolic=True) + "\n")
+    assert_snapshot("history_table.md", render_table([ReleaseRow.parse(r) for r in rows], symbolic=True) + "\n")
 
 
 def test_hitrate_text_snapshot():
