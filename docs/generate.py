@@ -280,15 +280,16 @@ def kill_matrix() -> str:
         parts.append(_missing(name, command))
     else:
         from kvspec.model.outcome import RunStatus
-        from kvspec.report.mutants import render_matrix
+        from kvspec.report.mutants import KillMatrixFile, render_matrix
 
-        rows = data["mutants"]
-        _settings_agree(command, {"--vllm": data["vllm"], "--max-examples": data["max_examples"],
-                                  "--seed": data["seed"]})
-        killed = sum(r["status"] == "killed" for r in rows)
-        parts += [f"Status: {RunStatus(data['status']).value}; {killed} of {len(rows)} killed, "
-                  f"{sum(r['status'] == 'equivalent' for r in rows)} equivalent, {data['seconds']} s in all "
-                  f"(`{data['schema']}`, [the file](../results/{name})).",
+        result = KillMatrixFile.parse(data)
+        rows = result.mutants
+        _settings_agree(command, {"--vllm": result.vllm, "--max-examples": result.max_examples,
+                                  "--seed": result.seed})
+        killed = sum(r.status == "killed" for r in rows)
+        parts += [f"Status: {RunStatus(result.status).value}; {killed} of {len(rows)} killed, "
+                  f"{sum(r.status == 'equivalent' for r in rows)} equivalent, {result.seconds} s in all "
+                  f"(`{result.schema}`, [the file](../results/{name})).",
                   "```\n" + render_matrix(rows) + "\n```"]
     return _page("Kill matrix", f"`docs/results/{name}`, rendered by `kvspec.report.mutants`", *parts)
 

@@ -400,7 +400,7 @@ def test_report_of_a_file_without_findings_is_a_usage_error(tmp_path, capsys):
 # -- the other renderers: one snapshot each, on small fixed inputs --------------
 
 def test_kill_matrix_snapshot():
-    from kvspec.report.mutants import render_matrix
+    from kvspec.report.mutants import KillRow, render_matrix
 
     rows = [{"mutant": "refloor_50062", "model": "non-equivalent", "status": "killed", "cases_to_kill": 3708,
              "seconds_to_kill": 2.67, "exhaustive": "killed", "exhaustive_failing": 412, "exhaustive_seconds": 9.8,
@@ -412,7 +412,7 @@ def test_kill_matrix_snapshot():
              "cases_to_kill": None, "seconds_to_kill": None, "stateful": "killed", "programs_to_kill": 7,
              "stateful_seconds_to_kill": 0.21, "exhaustive": "n/a", "symbolic": "n/a",
              "stateful_category": "state_free_blocks"}]
-    text = render_matrix(rows)
+    text = render_matrix([KillRow.parse(r) for r in rows])
     assert "cases to kill" in text.splitlines()[0] and "programs to kill" in text.splitlines()[0]
     assert_snapshot("mutants_matrix.txt", text + "\n")
 
