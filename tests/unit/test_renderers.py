@@ -430,7 +430,7 @@ def test_history_table_snapshot():
 
 
 def test_hitrate_text_snapshot():
-    from kvspec.report.hitrate import render_text
+    from kvspec.report.hitrate import HitrateFile, render_text
     from kvspec.usecases.hitrate import compare_with_reference
 
     def row(label, hits, mutant):
@@ -445,7 +445,7 @@ def test_hitrate_text_snapshot():
     compare_with_reference(rows)
     doc = {"verdict": "HIT-RATE DIFFERENCE", "layout": "full attention 16", "workload": {"text": "2 requests"},
            "subjects": rows, "errors": []}
-    assert_snapshot("hitrate.txt", render_text(doc) + "\n")
+    assert_snapshot("hitrate.txt", render_text(HitrateFile.parse(doc)) + "\n")
 
 
 def test_mtp_reports_snapshot():
