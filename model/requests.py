@@ -3,7 +3,8 @@
 Each class names its ``op`` and holds that request's fields; ``to_wire`` is
 the JSON object sent (``model.wire.OPS`` lists each op's fields, and the
 worker parses them with ``model.wire.parse_request``, stdlib only), and
-``request_of`` parses one back through that same parse.  The payloads are
+``request_of`` parses one back through that same parse (a request is
+checked by it when it is made: one the worker would refuse cannot be built).  The payloads are
 the model's own wire forms: a case's ``case_message``, a program's
 ``machine_case``, an engine setup's ``message``, operations as plain dicts
 (``model.program``).  ``SubjectProcess`` (``subjects/process.py``) takes
@@ -39,6 +40,11 @@ class Request:
     op: ClassVar[str] = ""
     opens: ClassVar[bool] = False
     needs: ClassVar[str | None] = None
+
+    def __attrs_post_init__(self) -> None:
+        # What the worker would refuse is refused where it is made: a kvspec
+        # bug at its source, never a request sent and answered with an error.
+        parse_request(self.to_wire())
 
     def to_wire(self) -> dict[str, Any]:
         """The JSON object sent (arrays as lists, as the worker reads them)."""

@@ -439,6 +439,8 @@ class SubjectProcess:
         infrastructure error unless its own code exited, and so is a request
         for a machine or replay that a worker restart lost, or an exception
         from kvspec's own worker code."""
+        if isinstance(request, (Stream, Quit)):  # many replies, or none: not one exchange
+            raise TypeError(f"{type(request).__name__} is not one exchange: use stream() or close()")
         kind = request.needs
         if kind is not None:
             self._ensure_started()

@@ -31,6 +31,8 @@ parses every reply once into a ``model.replies.Reply``.
 
 from __future__ import annotations
 
+# Where a case's wire form lived before the requests were typed: kept for
+# callers not yet moved to ``model.requests``.
 from kvspec.model.requests import case_message
 
 __all__ = ["case_message"]

@@ -104,6 +104,17 @@ def test_a_request_the_protocol_does_not_allow_is_refused_in_one_line(record, sa
         request_of(record)
 
 
+@pytest.mark.parametrize("make, says", [
+    (lambda: MachineOps([{"do": "schedule"}, "step"]), "ops is an array of objects"),
+    (lambda: MachineOps([], observe=1), "observe is true or false"),
+    (lambda: PrefillChunks({}, [4, 4.5]), "prompts is an array of integers"),
+    (lambda: Run(None), "case is an object"),
+])
+def test_a_request_the_worker_would_refuse_cannot_be_made(make, says):
+    with pytest.raises(MalformedRequest, match=says):
+        make()
+
+
 class _Driver:
     capabilities = {"vllm_version": "0.0"}
     serial, managers_built, reuse_managers = 3, 1, True
@@ -156,3 +167,12 @@ def test_the_worker_side_imports_no_attrs_z3_or_hypothesis():
         "print(loop.parse_request({'op': 'stats'}).op)\n")
     run = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.strip() == "stats", run.stderr[-2000:]
+
+
+@pytest.mark.parametrize("request_", [Stream([]), Quit()], ids=lambda r: r.op)
+def test_a_session_exchange_is_one_request_and_one_reply(request_):
+    from kvspec.subjects.process import SubjectProcess
+
+    idle = object.__new__(SubjectProcess)  # no worker: refused before anything is sent
+    with pytest.raises(TypeError, match="not one exchange"):
+        idle.session(request_)
