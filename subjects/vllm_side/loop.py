@@ -1,8 +1,9 @@
-"""The worker's loop (stdlib + vLLM + ``model.wire`` only): one JSON request per line in, one
-JSON reply per line out.  Each line is parsed once (``model.wire.parse_request``,
-the requests ``model.requests`` sends) and answered by the handler its ``op``
-names (``HANDLERS``), which reads the parsed request's fields; a line that is
-not a request the protocol allows is answered with kvspec's error.
+"""The worker's loop (stdlib + vLLM + ``model.wire`` only): one JSON request
+per line in, one JSON reply per line out.  Each line is parsed once
+(``model.wire.parse_request``: the requests ``model.requests`` sends) and
+answered by the handler its ``op`` names (``HANDLERS``), which reads the
+parsed request's fields; a line that is not a request the protocol allows is
+answered with kvspec's error.
 
 A handler turns what vLLM raised into the reply that says so: a vLLM
 exception is a finding, reported whole with its traceback and whose frames
