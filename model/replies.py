@@ -11,7 +11,7 @@ finding keeps as its observations.  Where a payload is read by key in more
 than one place, it is parsed once too, by the request that asks for it
 (``Reply.parse(record, op)``, ``PAYLOADS``): the reply's ``payload`` is then
 typed (a ``MachineOpened``, an ``EngineOpened``, the ``PrefillChunking`` of
-each prompt).  Here, rather than in ``subjects``, so that the oracles, which
+each prompt, a hit-rate replay's ``SessionAnswer`` per action).  Here, rather than in ``subjects``, so that the oracles, which
 take replies, may import it.
 """
 
@@ -24,7 +24,8 @@ from typing import Any
 import attrs
 
 __all__ = ["PAYLOADS", "EngineOpened", "ErrorKind", "MachineOpened", "MalformedReply", "ObservedRegime",
-           "PrefillChunking", "Reply", "WorkerError", "record_of"]
+           "PrefillChunking", "Reply", "SessionAnswer", "Started", "Stepped", "WorkerError", "record_of",
+           "session_answers"]
 
 
 class ErrorKind(str, enum.Enum):
@@ -172,11 +173,58 @@ class PrefillChunking:
         return found
 
 
+@attrs.frozen
+class Started:
+    """A replayed request's lookup (a session action ``start``'s answer): its
+    hit and its tokens."""
+
+    hit: int
+    tokens: int
+
+
+@attrs.frozen
+class Stepped:
+    """A replayed request's step (a session action ``step``'s answer): its
+    computed tokens after it, and each group's ``num_tokens`` that reached
+    ``cache_blocks`` in it (None: the group was handed none)."""
+
+    computed: int
+    num_tokens: tuple[int | None, ...]
+
+
+# What each action of a hit-rate replay answers (``new_step`` and ``free``: nothing).
+SessionAnswer = Started | Stepped | None
+
+
+def session_answers(record: Mapping[str, Any]) -> tuple[SessionAnswer, ...]:
+    """A ``session_actions`` reply's answers, one per action, typed: the same
+    values the spec's ideal cache (``oracles.ideal_cache``) answers with."""
+    sent = record.get("answers")
+    if not isinstance(sent, list):
+        raise MalformedReply(f"a session_actions reply carries its answers, this one {_short(record)}")
+    answers: list[SessionAnswer] = []
+    for answer in sent:
+        if answer == {}:
+            answers.append(None)
+        elif isinstance(answer, dict) and answer.keys() == {"hit", "tokens"} and _count(answer["hit"]) \
+                and _count(answer["tokens"]):
+            answers.append(Started(answer["hit"], answer["tokens"]))
+        elif isinstance(answer, dict) and answer.keys() == {"computed", "num_tokens"} and _count(answer["computed"]) \
+                and isinstance(answer["num_tokens"], list) \
+                and all(n is None or _count(n) for n in answer["num_tokens"]):
+            answers.append(Stepped(answer["computed"], tuple(answer["num_tokens"])))
+        else:
+            raise MalformedReply(f"a session_actions reply answers each action with nothing, a hit and its tokens, "
+                                 f"or the computed tokens and each group's num_tokens, this one {_short(record)}")
+    return tuple(answers)
+
+
 # The payloads parsed once, by the op of the request they answer (an ok reply's).
 PAYLOADS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "open_machine": MachineOpened.parse,
     "open_engine": EngineOpened.parse,
     "prefill_chunks": PrefillChunking.parse_all,
+    "session_actions": session_answers,
 }
 
 

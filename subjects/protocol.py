@@ -26,7 +26,10 @@ configuration; ``drive``, vLLM raised; ``unsupported``, ``kvspec``,
 raised, the ``traceback`` and whose frames raised it (``origin``, ``where``).
 The worker's first line is its hello: ``ok``, the introspected
 ``capabilities`` and where ``vllm`` came from.  ``subjects/process.py``
-parses every reply once into a ``model.replies.Reply``.
+parses every reply once into a ``model.replies.Reply``, and its payload too
+where ``model.replies.PAYLOADS`` names the request's op (``open_machine``,
+``open_engine``, ``prefill_chunks``, ``session_actions``); the answers of
+``machine_ops`` and ``engine_ops`` are still read by key.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ import types
 import pytest
 
 from kvspec.model.errors import InfrastructureError
-from kvspec.model.replies import (EngineOpened, ErrorKind, MachineOpened, MalformedReply, ObservedRegime, PrefillChunking, Reply,
-                                  record_of)
+from kvspec.model.replies import (EngineOpened, ErrorKind, MachineOpened, MalformedReply, ObservedRegime,
+                                  PrefillChunking, Reply, Started, Stepped, record_of)
 from kvspec.model.requests import EngineOps, MachineOps, MachineTrace
 from kvspec.model.wire import parse_request
 from kvspec.subjects import process
@@ -71,6 +71,9 @@ def test_a_payload_read_by_key_is_parsed_once_by_the_op_it_answers():
     chunks = Reply.parse({"ok": True, "results": [{"prompt": 4, "chunks": [4], "stalled_at": None},
                                                   {"prompt": 9, "chunks": [8], "stalled_at": 8}]}, "prefill_chunks")
     assert chunks.payload == (PrefillChunking(4, (4,)), PrefillChunking(9, (8,), 8))
+    replay = Reply.parse({"ok": True, "answers": [{}, {"hit": 16, "tokens": 40},
+                                                  {"computed": 40, "num_tokens": [32, None]}]}, "session_actions")
+    assert replay.payload == (None, Started(16, 40), Stepped(40, (32, None)))
     engine = Reply.parse({"ok": True, "derived": {"groups": []}, "state": {"free": 3}}, "open_engine")
     assert engine.payload == EngineOpened({"groups": []}, {"free": 3})
     # The same record as a case's reply, or an error reply, has none.
@@ -84,6 +87,9 @@ def test_a_payload_read_by_key_is_parsed_once_by_the_op_it_answers():
     ({**OPENED, "retention_interval": -1}, "open_machine", "wrong type"),
     ({"ok": True, "results": [{"prompt": 4, "chunks": [4]}]}, "prefill_chunks", "each prompt's chunks"),
     ({"ok": True, "state": {}}, "open_engine", "open_engine reply carries what vLLM derived"),
+    ({"ok": True}, "session_actions", "session_actions reply carries its answers"),
+    ({"ok": True, "answers": [{"hit": 3}]}, "session_actions", "answers each action with nothing, a hit"),
+    ({"ok": True, "answers": [{"computed": 4, "num_tokens": [True]}]}, "session_actions", "answers each action"),
     ({"ok": True, "results": [{"prompt": 4, "chunks": [True], "stalled_at": None}]}, "prefill_chunks",
      "wrong type"),
 ])
