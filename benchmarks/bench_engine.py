@@ -23,6 +23,7 @@ import statistics
 
 from kvspec.diff_tests.engine import fuzz_engine, replay_engine_program
 from kvspec.model.known import known_bugs, recognise
+from kvspec.model.requests import EngineOps, OpenEngine
 from kvspec.subjects.process import SubjectProcess
 from kvspec.subjects.subject import release
 
@@ -46,9 +47,9 @@ def replay(proc: SubjectProcess, programs: list, check: bool) -> tuple[int, floa
             found, _ = replay_engine_program(proc, program)
             assert all(recognise(known, [d]) for d in found), [d.summary() for d in found]
         else:
-            opened = proc.session({"op": "open_engine", "setup": program.setup.message()})
+            opened = proc.session(OpenEngine(program.setup.message()))
             assert opened["ok"], opened.get("error")
-            reply = proc.session({"op": "engine_ops", "ops": [dict(op) for op in program.ops], "observe": False})
+            reply = proc.session(EngineOps((dict(op) for op in program.ops), observe=False))
             assert reply["ok"], reply.get("error")
         steps += sum(op["do"] == "step" for op in program.ops)
     return steps, _cpu(proc.worker_pid) - before

@@ -26,6 +26,7 @@ import os
 import statistics
 
 from kvspec.diff_tests.stateful import drive_unchecked, fuzz_stateful, replay_program
+from kvspec.model.requests import MachineOps, OpenMachine
 from kvspec.subjects.process import SubjectProcess
 from kvspec.subjects.subject import release
 
@@ -80,11 +81,11 @@ def raw(proc: SubjectProcess, programs: list, per_message: bool = False,
     before = _cpu(proc.worker_pid)
     operations = 0
     for program in programs:
-        opened = proc.session({"op": "open_machine", "case": program.machine_case()})
+        opened = proc.session(OpenMachine(program.machine_case()))
         assert opened.get("ok"), opened
         batches = [[dict(op)] for op in program.ops] if per_message else [[dict(op) for op in program.ops]]
         for ops in batches:
-            reply = proc.session({"op": "machine_ops", "ops": ops, "observe": observe})
+            reply = proc.session(MachineOps(ops, observe=observe))
             assert reply.get("ok"), reply
         operations += len(program.ops)
     return operations, _cpu(proc.worker_pid) - before

@@ -32,6 +32,7 @@ from kvspec.model.finding import Category
 from kvspec.model.known import KnownBug, known_bugs, recognise
 from kvspec.model.domain import KVCacheGroup
 from kvspec.model.replies import ErrorKind, WorkerError, record_of
+from kvspec.model.requests import EngineOps, OpenEngine
 from kvspec.model.state import Allocation, groups_over_estimate, over_estimate_kinds, scope_text
 from kvspec.oracles.registration import Discrepancy
 from kvspec.oracles.state import StateOracle
@@ -250,7 +251,7 @@ def engine_machine(subject: SubjectProcess | Callable[[], SubjectProcess], on_pr
                     first=st.lists(st.tuples(_ARRIVAL, _LOAD), min_size=1, max_size=3))
         def open(self, setup: EngineSetup, first: list[tuple[tuple[int, int, int, int, int, int], Any]]) -> None:
             try:
-                opened = live().session({"op": "open_engine", "setup": setup.message()})
+                opened = live().session(OpenEngine(setup.message()))
             except KvspecError as error:
                 raise _Abort(error) from error
             self.program = EngineProgram(setup)
@@ -268,7 +269,7 @@ def engine_machine(subject: SubjectProcess | Callable[[], SubjectProcess], on_pr
                 # vLLM's configuration code refused the flags: not an engine it runs.
                 on_program(self, refused=opened.error.message)
                 reject()
-            self.derived = opened["derived"]
+            self.derived = opened.payload.derived
             try:
                 config = derived_config(self.derived)
             except KvspecError as error:
@@ -278,7 +279,7 @@ def engine_machine(subject: SubjectProcess | Callable[[], SubjectProcess], on_pr
                 on_program(self, refused=f"not checked: kvspec cannot model what the engine built: {error}")
                 reject()
             self.block = config.scheduler_block_size
-            self.oracle = StateOracle(self.program, live().capabilities, opened, config=config,
+            self.oracle = StateOracle(self.program, live().capabilities, opened.payload.state, config=config,
                                       retention=retention_layout(self.derived, config))
             on_program(self)
             for arrival, load in first:
@@ -307,7 +308,7 @@ def engine_machine(subject: SubjectProcess | Callable[[], SubjectProcess], on_pr
             if self.inert:
                 return
             try:
-                reply = live().session({"op": "engine_ops", "ops": list(ops)})
+                reply = live().session(EngineOps(ops))
             except KvspecError as error:
                 raise _Abort(error) from error
             if reply.failed_as(ErrorKind.KVSPEC):
@@ -526,7 +527,7 @@ def retention_not_expressible(proc: SubjectProcess) -> str:
     with one would be refused)."""
     probe = EngineSetup(model="toy-gpt-oss", num_gpu_blocks=64, retention_interval=0)
     try:
-        opened = proc.session({"op": "open_engine", "setup": probe.message()})
+        opened = proc.session(OpenEngine(probe.message()))
     except KvspecError:
         return ""  # undecided: the run's own first engine meets the same error and stops as it should
     if opened.failed_as(ErrorKind.UNSUPPORTED) and "prefix_cache_retention_interval" in opened.error.message:
@@ -553,7 +554,7 @@ def drive_engine_program(proc: SubjectProcess, program: EngineProgram, *, throug
     every operation's record, past broken rules (the oracle goes on; the
     impact measurement reads what follows), up to vLLM raising.
     ``oracle_out`` receives the oracle (its lookups' owed hits)."""
-    opened = proc.session({"op": "open_engine", "setup": program.setup.message()})
+    opened = proc.session(OpenEngine(program.setup.message()))
     if opened.ok:
         yield EngineStepRecord({"do": "open"}, opened, ())
     else:
@@ -566,12 +567,13 @@ def drive_engine_program(proc: SubjectProcess, program: EngineProgram, *, throug
             raise InfrastructureError(f"this subject cannot build the engine: {opened.error.message}")
         yield EngineStepRecord({"do": "open"}, opened, (StateOracle.refused(opened.error),))
         return
-    config = derived_config(opened["derived"])
-    oracle = StateOracle(program, proc.capabilities, opened, config=config,
-                         retention=retention_layout(opened["derived"], config))
+    engine = opened.payload
+    config = derived_config(engine.derived)
+    oracle = StateOracle(program, proc.capabilities, engine.state, config=config,
+                         retention=retention_layout(engine.derived, config))
     if oracle_out is not None:
         oracle_out.append(oracle)
-    reply = proc.session({"op": "engine_ops", "ops": [dict(op) for op in program.ops]})
+    reply = proc.session(EngineOps(dict(op) for op in program.ops))
     for op, answer in zip(program.ops, reply.get("answers", ())):
         found = tuple(_check_both(oracle, op, answer) if through else check_answer(oracle, op, answer))
         yield EngineStepRecord(op, answer, found)

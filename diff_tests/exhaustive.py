@@ -19,7 +19,7 @@ import attrs
 from kvspec.model.domain import CoordinatorConfig, GroupKind, InvalidGeometry, KVCacheGroup
 from kvspec.model.case import Case, prefill
 from kvspec.oracles.registration import compare
-from kvspec.subjects.protocol import case_message
+from kvspec.model.requests import Stream
 
 __all__ = ["Scope", "enumerate_cases", "exhaust"]
 
@@ -81,7 +81,7 @@ def exhaust(procs: list, scope: Scope, progress=None) -> dict[str, Any]:
             batch = mine[offset:offset + 16]
             found = []
             # Iterate the stream itself (never zip it): it must run to its end marker.
-            for index, reply in enumerate(proc.stream([case_message(c) for c in batch])):
+            for index, reply in enumerate(proc.stream(Stream.of(batch))):
                 found.append((batch[index], reply, compare(batch[index], caps, reply)))
             with lock:
                 for case, reply, discrepancies in found:

@@ -17,7 +17,7 @@ from kvspec.model.errors import KvspecError, UsageError
 from kvspec.model.outcome import Outcome
 from kvspec.oracles.lookup import check_case
 from kvspec.subjects.process import SubjectProcess
-from kvspec.subjects.protocol import case_message
+from kvspec.model.requests import Run
 
 from .property import Failure, Tally, run_batch
 from .reduce import reduce_case
@@ -312,7 +312,7 @@ def _minimise(proc: SubjectProcess, caps: Capabilities, failure: Failure) -> Fai
     latest: dict[str, Any] = {}
 
     def still_fails(case: Case) -> bool:
-        reply = proc.run(case_message(case))
+        reply = proc.run(Run.of(case))
         found = check_case(case, caps, reply)
         if found and found[0].category == category:
             latest[case] = (tuple(found), reply)

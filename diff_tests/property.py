@@ -15,7 +15,7 @@ from kvspec.model.case import Case
 from kvspec.model.replies import record_of
 from kvspec.oracles.lookup import check_case, exact_lookup_applies
 from kvspec.oracles.registration import Discrepancy
-from kvspec.subjects.protocol import case_message
+from kvspec.model.requests import Stream
 
 __all__ = ["Failure", "Tally", "run_batch"]
 
@@ -75,7 +75,7 @@ def run_batch(subject, batch: tuple[Case, ...], tally: Tally) -> Failure | None:
     failed = None
     # Replies stream in: case i is compared while the worker drives case i + 1.
     # (Iterate the stream itself, never zip it: it must run to its end marker.)
-    for index, reply in enumerate(subject.stream([case_message(case) for case in batch])):
+    for index, reply in enumerate(subject.stream(Stream.of(batch))):
         if failed is not None:
             continue
         case = batch[index]

@@ -34,6 +34,7 @@ from kvspec.model.known import KnownBug, known_bugs, recognise
 from kvspec.model.outcome import Outcome
 from kvspec.model.program import Program, describe_op
 from kvspec.model.replies import ErrorKind, Reply, record_of
+from kvspec.model.requests import MachineOps, OpenMachine
 from kvspec.model.state import scope_text
 from kvspec.oracles.registration import Discrepancy
 from kvspec.oracles.state import StateOracle
@@ -323,7 +324,7 @@ def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
         def open(self, geometry: Program) -> None:
             proc = self.proc = live()
             try:
-                opened = proc.session({"op": "open_machine", "case": geometry.machine_case()})
+                opened = proc.session(OpenMachine(geometry.machine_case()))
             except KvspecError as error:
                 raise _Abort(error) from error
             self.program = geometry
@@ -335,15 +336,16 @@ def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
                     on_program(self, refused=opened.error.message)
                     reject()
                 self._fail(geometry, [StateOracle.refused(opened.error)], opened)
-            if opened.get("retention_interval") != geometry.retention_interval and not (
-                    geometry.retention_interval is None and opened.get("retention_interval") in (None, 0)):
+            machine = opened.payload
+            if machine.retention_interval != geometry.retention_interval and not (
+                    geometry.retention_interval is None and machine.retention_interval in (None, 0)):
                 raise _Abort(InfrastructureError(
                     f"asked for retention interval {geometry.retention_interval}, the manager took "
-                    f"{opened.get('retention_interval')} (a kvspec bug)"))
-            self.oracle = StateOracle(geometry, proc.capabilities, opened)
+                    f"{machine.retention_interval} (a kvspec bug)"))
+            self.oracle = StateOracle(geometry, proc.capabilities, machine.state)
             self.has_eagle = any(g.eagle for g in geometry.config.groups)
             self.known = tuple(known())
-            self.can_evict = bool(opened.get("operations", {}).get("evict"))
+            self.can_evict = machine.can_evict
             on_program(self)
 
         def _fail(self, program: Program, found: list[Discrepancy], reply: dict[str, Any]) -> None:
@@ -364,7 +366,7 @@ def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
             if self.inert:
                 return
             try:
-                reply = self.proc.session({"op": "machine_ops", "ops": list(ops), "observe": check})
+                reply = self.proc.session(MachineOps(ops, observe=check))
             except KvspecError as error:  # the worker, not vLLM: no input is to blame
                 self.failed = True  # the teardown sends nothing more: the first cause is the one reported
                 raise _Abort(error) from error
@@ -704,15 +706,15 @@ def _exception(reply: dict[str, Any]) -> str | None:
 def replay_program(proc: SubjectProcess, program: Program) -> tuple[list[Discrepancy], dict[str, Any]]:
     """Run a recorded program on ``proc`` and check every step: the
     discrepancies of the first step that has any (none: it passes here)."""
-    opened = proc.session({"op": "open_machine", "case": program.machine_case()})
+    opened = proc.session(OpenMachine(program.machine_case()))
     if not opened.ok:
         if opened.failed_as(ErrorKind.ENVIRONMENT):
             raise SetupError(f"the vLLM runtime cannot import what the manager needs ({opened.error.message})")
         if opened.failed_as(ErrorKind.UNSUPPORTED):
             raise InfrastructureError(f"this subject cannot drive the program: {opened.error.message}")
         return [StateOracle.refused(opened.error)], record_of(opened)
-    oracle = StateOracle(program, proc.capabilities, opened)
-    reply = proc.session({"op": "machine_ops", "ops": [dict(op) for op in program.ops]})
+    oracle = StateOracle(program, proc.capabilities, opened.payload.state)
+    reply = proc.session(MachineOps(dict(op) for op in program.ops))
     for op, answer in zip(program.ops, reply.get("answers", ())):
         found = oracle.check(op, answer)
         if found:

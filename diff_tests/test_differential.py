@@ -32,7 +32,7 @@ from kvspec.model.known import known_bugs
 from kvspec.diff_tests.strategies import batches, lookup_batches
 from kvspec.model.case import Case, prefill
 from kvspec.model.corpus import case as corpus_case
-from kvspec.subjects.protocol import case_message
+from kvspec.model.requests import Run
 
 
 def _release(proc) -> str | None:
@@ -76,7 +76,7 @@ def test_later_requests_hit_what_the_spec_predicts(kvspec_subject, kvspec_stats,
 def test_seed_geometry_on_real_vllm(kvspec_subject):
     """vLLM's own #52419 geometry: [22, 22] on every release since 0.28."""
     seed = corpus_case("seed_52419")
-    reply = kvspec_subject.run(case_message(Case(seed.config, 22, (prefill(22),))))
+    reply = kvspec_subject.run(Run.of(Case(seed.config, 22, (prefill(22),))))
     assert reply.ok, reply.error
     assert reply["calls"][0]["num_tokens"] == list(seed.expected["spec"])
     assert reply.regime.partial_hash_hits is True

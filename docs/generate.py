@@ -256,15 +256,15 @@ def history() -> str:
         parts.append(_missing(name, command))
     else:
         from kvspec.model.outcome import RunStatus
-        from kvspec.report.history import render_explanations, render_table
+        from kvspec.report.history import HistoryFile, render_explanations, render_table
 
-        rows = data["releases"]
-        planned = data["planned"]
-        _settings_agree(command, {"--max-examples": data["max_examples"], "--seed": data["seed"],
+        result = HistoryFile.parse(data)
+        rows, planned = result.releases, result.planned
+        _settings_agree(command, {"--max-examples": result.max_examples, "--seed": result.seed,
                                   "--vllm": f"{planned[0]}..{planned[-1]}"})
-        parts += [f"Status: {RunStatus(data['status']).value}, {len(rows)} of {len(planned)} releases "
-                  f"(`{data['schema']}`, [the file](../results/{name})).",
-                  render_table(rows, symbolic=any("symbolic" in r for r in rows)),
+        parts += [f"Status: {RunStatus(result.status).value}, {len(rows)} of {len(planned)} releases "
+                  f"(`{result.schema}`, [the file](../results/{name})).",
+                  render_table(rows, symbolic=any(r.symbolic is not None for r in rows)),
                   "## Each finding explained",
                   "Matched against the [known vLLM bugs](known-bugs.md) by category, words and release range "
                   "(`kvspec.report.history.render_explanations`).",
@@ -280,15 +280,16 @@ def kill_matrix() -> str:
         parts.append(_missing(name, command))
     else:
         from kvspec.model.outcome import RunStatus
-        from kvspec.report.mutants import render_matrix
+        from kvspec.report.mutants import KillMatrixFile, render_matrix
 
-        rows = data["mutants"]
-        _settings_agree(command, {"--vllm": data["vllm"], "--max-examples": data["max_examples"],
-                                  "--seed": data["seed"]})
-        killed = sum(r["status"] == "killed" for r in rows)
-        parts += [f"Status: {RunStatus(data['status']).value}; {killed} of {len(rows)} killed, "
-                  f"{sum(r['status'] == 'equivalent' for r in rows)} equivalent, {data['seconds']} s in all "
-                  f"(`{data['schema']}`, [the file](../results/{name})).",
+        result = KillMatrixFile.parse(data)
+        rows = result.mutants
+        _settings_agree(command, {"--vllm": result.vllm, "--max-examples": result.max_examples,
+                                  "--seed": result.seed})
+        killed = sum(r.status == "killed" for r in rows)
+        parts += [f"Status: {RunStatus(result.status).value}; {killed} of {len(rows)} killed, "
+                  f"{sum(r.status == 'equivalent' for r in rows)} equivalent, {result.seconds} s in all "
+                  f"(`{result.schema}`, [the file](../results/{name})).",
                   "```\n" + render_matrix(rows) + "\n```"]
     return _page("Kill matrix", f"`docs/results/{name}`, rendered by `kvspec.report.mutants`", *parts)
 

@@ -90,14 +90,14 @@ def _subject_impact(proc, config, category: Category) -> dict[str, Any]:
     for a finding no model variant explains."""
     from kvspec.model.case import Case, decode, prefill
     from kvspec.oracles.lookup import check_case
-    from kvspec.subjects.protocol import case_message
+    from kvspec.model.requests import Stream
 
     S = config.scheduler_block_size
     lengths = sorted({n for b in {g.block_size for g in config.groups} | {S, config.hash_block_size}
                       for n in (b - 1, b, b + 1, S + b + 1, 2 * S - 1) if 1 <= n <= 8192})
     cases = [Case(config, n, (prefill(n), decode(), decode(2, 1))) for n in lengths]
     found = 0
-    for case, reply in zip(cases, proc.run_many([case_message(c) for c in cases])):
+    for case, reply in zip(cases, proc.run_many(Stream.of(cases))):
         discrepancies = check_case(case, proc.capabilities, reply)
         found += bool(discrepancies) and discrepancies[0].category is category
     return {"affected": found > 0, "requests": len(cases), "requests_differing": found,

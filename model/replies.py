@@ -7,19 +7,25 @@ reads it, into a ``Reply`` (a malformed one is kvspec's error, never a vLLM
 finding).  A ``Reply`` is also the read-only mapping of the JSON object the
 worker sent (``record``): the payload -- a case's ``calls`` and ``regime``, a
 machine's ``answers`` and states -- is read by key, and ``record`` is what a
-finding keeps as its observations.  Here, rather than in ``subjects``, so that
-the oracles, which take replies, may import it.
+finding keeps as its observations.  Where a payload is read by key in more
+than one place, it is parsed once too, by the request that asks for it
+(``Reply.parse(record, op)``, ``PAYLOADS``): the reply's ``payload`` is then
+typed (a ``MachineOpened``, an ``EngineOpened``, the ``PrefillChunking`` of
+each prompt, a hit-rate replay's ``SessionAnswer`` per action).  Here, rather than in ``subjects``, so that the oracles, which
+take replies, may import it.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import attrs
 
-__all__ = ["ErrorKind", "MalformedReply", "ObservedRegime", "Reply", "WorkerError", "record_of"]
+__all__ = ["PAYLOADS", "EngineOpened", "ErrorKind", "MachineOpened", "MalformedReply", "ObservedRegime",
+           "PrefillChunking", "Reply", "SessionAnswer", "Started", "Stepped", "WorkerError", "record_of",
+           "session_answers"]
 
 
 class ErrorKind(str, enum.Enum):
@@ -95,13 +101,143 @@ class ObservedRegime:
 
 
 @attrs.frozen
+class MachineOpened:
+    """A manager opened for the stateful differential (an ``open_machine``
+    reply): its first state as the worker sent it (what
+    ``model.state.ManagerState.from_dict`` reads), and what this vLLM lets the
+    machine do."""
+
+    state: Mapping[str, Any] = attrs.field(repr=False)
+    groups: int
+    can_evict: bool  # the manager has evict_blocks
+    can_reset: bool  # the manager has reset_prefix_cache
+    retention_interval: int | None  # the retention the coordinator took (None: it has none)
+
+    @classmethod
+    def parse(cls, record: Mapping[str, Any]) -> "MachineOpened":
+        try:
+            operations = record["operations"]
+            opened = cls(record["state"], record["groups"], operations["evict"], operations["reset"],
+                         record["retention_interval"])
+        except (KeyError, TypeError) as exc:
+            raise MalformedReply(f"an open_machine reply carries the state, the groups, the operations it allows "
+                                 f"and the retention interval, this one {_short(record)} "
+                                 f"({type(exc).__name__}: {exc})") from None
+        if not (isinstance(opened.state, dict) and _count(opened.groups) and isinstance(opened.can_evict, bool)
+                and isinstance(opened.can_reset, bool)
+                and (opened.retention_interval is None or _count(opened.retention_interval))):
+            raise MalformedReply(f"an open_machine reply has a value of the wrong type: {_short(record)}")
+        return opened
+
+
+@attrs.frozen
+class EngineOpened:
+    """A real Scheduler built for the engine differential (an ``open_engine``
+    reply): what vLLM's configuration code derived (read by
+    ``model.engine.derived_config`` and ``retention_layout``) and the
+    manager's first state, as the worker sent them."""
+
+    derived: Mapping[str, Any] = attrs.field(repr=False)
+    state: Mapping[str, Any] = attrs.field(repr=False)
+
+    @classmethod
+    def parse(cls, record: Mapping[str, Any]) -> "EngineOpened":
+        derived, state = record.get("derived"), record.get("state")
+        if not (isinstance(derived, dict) and isinstance(state, dict)):
+            raise MalformedReply(f"an open_engine reply carries what vLLM derived and the manager's state, "
+                                 f"this one {_short(record)}")
+        return cls(derived, state)
+
+
+@attrs.frozen
+class PrefillChunking:
+    """vLLM's scheduler chunking of one prompt (a ``prefill_chunks`` reply's
+    ``results``): the chunks it scheduled, and where it stalled (None: the
+    prompt was computed)."""
+
+    prompt: int
+    chunks: tuple[int, ...]
+    stalled_at: int | None = None
+
+    @classmethod
+    def parse_all(cls, record: Mapping[str, Any]) -> tuple["PrefillChunking", ...]:
+        try:
+            found = tuple(cls(r["prompt"], tuple(r["chunks"]), r["stalled_at"]) for r in record["results"])
+        except (KeyError, TypeError) as exc:
+            raise MalformedReply(f"a prefill_chunks reply carries each prompt's chunks and where it stalled, "
+                                 f"this one {_short(record)} ({type(exc).__name__}: {exc})") from None
+        for chunking in found:
+            if not (_count(chunking.prompt) and all(_count(c) for c in chunking.chunks)
+                    and (chunking.stalled_at is None or _count(chunking.stalled_at))):
+                raise MalformedReply(f"a prefill_chunks reply has a value of the wrong type: {_short(record)}")
+        return found
+
+
+@attrs.frozen
+class Started:
+    """A replayed request's lookup (a session action ``start``'s answer): its
+    hit and its tokens."""
+
+    hit: int
+    tokens: int
+
+
+@attrs.frozen
+class Stepped:
+    """A replayed request's step (a session action ``step``'s answer): its
+    computed tokens after it, and each group's ``num_tokens`` that reached
+    ``cache_blocks`` in it (None: the group was handed none)."""
+
+    computed: int
+    num_tokens: tuple[int | None, ...]
+
+
+# What each action of a hit-rate replay answers (``new_step`` and ``free``: nothing).
+SessionAnswer = Started | Stepped | None
+
+
+def session_answers(record: Mapping[str, Any]) -> tuple[SessionAnswer, ...]:
+    """A ``session_actions`` reply's answers, one per action, typed: the same
+    values the spec's ideal cache (``oracles.ideal_cache``) answers with."""
+    sent = record.get("answers")
+    if not isinstance(sent, list):
+        raise MalformedReply(f"a session_actions reply carries its answers, this one {_short(record)}")
+    answers: list[SessionAnswer] = []
+    for answer in sent:
+        if answer == {}:
+            answers.append(None)
+        elif isinstance(answer, dict) and answer.keys() == {"hit", "tokens"} and _count(answer["hit"]) \
+                and _count(answer["tokens"]):
+            answers.append(Started(answer["hit"], answer["tokens"]))
+        elif isinstance(answer, dict) and answer.keys() == {"computed", "num_tokens"} and _count(answer["computed"]) \
+                and isinstance(answer["num_tokens"], list) \
+                and all(n is None or _count(n) for n in answer["num_tokens"]):
+            answers.append(Stepped(answer["computed"], tuple(answer["num_tokens"])))
+        else:
+            raise MalformedReply(f"a session_actions reply answers each action with nothing, a hit and its tokens, "
+                                 f"or the computed tokens and each group's num_tokens, this one {_short(record)}")
+    return tuple(answers)
+
+
+# The payloads parsed once, by the op of the request they answer (an ok reply's).
+PAYLOADS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    "open_machine": MachineOpened.parse,
+    "open_engine": EngineOpened.parse,
+    "prefill_chunks": PrefillChunking.parse_all,
+    "session_actions": session_answers,
+}
+
+
+@attrs.frozen
 class Reply(Mapping):
     """One reply, parsed: ``error`` is None when it is ``ok``; ``regime``, a
-    case reply's."""
+    case reply's; ``payload``, what an ok reply to a request of ``PAYLOADS``
+    carries, typed."""
 
     record: Mapping[str, Any] = attrs.field(repr=False)
     error: WorkerError | None = None
     regime: ObservedRegime | None = None
+    payload: Any = attrs.field(default=None, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -112,9 +248,10 @@ class Reply(Mapping):
         return self.error is not None and self.error.kind is kind
 
     @classmethod
-    def parse(cls, record: Any) -> "Reply":
-        """The reply the JSON object ``record`` is; ``MalformedReply`` if it is
-        not one the protocol allows."""
+    def parse(cls, record: Any, op: str | None = None) -> "Reply":
+        """The reply the JSON object ``record`` is, to a request of ``op``
+        (None: a case's, or one whose payload is read whole); ``MalformedReply``
+        if it is not one the protocol allows."""
         if not isinstance(record, dict):
             raise MalformedReply(f"a reply is a JSON object, not {type(record).__name__}")
         ok = record.get("ok")
@@ -123,7 +260,9 @@ class Reply(Mapping):
         if ok:
             if "error_kind" in record:
                 raise MalformedReply(f"an ok reply carries no error_kind, this one {_short(record)}")
-            return cls(record, regime=ObservedRegime.parse(record["regime"]) if "regime" in record else None)
+            payload = PAYLOADS[op](record) if op in PAYLOADS else None
+            return cls(record, regime=ObservedRegime.parse(record["regime"]) if "regime" in record else None,
+                       payload=payload)
         kind, message = record.get("error_kind"), record.get("error")
         try:
             kind = ErrorKind(kind)

@@ -17,6 +17,7 @@ from kvspec.model.arith import INT
 from kvspec.model.capabilities import ExpectedRegime
 from kvspec.model.domain import CoordinatorConfig
 from kvspec.model.lookup import dense_lookup_hit
+from kvspec.model.replies import SessionAnswer, Started, Stepped
 from kvspec.model.spec import RegistrationRule, evaluate_config, hashed_tokens, inputs_for_group, registration_bound
 
 __all__ = ["SpecCache"]
@@ -96,23 +97,24 @@ class SpecCache:
         tokens.extend(outputs)
         return [r.tokens_to_cache for r in regs]
 
-    def apply(self, actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        answers = []
+    def apply(self, actions: list[dict[str, Any]]) -> tuple[SessionAnswer, ...]:
+        """Each action's answer, as vLLM's manager in a worker answers it."""
+        answers: list[SessionAnswer] = []
         for action in actions:
             rid = action["id"]
             if action["do"] == "new_step":
-                answers.append({})
+                answers.append(None)
                 continue
             if action["do"] == "start":
                 tokens = list(action["tokens"])
                 hit = self._hit(tokens) if self.config.enable_caching else 0
                 self.requests[rid] = {"tokens": tokens, "computed": hit}
-                answers.append({"hit": hit, "tokens": len(tokens)})
+                answers.append(Started(hit, len(tokens)))
             elif action["do"] == "step":
                 state = self.requests[rid]
                 handed = self._step(state, action["step"], action["outputs"])
-                answers.append({"computed": state["computed"], "num_tokens": handed})
+                answers.append(Stepped(state["computed"], tuple(handed)))
             else:
                 self.requests.pop(rid)
-                answers.append({})
-        return answers
+                answers.append(None)
+        return tuple(answers)

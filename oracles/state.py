@@ -4,6 +4,7 @@ category each)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from kvspec.model.capabilities import Capabilities, expected_regime
@@ -21,15 +22,17 @@ __all__ = ["StateOracle"]
 class StateOracle:
     """Follows one program: the last state seen, and each answer checked."""
 
-    def __init__(self, program, capabilities: Capabilities, opened: dict[str, Any], config=None,
+    def __init__(self, program, capabilities: Capabilities, state: Mapping[str, Any], config=None,
                  retention: RetentionLayout | None = None):
+        """``state``: the manager's state as the worker sent it when the machine
+        or engine opened (``MachineOpened.state``, an ``open_engine`` reply's)."""
         self.program = program
         # The geometry: the program's own, or (engine programs) what vLLM's configuration code built.
         self.config = program.config if config is None else config
         self.capabilities = capabilities
         self.regime = expected_regime(self.config, capabilities)
-        self.state = ManagerState.from_dict(opened["state"])
-        self.compact: dict[str, Any] = opened["state"]  # the last state as the worker sent it, whole
+        self.state = ManagerState.from_dict(state)
+        self.compact: Mapping[str, Any] = state  # the last state as the worker sent it, whole
         self.running: dict[str, int] = {}
         self.peaks: dict[str, int] = {}  # running requests -> most computed tokens since they started running
         self.state_checked = False  # the opened state is never a transition's after: held to nothing yet

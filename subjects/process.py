@@ -19,9 +19,11 @@ was ended) is an ``InfrastructureError``, never sent.  An error reply says
 whose frames raised (``origin``): one raised in kvspec's own worker code is
 kvspec's bug, an ``InfrastructureError`` too, never a vLLM finding.
 
-Every reply is parsed once, as it is read, into a ``model.replies.Reply``
-(one ``ErrorKind`` when it failed); a reply the protocol does not allow is
-kvspec's error (``InfrastructureError``), never a finding.
+Every request is a ``model.requests`` class, and every reply is parsed once,
+as it is read, into a ``model.replies.Reply`` (one ``ErrorKind`` when it
+failed; its payload typed where the request's op has one,
+``model.replies.PAYLOADS``); a reply the protocol does not allow is kvspec's
+error (``InfrastructureError``), never a finding.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from kvspec.model.about import OLDEST_SUPPORTED
 from kvspec.model.capabilities import Capabilities, reference_capabilities
 from kvspec.model.errors import InfrastructureError
 from kvspec.model.replies import ErrorKind, MalformedReply, Reply
+from kvspec.model.requests import Quit, Request, Run, Stats, Stream
 
 from .stop import raise_if_requested
 from .subject import (
@@ -62,9 +65,6 @@ REPLY_TIMEOUT_S = 120.0
 # A worker that stops using CPU for a reply timeout before it is ended
 # sooner (a stopped or blocked import), see ``_await_hello``.
 HELLO_TIMEOUT_S = 600.0
-# Messages that act on the machine or replay an earlier message opened.
-_OPENS = ("open_machine", "open_session", "open_engine")
-_USES = {"machine_ops": "machine", "machine_trace": "machine", "session_actions": "replay", "engine_ops": "engine"}
 
 
 def reply_timeout() -> float:
@@ -292,8 +292,9 @@ class SubjectProcess:
         tail = self._stderr.read().strip().splitlines()[-lines:]
         return " | ".join(tail) or "no output"
 
-    def _read(self, timeout: float | None = None) -> Reply | None:
-        """The next reply, parsed; None if the worker closed its end or gave
+    def _read(self, timeout: float | None = None, op: str | None = None) -> Reply | None:
+        """The next reply, parsed (its payload too, as a reply to a request of
+        ``op``); None if the worker closed its end or gave
         none in time (``_timed_out`` says which).  A JSON object the protocol
         does not allow ends the worker and is an ``InfrastructureError``:
         kvspec's two sides disagree, and nothing they said is a finding."""
@@ -314,19 +315,19 @@ class SubjectProcess:
         except ValueError:
             return None
         try:
-            return Reply.parse(record)
+            return Reply.parse(record, op)
         except MalformedReply as exc:
             self._kill()
             self._forget()
             raise InfrastructureError(f"{self.subject.label}: the worker's reply is malformed ({exc}); "
                                       "a kvspec bug, not a vLLM finding") from None
 
-    def _send(self, message: dict[str, Any]) -> bool:
+    def _send(self, request: Request) -> bool:
         raise_if_requested()  # an interrupt a finalizer swallowed still stops the run here
         self._ensure_started()
         self._timed_out = False
         try:
-            self._proc.stdin.write((json.dumps(message) + "\n").encode())
+            self._proc.stdin.write((json.dumps(request.to_wire()) + "\n").encode())
             self._proc.stdin.flush()
             return True
         except (BrokenPipeError, OSError, ValueError):
@@ -371,10 +372,10 @@ class SubjectProcess:
         return self._reap(timed_out=self._timed_out)
 
     # -- one case, a retry on a fresh worker ----------------------------------
-    def _retry(self, case: dict[str, Any], first: _Death) -> Reply:
-        """Run ``case`` alone on a fresh worker after ``first``; see the module's
+    def _retry(self, request: Run, first: _Death) -> Reply:
+        """Run the case alone on a fresh worker after ``first``; see the module's
         docstring for what each outcome means."""
-        if self._send({"op": "run", "case": case}):
+        if self._send(request):
             reply = self._read()
             if reply is not None:
                 self.restarts.append(f"the worker {first.describe()} and the retry answered")
@@ -388,24 +389,24 @@ class SubjectProcess:
             f"worker, on the same case; kvspec cannot tell vLLM from the machine here, so nothing is "
             f"reported as a finding (last stderr: {second.tail})")
 
-    def run(self, case: dict[str, Any]) -> Reply:
+    def run(self, request: Run) -> Reply:
         """One case."""
-        for reply in self.stream([case]):
+        for reply in self.stream(Stream((request.case,))):
             return reply
         raise AssertionError("unreachable: a stream of one case yields one reply")
 
-    def run_many(self, cases: list[dict[str, Any]]) -> list[Reply]:
+    def run_many(self, request: Stream) -> list[Reply]:
         """Several cases, each reply in turn."""
-        return list(self.stream(cases))
+        return list(self.stream(request))
 
-    def stream(self, cases: list[dict[str, Any]]) -> Iterator[Reply]:
+    def stream(self, request: Stream) -> Iterator[Reply]:
         """Replies one by one as the worker finishes them (the caller's work on
         a reply overlaps the worker's on the next).  A caller that stops early
         still leaves the protocol in step: the rest is drained."""
-        pending = list(cases)
+        pending = request.cases
         while pending:
-            if not self._send({"op": "stream", "cases": pending}):
-                yield self._retry(pending[0], self._failed())
+            if not self._send(Stream(pending)):
+                yield self._retry(Run(pending[0]), self._failed())
                 pending = pending[1:]
                 continue
             answered, failed = 0, False
@@ -429,30 +430,33 @@ class SubjectProcess:
                 if self._read() is None:  # died after its last reply: restart on next use
                     self._failed()
                 return
-            yield self._retry(pending[answered], self._failed())
+            yield self._retry(Run(pending[answered]), self._failed())
             pending = pending[answered + 1:]
 
-    def session(self, message: dict[str, Any]) -> Reply:
-        """One exchange of a multi-request replay (``open_session`` or
-        ``session_actions``, see ``subjects/drivers/hitrate.py``).  A replay
+    def session(self, request: Request) -> Reply:
+        """One exchange of a multi-request replay (a machine, an engine or a
+        hit-rate replay opened, then acted on; or one request answered once:
+        ``PrefillChunks``, ``MambaLayerCheckpointFields``).  A replay
         cannot resume on a fresh worker, so a worker that stops is an
-        infrastructure error unless its own code exited, and so is a message
+        infrastructure error unless its own code exited, and so is a request
         for a machine or replay that a worker restart lost, or an exception
         from kvspec's own worker code."""
-        kind = _USES.get(message.get("op"))
+        if isinstance(request, (Stream, Quit)):  # many replies, or none: not one exchange
+            raise TypeError(f"{type(request).__name__} is not one exchange: use stream() or close()")
+        kind = request.needs
         if kind is not None:
             self._ensure_started()
             if self._opened_on != self._spawns:
                 before = ("none was opened" if self._opened_on is None
                           else f"the worker that held it {self._last_death or 'was ended'}")
                 raise InfrastructureError(
-                    f"{self.subject.label}: the {kind} this {message.get('op')} needs is not on the running "
+                    f"{self.subject.label}: the {kind} this {request.op} needs is not on the running "
                     f"worker ({before}); a fresh worker cannot continue it, so nothing from here is a vLLM "
                     f"finding")
-        if self._send(message):
-            reply = self._read()
+        if self._send(request):
+            reply = self._read(op=request.op)
             if reply is not None:
-                if message.get("op") in _OPENS:
+                if request.opens:
                     self._opened_on = self._spawns if reply.ok else None
                 if reply.error is not None and reply.error.in_kvspecs_code:
                     raise InfrastructureError(
@@ -468,7 +472,7 @@ class SubjectProcess:
     def stats(self) -> Reply:
         """The worker's counters: cases run, KVCacheManagers built for them
         (fewer when managers are reused), whether reuse is on."""
-        if self._send({"op": "stats"}):
+        if self._send(Stats()):
             reply = self._read()
             if reply is not None:
                 return reply
@@ -487,7 +491,7 @@ class SubjectProcess:
         if self._proc is not None:
             try:
                 if self._proc.poll() is None and self._proc.stdin is not None:
-                    self._proc.stdin.write(b'{"op": "quit"}\n')
+                    self._proc.stdin.write((json.dumps(Quit().to_wire()) + "\n").encode())
                     self._proc.stdin.flush()
                 self._proc.wait(timeout=10)
             except (OSError, subprocess.TimeoutExpired, ValueError):

@@ -90,13 +90,13 @@ def _replay(subject: Subject, args: dict[str, Any]) -> dict[str, Any]:
     from kvspec.oracles.registration import compare
 
     from .process import SubjectProcess
-    from .protocol import case_message
+    from kvspec.model.requests import Run
 
     if args["n"] < 1:
         return {"confirmed": False, "why": "n = 0 cannot be driven as a prefill"}
     case = case_for(args)
     with SubjectProcess(subject) as proc:
-        found = compare(case, proc.capabilities, proc.run(case_message(case)))
+        found = compare(case, proc.capabilities, proc.run(Run.of(case)))
     return {"confirmed": bool(found), "case": case.describe(),
             "discrepancies": [d.summary() for d in found]}
 

@@ -2,11 +2,11 @@
 
 Started by ``subjects/process.py`` as ``python -I worker.py`` with the
 subject tree in ``KVSPEC_SUBJECT_TREE`` (put first on ``sys.path`` here, never
-through ``PYTHONPATH``).  It imports only the standard library and vLLM (it
-must run on any supported release), reads one JSON request per line on
-stdin and answers one JSON line on a private pipe: vLLM's logging and any
-print go to stderr, so they can never corrupt the protocol
-(``subjects/protocol.py`` lists the messages).
+through ``PYTHONPATH``).  It imports only the standard library, vLLM and
+``kvspec.model.wire`` (stdlib only: it must run on any supported release),
+reads one JSON request per line on stdin and answers one JSON line on a
+private pipe: vLLM's logging and any print go to stderr, so they can never
+corrupt the protocol (``subjects/protocol.py`` describes the messages).
 
 This file only sets the process up; the worker's code is split by role in
 ``subjects/vllm_side/``: ``loop`` (the requests' handlers, by ``op``),

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> Outcome:
     from kvspec.usecases.history import HistoryRow, history_row
     from kvspec.model.about import SCHEMAS
     from kvspec.report.files import write_text
-    from kvspec.report.history import render_table
+    from kvspec.report.history import ReleaseRow, render_table
 
     json_path = writable(args.json, "--json")
     versions = releases(args.vllm or [])
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> Outcome:
         # What was checked before an error or an interrupt is still written, marked so.
         record(status)
     print()
-    print(render_table([r.as_dict() for r in rows], args.symbolic))
+    print(render_table([ReleaseRow.parse(r.as_dict()) for r in rows], args.symbolic))
     if any(r.status == "discrepancy" for r in rows):
         return Outcome.FINDING
     if any(r.not_run for r in rows):

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> Outcome:
     from kvspec.model.about import SCHEMAS
     from kvspec.model.workload import Workload, layout
     from kvspec.report.files import write_text
-    from kvspec.report.hitrate import render_text, verdict
+    from kvspec.report.hitrate import HitrateFile, ReplayFailed, SubjectHits, render_text, verdict
     from kvspec.report.hitrate_plot import render_svg
     from kvspec.subjects.mutation import mutant
 
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> Outcome:
                     raise
                 errors.append({"label": label, "error": str(exc).splitlines()[0]})
     compare_with_reference(rows)
-    text, outcome = verdict(rows, errors)
+    text, outcome = verdict([SubjectHits.parse(r) for r in rows], [ReplayFailed(**e) for e in errors])
     first = block_sizes[0]
     described = (configs[0].describe().replace(f"block {first})", "block S)")
                  .replace(f"S={first} ", "S=" + ",".join(map(str, block_sizes)) + " ", 1))
@@ -88,9 +88,10 @@ def run(args: argparse.Namespace) -> Outcome:
                         "conversations": workload.conversations, "turns": workload.turns,
                         "concurrency": workload.concurrency},
            "subjects": rows, "errors": errors}
-    print(render_text(doc))
+    result = HitrateFile.parse(doc)
+    print(render_text(result))
     if json_path is not None:
         write_text(json_path, json.dumps(doc, indent=2, sort_keys=True))
     if svg_path is not None and rows:
-        write_text(svg_path, render_svg(doc))
+        write_text(svg_path, render_svg(result))
     return outcome

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> Outcome:
     from kvspec.usecases.mutants import kill_matrix
     from kvspec.model.about import SCHEMAS
     from kvspec.report.files import write_text
-    from kvspec.report.mutants import render_matrix
+    from kvspec.report.mutants import KillRow, render_matrix
     from kvspec.subjects.mutation import mutant
     from kvspec.subjects.provision import ensure_release
 
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> Outcome:
                        every_technique=args.every_technique, on_row=record)
     record(rows, RunStatus.COMPLETE)
     total = time.perf_counter() - started
-    print(render_matrix([r.as_dict() for r in rows]))
+    print(render_matrix([KillRow.parse(r.as_dict()) for r in rows]))
     killed = sum(r.status == "killed" for r in rows)
     survived = [r.name for r in rows if r.status == "survived"]
     errors = [r.name for r in rows if r.status == "error"]

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> Outcome:
     from kvspec.oracles.lookup import check_case
     from kvspec.report.stored import load_findings
     from kvspec.subjects.process import SubjectProcess
-    from kvspec.subjects.protocol import case_message
+    from kvspec.model.requests import Run
 
     findings = [f for f in load_findings(args.finding) if f.source == "fuzz"]
     if not findings:
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> Outcome:
                 elif isinstance(subject_input, Program):
                     found, _ = replay_program(proc, subject_input)
                 else:
-                    found = check_case(subject_input, proc.capabilities, proc.run(case_message(subject_input)))
+                    found = check_case(subject_input, proc.capabilities, proc.run(Run.of(subject_input)))
                 version = proc.identity.get("vllm_version")
             print(f"{subject.label} (vLLM {version}): {subject_input.describe()}")
             if found:

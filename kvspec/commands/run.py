@@ -249,7 +249,7 @@ def run(args: argparse.Namespace) -> Outcome:
     from kvspec.oracles.registration import compare, expected_calls
     from kvspec.report.files import write_text
     from kvspec.subjects.process import SubjectProcess
-    from kvspec.subjects.protocol import case_message
+    from kvspec.model.requests import Run
 
     json_path = writable(args.json, "--json")
     subject = _subject(args)
@@ -278,7 +278,7 @@ def run(args: argparse.Namespace) -> Outcome:
             case = _with_scheme(case, scheme)
         else:  # the profile's own scheme, as derived (legacy when asked and the release offers it)
             scheme = case.config.hash_scheme.value
-        reply = proc.run(case_message(case))
+        reply = proc.run(Run.of(case))
         version = proc.identity.get("vllm_version")
     regime = expected_regime(case.config, caps)
     lines = [f"kvspec run: {subject.label} (vLLM {version})"]

@@ -40,6 +40,7 @@ from typing import Any, Callable
 import attrs
 
 from kvspec.model.finding import Category, Finding, Impact
+from kvspec.model.requests import EngineOps, OpenEngine
 
 __all__ = ["measure_engine_impact", "attach_engine_impact", "impact_from_runs", "extended_program",
            "admitted_lookups", "pressure_probe", "EngineRun"]
@@ -338,10 +339,10 @@ def _over_estimate(answers) -> dict[str, Any] | None:
 
 def _drive(proc, setup, ops) -> dict[str, Any] | None:
     """The worker's reply to ``ops`` on a fresh engine of ``setup`` (None: vLLM refused the setup)."""
-    opened = proc.session({"op": "open_engine", "setup": setup.message()})
+    opened = proc.session(OpenEngine(setup.message()))
     if not opened.get("ok"):
         return None
-    return proc.session({"op": "engine_ops", "ops": [dict(op) for op in ops]})
+    return proc.session(EngineOps(dict(op) for op in ops))
 
 
 FILLERS = (1, 64, 65, 128, 129, 192)  # tokens of the request run beside the finding's (a prompt of its own)

@@ -23,6 +23,7 @@ import attrs
 from kvspec.model.engine import ENGINE_BUILT, HAND_BUILT
 from kvspec.model.finding import hand_built_impact
 from kvspec.model.finding import Blame, Category, Finding, Ledger
+from kvspec.model.requests import MachineTrace
 
 from .completion import finding_stem, store_finding
 from .assemble import subject_compared
@@ -121,7 +122,7 @@ def complete_stateful_finding(proc, result, findings_dir: Path,
     if not reproduced and finding.category is Category.SUBJECT_CRASH:
         finding = unconfirmed_crash(finding)
     store_finding(finding, path)
-    trace = proc.session({"op": "machine_trace"}) if reproduced else {}
+    trace = proc.session(MachineTrace()) if reproduced else {}
     if trace.get("ok"):
         finding = with_regression_test(finding, path, trace.get("trace"), proc.capabilities, proc.subject)
         store_finding(finding, path)

@@ -19,8 +19,9 @@ from kvspec.model.outcome import Outcome, RunStatus
 from .escape import md_inline as _md
 from .finding import impact_sentence, public_label
 from .finding import render_markdown as render_finding_markdown
+from .finding import render_text
 
-__all__ = ["fuzz_document", "render_markdown", "verdict_line"]
+__all__ = ["fuzz_document", "render_markdown", "subject_run_lines", "verdict_line"]
 
 
 def fuzz_document(run) -> dict[str, Any]:
@@ -101,3 +102,62 @@ def render_markdown(run) -> str:
             lines += [f"**INCOMPLETE finding:** {_md(public_label(str(f.run['incomplete'])))}", ""]
         lines.append(render_finding_markdown(f, heading="###", lead=False))
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def subject_run_lines(entry) -> list[str]:
+    """The lines that say one differential's result on one subject as a run
+    goes (a ``usecases.fuzz.SubjectRun``): its verdict, coverage and rate, or
+    why it stopped, or its finding in full; then what it holds under and what
+    was not driven."""
+    lines: list[str] = []
+    add = lines.append
+    result, finding = entry.result, entry.finding
+    label = f"{result.subject['label']} [{entry.differential}]"
+    rate = result.cases / result.seconds if result.seconds else 0.0
+    in_parallel = f", {entry.jobs} jobs" if entry.jobs > 1 else ""
+    restarts = (f"; {len(result.restarts)} worker restart(s) the retry did not reproduce (the machine's, "
+                f"not vLLM's): {result.restarts[0]}" if result.restarts else "")
+    if finding is None and result.stopped is None and result.scope_reduction:
+        add(f"{label}: {RunStatus.REDUCED_SCOPE.value}: {result.scope_reduction}")
+    if entry.reused:
+        add(f"{label}: {result.verdict} in {result.coverage()}; {entry.reused} (it took {result.seconds:.1f} s "
+            "then)")
+    elif finding is None and result.stopped is None:
+        add(f"{label}: {result.verdict} in {result.coverage()} ({result.seconds:.1f} s, "
+            f"{rate:.0f} {result.units}/s{in_parallel}){restarts}")
+        if entry.drives_programs:
+            add(f"  scope: {result.scope()}")
+    elif finding is None:
+        add(f"{label}: STOPPED after {result.cases} {result.units}: {result.stopped_why}")
+    else:
+        add(render_text(finding))
+        if finding.reach is not None:
+            add(f"  who is affected: {finding.reach.summary}")
+        if entry.finding.run.get("incomplete"):
+            add(f"  INCOMPLETE finding: {entry.finding.run['incomplete']}")
+        add(f"  stored: {entry.finding_path}" if entry.finding_path is not None
+            else "  NOT STORED: it is only in this run's reports")
+        if getattr(result, "other_failures", ()) and not entry.drives_programs:
+            add(f"  {len(result.other_failures)} other distinct failure(s) found by other jobs: "
+                + "; ".join(f.case.describe() for f in result.other_failures))
+        for other, path in entry.others:
+            add(f"  also broken in this run (found within Hypothesis's search after the first; not a complete "
+                f"list): {other.detail}; program: {other.inputs.get('describe')}; stored: {path}")
+    # Under which hash schemes and scopes the result holds, and what was not driven.
+    if entry.differential == "engine":
+        if finding is not None:
+            add(f"  {finding.inputs.get('how_a_user_reaches_it')}")
+        return lines
+    if entry.differential == "stateful":
+        if finding is not None:
+            for known in result.known_excluded:
+                add(f"  known vLLM bug kept out of the draw (model/known.py): {known.name}")
+        return lines
+    add(f"  {result.scheme_text}; deployment profiles: "
+        + (f"{result.tally.deployment_cases} cases on {result.deployment_configs} derived configurations"
+           if result.deployment_configs else result.deployments_note))
+    for item in result.capabilities.not_covered():
+        add(f"  not covered: {item}")
+    for known in result.known_excluded:
+        add(f"  known vLLM bug kept out of the draw (model/known.py): {known.name}: {known.reach}")
+    return lines

@@ -8,13 +8,15 @@ discrete), where a registration bug shows up (turn 0 hits only the shared
 system prompts; later turns hit the history).  The legend sits outside the
 data.
 
-``plot_data`` is what is drawn, as plain values; ``render_svg`` and
-``render_png`` draw it.
+``plot_data`` is what is drawn, as plain values, from the typed replay
+(``report.hitrate.HitrateFile``); ``render_svg`` and ``render_png`` draw it.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from .hitrate import HitrateFile
 
 __all__ = ["plot_data", "render_svg", "render_png"]
 
@@ -22,28 +24,28 @@ _COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 _IDEAL = "#555555"
 
 
-def plot_data(doc: dict[str, Any]) -> dict[str, Any]:
-    rows = doc["subjects"]
+def plot_data(doc: HitrateFile) -> dict[str, Any]:
+    rows = doc.subjects
     bars = []
     for row in rows:
-        ref = row.get("reference")
-        bars.append({"label": f"{row['label']} (S={row['scheduler_block_size']})",
-                     "hit_rate": 100 * row["hit_rate"],
-                     "reference": None if not ref else 100 * ref["hit_rate"],
-                     "points": None if not ref else ref["points"]})
-    ideal = rows[0]["ideal_per_turn"] if rows and rows[0].get("ideal_exact") else None
+        ref = row.reference
+        bars.append({"label": f"{row.label} (S={row.scheduler_block_size})",
+                     "hit_rate": 100 * row.hit_rate,
+                     "reference": None if not ref else 100 * ref.hit_rate,
+                     "points": None if not ref else ref.points})
+    ideal = rows[0].ideal_per_turn if rows and rows[0].ideal_exact else None
     return {
         "title": "Prefix-cache hit rate of real vLLM",
-        "subtitle": f"{doc['workload']['text']}; {doc['layout']}",
+        "subtitle": f"{doc.workload}; {doc.layout}",
         "bars": bars,
-        "turns": list(range(len(rows[0]["per_turn"]))) if rows else [],
-        "per_turn": [{"label": b["label"], "values": [100 * v for v in row["per_turn"]]}
+        "turns": list(range(len(rows[0].per_turn))) if rows else [],
+        "per_turn": [{"label": b["label"], "values": [100 * v for v in row.per_turn]}
                      for b, row in zip(bars, rows)],
         "ideal_per_turn": None if ideal is None else [100 * v for v in ideal],
     }
 
 
-def _figure(doc: dict[str, Any]):
+def _figure(doc: HitrateFile):
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
@@ -87,15 +89,15 @@ def _figure(doc: dict[str, Any]):
     return fig
 
 
-def _render(doc: dict[str, Any], fmt: str) -> bytes:
+def _render(doc: HitrateFile, fmt: str) -> bytes:
     from .plot import figure_bytes
 
     return figure_bytes(lambda: _figure(doc), fmt)
 
 
-def render_svg(doc: dict[str, Any]) -> str:
+def render_svg(doc: HitrateFile) -> str:
     return _render(doc, "svg").decode()
 
 
-def render_png(doc: dict[str, Any]) -> bytes:
+def render_png(doc: HitrateFile) -> bytes:
     return _render(doc, "png")

@@ -75,6 +75,12 @@ class SubjectRun:
     # A control run's recorded result reused instead of fuzzing again: the
     # sentence every output says it with (kvspec.controls; None: it ran).
     reused: str | None = None
+    jobs: int = 1  # the jobs that fuzzed it (a program differential's: one)
+
+    @property
+    def drives_programs(self) -> bool:
+        """A differential of programs on one live worker (never split into jobs)."""
+        return self.differential in PROGRAM_DIFFERENTIALS
 
 
 @attrs.define
@@ -136,7 +142,8 @@ def _launch(subject):
 
 def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: FuzzRun | None = None,
          on_update: Callable[[FuzzRun], None] = lambda run: None, say: Say = print_line,
-         started: float | None = None, on_finding: Callable | None = None) -> FuzzRun:
+         started: float | None = None, on_finding: Callable | None = None,
+         on_result: Callable[[SubjectRun], None] | None = None) -> FuzzRun:
     """Fuzz each subject in its own worker; the run is handed to ``on_update``
     after every subject and finding.  A setup error of one subject is
     recorded and the next one fuzzed; an infrastructure error or an interrupt
@@ -145,11 +152,20 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
     With one job, workers start ahead: the next one while the current one
     is fuzzed, so vLLM's import time overlaps other work.  ``on_finding``
     (the command passes ``kvspec.reach.attach``) completes each finding with
-    who it reaches, while its subject is still live; the finding is stored again."""
+    who it reaches, while its subject is still live; the finding is stored again.
+    ``on_result`` receives each subject's result as it is done (by default its
+    lines, ``kvspec.report.fuzz.subject_run_lines``, are said)."""
     from kvspec.diff_tests.database import example_database
     from kvspec.diff_tests.parallel import fuzz_parallel
     from kvspec.model.about import versions
     from kvspec.findings.completion import store_finding
+
+    if on_result is None:
+        from kvspec.report.fuzz import subject_run_lines
+
+        def on_result(entry: SubjectRun) -> None:
+            for line in subject_run_lines(entry):
+                say(line)
 
     started = time.perf_counter() if started is None else started
     run = FuzzRun(settings, [subject.label for subject in subjects]) if run is None else run
@@ -173,7 +189,7 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
                     entry = SubjectRun(result, differential=differential, reused=sentence)
                     run.subjects.append(entry)
                     on_update(run)
-                    _say_result(entry, say, in_parallel)
+                    on_result(entry)
                 continue
             say(f"{subject.label}: starting (seed {settings.seed}, up to {settings.max_examples} "
                 f"examples{in_parallel}; {', '.join(settings.differentials)})")
@@ -204,7 +220,8 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
                     else:
                         result = _fuzz_one(proc, subject.label, settings, database, started, say,
                                            lookup=differential == "lookup")
-                    entry = SubjectRun(result, differential=differential)
+                    entry = SubjectRun(result, differential=differential,
+                                       jobs=1 if differential in PROGRAM_DIFFERENTIALS else jobs)
                     failed_completion: Exception | None = None
                     control = controls.get(index, {}).get(differential)
                     if control is not None:  # recorded if clean and complete (kvspec.controls.remember)
@@ -257,7 +274,7 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
                         run.stopped, run.stopped_why = outcome, (f"{subject.label}: completing or storing the "
                                                                  f"finding failed: {failed_completion}")
                     on_update(run)
-                    _say_result(entry, say, in_parallel if differential not in PROGRAM_DIFFERENTIALS else "")
+                    on_result(entry)
                     if failed_completion is not None:
                         break
                     if result.stopped is not None:
@@ -408,59 +425,6 @@ def _store_raw(result, differential: str, findings_dir: Path, versions: dict[str
     from kvspec.findings.completion import store_raw_finding
 
     return store_raw_finding(result, findings_dir, versions)
-
-
-def _say_result(entry: SubjectRun, say: Say, in_parallel: str) -> None:
-    from kvspec.report.finding import render_text
-
-    result, finding = entry.result, entry.finding
-    label = f"{result.subject['label']} [{entry.differential}]"
-    rate = result.cases / result.seconds if result.seconds else 0.0
-    restarts = (f"; {len(result.restarts)} worker restart(s) the retry did not reproduce (the machine's, "
-                f"not vLLM's): {result.restarts[0]}" if result.restarts else "")
-    if finding is None and result.stopped is None and result.scope_reduction:
-        say(f"{label}: {RunStatus.REDUCED_SCOPE.value}: {result.scope_reduction}")
-    if entry.reused:
-        say(f"{label}: {result.verdict} in {result.coverage()}; {entry.reused} (it took {result.seconds:.1f} s "
-            "then)")
-    elif finding is None and result.stopped is None:
-        say(f"{label}: {result.verdict} in {result.coverage()} ({result.seconds:.1f} s, "
-            f"{rate:.0f} {result.units}/s{in_parallel}){restarts}")
-        if entry.differential in PROGRAM_DIFFERENTIALS:
-            say(f"  scope: {result.scope()}")
-    elif finding is None:
-        say(f"{label}: STOPPED after {result.cases} {result.units}: {result.stopped_why}")
-    else:
-        say(render_text(finding))
-        if finding.reach is not None:
-            say(f"  who is affected: {finding.reach.summary}")
-        if entry.finding.run.get("incomplete"):
-            say(f"  INCOMPLETE finding: {entry.finding.run['incomplete']}")
-        say(f"  stored: {entry.finding_path}" if entry.finding_path is not None
-            else "  NOT STORED: it is only in this run's reports")
-        if getattr(result, "other_failures", ()) and entry.differential not in PROGRAM_DIFFERENTIALS:
-            say(f"  {len(result.other_failures)} other distinct failure(s) found by other jobs: "
-                + "; ".join(f.case.describe() for f in result.other_failures))
-        for other, path in entry.others:
-            say(f"  also broken in this run (found within Hypothesis's search after the first; not a complete "
-                f"list): {other.detail}; program: {other.inputs.get('describe')}; stored: {path}")
-    # Under which hash schemes and scopes the result holds, and what was not driven.
-    if entry.differential == "engine":
-        if finding is not None:
-            say(f"  {finding.inputs.get('how_a_user_reaches_it')}")
-        return
-    if entry.differential == "stateful":
-        if finding is not None:
-            for known in result.known_excluded:
-                say(f"  known vLLM bug kept out of the draw (model/known.py): {known.name}")
-        return
-    say(f"  {result.scheme_text}; deployment profiles: "
-        + (f"{result.tally.deployment_cases} cases on {result.deployment_configs} derived configurations"
-           if result.deployment_configs else result.deployments_note))
-    for item in result.capabilities.not_covered():
-        say(f"  not covered: {item}")
-    for known in result.known_excluded:
-        say(f"  known vLLM bug kept out of the draw (model/known.py): {known.name}: {known.reach}")
 
 
 def _fuzz_one(proc, label: str, settings: FuzzSettings, database, started: float, say: Say, *,

@@ -22,10 +22,11 @@ import attrs
 from kvspec.model.capabilities import ExpectedRegime, expected_regime
 from kvspec.model.case import Case, prefill
 from kvspec.model.domain import CoordinatorConfig, GroupKind
+from kvspec.model.replies import SessionAnswer
+from kvspec.model.requests import OpenSession, SessionActions, case_message
 from kvspec.model.workload import Workload, WorkloadRequest
 
 from ..process import SubjectError
-from ..protocol import case_message
 
 __all__ = ["ReplayError", "RequestOutcome", "ReplayResult", "SubjectCache", "replay", "session_case"]
 
@@ -105,15 +106,15 @@ class SubjectCache:
         self.name = subject.subject.label
         self.subject, self.config = subject, config
         self.regime = expected_regime(config, subject.capabilities)
-        reply = subject.session({"op": "open_session", "case": session_case(config, workload)})
+        reply = subject.session(OpenSession(session_case(config, workload)))
         if not reply.ok:
             raise ReplayError(f"{self.name}: cannot build the manager: {reply.error.message}")
 
-    def apply(self, actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        reply = self.subject.session({"op": "session_actions", "actions": actions})
+    def apply(self, actions: list[dict[str, Any]]) -> tuple[SessionAnswer, ...]:
+        reply = self.subject.session(SessionActions(actions))
         if not reply.ok:
             raise ReplayError(f"{self.name}: {reply.error.message}\n{reply.error.traceback or ''}".rstrip())
-        return reply["answers"]
+        return reply.payload
 
 
 def _prefill_stops(config: CoordinatorConfig, regime: ExpectedRegime, prompt_tokens: int) -> list[int]:
@@ -180,7 +181,7 @@ def replay(workload: Workload, cache, progress=None) -> ReplayResult:
                               + [{"do": "start", "id": i, "tokens": list(requests[i].prompt)}
                                  for i in starts])[1:]
         for i, answer in zip(starts, answers):
-            running[i] = {"hit": answer["hit"], "computed": answer["hit"], "emitted": 0, "decodes": 0,
+            running[i] = {"hit": answer.hit, "computed": answer.hit, "emitted": 0, "decodes": 0,
                           "stops": _prefill_stops(cache.config, cache.regime, len(requests[i].prompt)),
                           "handed": (None,) * len(cache.config.groups)}
         actions, order = [], []
@@ -193,10 +194,9 @@ def replay(workload: Workload, cache, progress=None) -> ReplayResult:
         answers = cache.apply(actions + [{"do": "free", "id": i} for i in done])
         for i, answer in zip(order, answers):
             state = running[i]
-            handed = answer["num_tokens"]
-            if any(t is not None for t in handed):
-                state["handed"] = tuple(handed)
-            state["computed"] = answer["computed"]
+            if any(t is not None for t in answer.num_tokens):
+                state["handed"] = answer.num_tokens
+            state["computed"] = answer.computed
         for i in done:
             state = running.pop(i)
             r = requests[i]

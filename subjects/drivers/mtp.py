@@ -19,9 +19,10 @@ from typing import Any, Iterator
 
 from kvspec.model.case import Case, LookupProbe, Step, decode
 from kvspec.model.domain import CoordinatorConfig, GroupKind, InvalidGeometry, KVCacheGroup
+from kvspec.model.replies import PrefillChunking
+from kvspec.model.requests import MambaLayerCheckpointFields, PrefillChunks, Stream, case_message
 from kvspec.oracles.mtp import HASH_SCHEMES, fix_rejects, model_predicts_stale, stale_reuse
 
-from ..protocol import case_message
 
 __all__ = ["GEOMETRIES", "mtp_configs", "search_stale_reuse"]
 
@@ -57,17 +58,17 @@ def _message(case: Case, lookahead: int, mamba_fields: dict[str, Any]) -> dict[s
 
 
 def _chunks(subject, config: CoordinatorConfig, lookahead: int, mamba_fields: dict[str, Any],
-            prompts: list[int]) -> dict[int, dict[str, Any]]:
+            prompts: list[int]) -> dict[int, PrefillChunking]:
     """vLLM's chunking of each prompt (one chunk for layouts without a Mamba group)."""
     if not any(g.kind is GroupKind.MAMBA_ALIGN for g in config.groups):
-        return {p: {"chunks": [p], "stalled_at": None} for p in prompts}
+        return {p: PrefillChunking(p, (p,)) for p in prompts}
     from kvspec.model.case import prefill
 
-    reply = subject.session({"op": "prefill_chunks", "prompts": prompts,
-                             "case": _message(Case(config, 1, (prefill(1),)), lookahead, mamba_fields)})
+    reply = subject.session(PrefillChunks(_message(Case(config, 1, (prefill(1),)), lookahead, mamba_fields),
+                                         prompts))
     if not reply.ok:
         raise RuntimeError(f"prefill_chunks: {reply.error.message}")
-    return {r["prompt"]: r for r in reply["results"]}
+    return {chunking.prompt: chunking for chunking in reply.payload}
 
 
 def search_stale_reuse(subject, schemes: tuple[str, ...]) -> dict[str, dict[str, Any]]:
@@ -76,7 +77,7 @@ def search_stale_reuse(subject, schemes: tuple[str, ...]) -> dict[str, dict[str,
     the subject supports; per scheme the smallest witness (fewest writer
     tokens, then shortest hit), the per-configuration counts beside the
     model's prediction, and the writers vLLM's own scheduler stalls."""
-    fields_reply = subject.session({"op": "mamba_layer_checkpoint_fields"})
+    fields_reply = subject.session(MambaLayerCheckpointFields())
     mamba_fields = fields_reply.get("fields", {}) if fields_reply.ok else {}
     out: dict[str, dict[str, Any]] = {}
     for scheme in schemes:
@@ -98,19 +99,19 @@ def search_stale_reuse(subject, schemes: tuple[str, ...]) -> dict[str, dict[str,
                 "stalled_writers": 0})
             for prompt in prompts:
                 chunked = chunking[prompt]
-                if chunked["stalled_at"] is not None:
+                if chunked.stalled_at is not None:
                     stalled += 1
                     row["stalled_writers"] += 1
                     continue
                 for decodes in (0, 2, 2 * S):
-                    steps = tuple(Step("prefill", tokens=c) for c in chunked["chunks"]) + (decode(),) * decodes
+                    steps = tuple(Step("prefill", tokens=c) for c in chunked.chunks) + (decode(),) * decodes
                     writer = Case(config, prompt, steps)
                     for shared in range(1, writer.writer_tokens):
                         case = Case(config, prompt, steps, LookupProbe(shared, 1))
                         cases.append(case)
                         messages.append(_message(case, lookahead, mamba_fields))
         witnesses, errors = [], []
-        for case, reply in zip(cases, subject.run_many(messages)):
+        for case, reply in zip(cases, subject.run_many(Stream(messages))):
             row = rows[case.config.describe()]
             row["cases"] += 1
             if not reply.ok:

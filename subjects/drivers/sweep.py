@@ -15,7 +15,7 @@ from kvspec.model.case import Case, prefill
 from kvspec.oracles.registration import compare, expected_calls
 
 from ..process import SubjectProcess
-from ..protocol import case_message
+from kvspec.model.requests import Stream
 
 __all__ = ["sweep", "sweep_range"]
 
@@ -40,7 +40,7 @@ def sweep(proc: SubjectProcess, case: Case, ns: range) -> dict[str, Any]:
     caps = proc.capabilities
     regime = expected_regime(case.config, caps)
     cases = [Case(case.config, n, (prefill(n),)) for n in ns]
-    replies = proc.run_many([case_message(c) for c in cases])
+    replies = proc.run_many(Stream.of(cases))
     groups = len(case.config.groups)
     spec: list[list[int | None]] = [[] for _ in range(groups)]
     subject: list[list[int | None]] = [[] for _ in range(groups)]

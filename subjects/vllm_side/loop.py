@@ -1,6 +1,9 @@
-"""The worker's loop (stdlib + vLLM only): one JSON request per line in, one
-JSON reply per line out, each request answered by the handler its ``op``
-names (``HANDLERS``; ``subjects/protocol.py`` lists the messages).
+"""The worker's loop (stdlib + vLLM + ``model.wire`` only): one JSON request
+per line in, one JSON reply per line out.  Each line is parsed once
+(``model.wire.parse_request``: the requests ``model.requests`` sends) and
+answered by the handler its ``op`` names (``HANDLERS``), which reads the
+parsed request's fields; a line that is not a request the protocol allows is
+answered with kvspec's error.
 
 A handler turns what vLLM raised into the reply that says so: a vLLM
 exception is a finding, reported whole with its traceback and whose frames
@@ -13,6 +16,8 @@ error, never vLLM's.  Every error reply says which in ``error_kind``
 import json
 import time
 import traceback
+
+from kvspec.model.wire import MalformedRequest, parse_request
 
 from .errors import (CONSTRUCT, DRIVE, ENVIRONMENT, FATAL, KVSPEC, UNSUPPORTED, BadOperation, Rejected, Unsupported,
                      error_reply, exception_origin, raised)
@@ -33,18 +38,28 @@ def serve(lines, send):
         return 1
     send({"ok": True, "capabilities": driver.capabilities})
     for line in lines:
-        request = json.loads(line)
-        op = request.get("op")
-        if op == "quit":
+        try:
+            request = parse_request(json.loads(line))
+        except ValueError as exc:  # not JSON, or not a request (MalformedRequest)
+            send(_malformed(exc))
+            continue
+        if request.op == "quit":
             break
-        HANDLERS.get(op, _unknown)(driver, request, send)
+        HANDLERS[request.op](driver, request, send)
     return 0
+
+
+def _malformed(exc):
+    """kvspec's error: a line that is not a request the protocol allows."""
+    if isinstance(exc, MalformedRequest):
+        return error_reply(KVSPEC, str(exc))
+    return error_reply(KVSPEC, "a request is one JSON object per line (%s)" % exc)
 
 
 def _stream(driver, request, send):
     """One line per case as soon as it is done, so the caller compares case i
     while this process drives case i + 1; then an end marker."""
-    for case in request["cases"]:
+    for case in request.cases:
         send(_run_one(driver, case))
     send({"ok": True, "done": True})
 
@@ -65,7 +80,7 @@ def _run_one(driver, case):
 
 def _prefill_chunks_op(driver, request):
     try:
-        return prefill_chunks(driver, request)
+        return prefill_chunks(driver, request.case, request.prompts)
     except Unsupported as exc:
         return error_reply(UNSUPPORTED, str(exc))
     except BaseException as exc:
@@ -76,15 +91,15 @@ def _machine_op(driver, request):
     """The stateful differential: a manager opened, then operations applied in
     order, each answered with what it returned and the state after it.  A vLLM
     exception stops the batch and is reported whole with the operation's index."""
-    if request["op"] == "machine_trace":
+    if request.op == "machine_trace":
         if driver.machine is None:
             return error_reply(KVSPEC, "no machine is open")
         return {"ok": True, "trace": driver.machine.trace}
-    if request["op"] == "machine_ops" and driver.machine is None:  # kvspec's error (a fresh worker), not vLLM's
+    if request.op == "machine_ops" and driver.machine is None:  # kvspec's error (a fresh worker), not vLLM's
         return error_reply(KVSPEC, "no machine is open on this worker")
-    if request["op"] == "open_machine":
+    if request.op == "open_machine":
         try:
-            driver.machine = Machine(driver, request["case"])
+            driver.machine = Machine(driver, request.case)
         except Unsupported as exc:
             return error_reply(UNSUPPORTED, str(exc))
         except ImportError as exc:  # the runtime lacks a module vLLM imports: the machine's, not vLLM's
@@ -98,9 +113,9 @@ def _machine_op(driver, request):
                                "reset": hasattr(machine.manager, "reset_prefix_cache")},
                 "retention_interval": getattr(machine.coordinator, "retention_interval", None)}
     answers = []
-    for index, op in enumerate(request["ops"]):
+    for index, op in enumerate(request.ops):
         try:
-            answers.append(driver.machine.apply(op, request.get("observe", True)))
+            answers.append(driver.machine.apply(op, request.observe))
         except Unsupported as exc:
             return error_reply(UNSUPPORTED, str(exc), answers=answers)
         except BadOperation as exc:
@@ -119,10 +134,10 @@ def _engine_op(driver, request):
     frames is kvspec's error, never vLLM's."""
     from .engine import EngineMachine
 
-    if request["op"] == "open_engine":
+    if request.op == "open_engine":
         driver.engine = None
         try:
-            driver.engine = EngineMachine(request["setup"])
+            driver.engine = EngineMachine(request.setup)
         except Unsupported as exc:
             return error_reply(UNSUPPORTED, str(exc))
         except ImportError as exc:
@@ -134,9 +149,9 @@ def _engine_op(driver, request):
     if getattr(driver, "engine", None) is None:
         return error_reply(KVSPEC, "no engine is open (the worker was restarted, or none was built)")
     answers = []
-    for index, op in enumerate(request["ops"]):
+    for index, op in enumerate(request.ops):
         try:
-            answers.append(driver.engine.apply(op, request.get("observe", True)))
+            answers.append(driver.engine.apply(op, request.observe))
         except BaseException as exc:
             origin = exception_origin(exc)
             extra = {"allocations": driver.engine.allocations} if origin["origin"] == "vllm" else {}
@@ -147,9 +162,9 @@ def _engine_op(driver, request):
 
 def _session_op(driver, request):
     try:
-        if request["op"] == "open_session":
-            return driver.open_session(request["case"])
-        return driver.session_actions(request["actions"])
+        if request.op == "open_session":
+            return driver.open_session(request.case)
+        return driver.session_actions(request.actions)
     except Unsupported as exc:
         return error_reply(UNSUPPORTED, str(exc))
     except BaseException as exc:  # a vLLM exception mid-replay is reported whole
@@ -161,10 +176,6 @@ def _stats(driver, request):
             "reuse_managers": driver.reuse_managers}
 
 
-def _unknown(driver, request, send):
-    send(error_reply(KVSPEC, f"unknown request {request.get('op')!r}"))
-
-
 def _one(handler):
     """A handler answered with one reply."""
     def answer(driver, request, send):
@@ -173,10 +184,11 @@ def _one(handler):
     return answer
 
 
-# Each request's handler, by its ``op``: called with the driver, the request
-# and ``send`` (a stream sends a reply per case, every other request one).
+# Each request's handler, by its ``op`` (every op of ``model.wire.OPS`` but
+# ``quit``): called with the driver, the parsed request and ``send`` (a
+# stream sends a reply per case, every other request one).
 HANDLERS = {
-    "run": _one(lambda driver, request: _run_one(driver, request["case"])),
+    "run": _one(lambda driver, request: _run_one(driver, request.case)),
     "stream": _stream,
     "open_session": _one(_session_op),
     "session_actions": _one(_session_op),

@@ -340,7 +340,7 @@ def _mtp_scheduler(manager, case):
     })
 
 
-def prefill_chunks(driver, request):
+def prefill_chunks(driver, case, prompts):
     """vLLM's scheduler chunking of each prompt length for one geometry:
     ``_mamba_block_aligned_split`` then ``_reserve_prefill_lookahead`` in
     ``schedule()``'s order, until the prompt is computed (a step that
@@ -349,7 +349,6 @@ def prefill_chunks(driver, request):
 
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    case = request["case"]
     split = getattr(Scheduler, "_mamba_block_aligned_split", None)
     reserve = getattr(Scheduler, "_reserve_prefill_lookahead", None)
     if split is None:
@@ -357,7 +356,7 @@ def prefill_chunks(driver, request):
     manager = driver._manager(case)
     scheduler = _mtp_scheduler(manager, case)
     out = []
-    for prompt in request["prompts"]:
+    for prompt in prompts:
         req = types.SimpleNamespace(num_computed_tokens=0, num_prompt_tokens=prompt, num_tokens=prompt,
                                     shared_prefix_boundary=0)
         chunks, computed = [], 0

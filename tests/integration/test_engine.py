@@ -9,6 +9,7 @@ import pytest
 from kvspec.diff_tests.engine import fuzz_engine, replay_engine_program
 from kvspec.model.engine import EngineProgram, EngineSetup
 from kvspec.model.finding import Category
+from kvspec.model.requests import OpenEngine
 from kvspec.subjects.process import SubjectProcess
 from kvspec.subjects.subject import mutant_subject, release
 
@@ -64,10 +65,10 @@ def test_the_engine_default_is_read_back_not_assumed():
                             ({"do": "arrive", "id": "a", "tokens": list(range(40)), "max_tokens": 2},
                              {"do": "step"}, {"do": "step"}, {"do": "step"}, {"do": "step"}))
     with SubjectProcess(release("0.34.0")) as proc:
-        opened = proc.session({"op": "open_engine", "setup": program.setup.message()})
+        opened = proc.session(OpenEngine(program.setup.message()))
         found, _ = replay_engine_program(proc, program)
     assert opened["ok"] and not found
-    derived = opened["derived"]
+    derived = opened.payload.derived
     assert derived["scheduler_class"] == "AsyncScheduler" and derived["async_scheduling"]
     assert derived["retention_interval"] == 0 and derived["scheduler_block_size"] == 64
 

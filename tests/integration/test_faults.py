@@ -25,9 +25,9 @@ from kvspec.model.domain import CoordinatorConfig, KVCacheGroup
 from kvspec.model.errors import InfrastructureError
 from kvspec.model.program import Program
 from kvspec.model.outcome import Outcome
+from kvspec.model.requests import MachineOps, OpenMachine, Run, Stream
 from kvspec.subjects.mutation import mutant
 from kvspec.subjects.process import SubjectProcess
-from kvspec.subjects.protocol import case_message
 from kvspec.subjects.provision import ensure_release, is_checked_hash
 from kvspec.subjects.subject import release, source_tree
 
@@ -36,8 +36,11 @@ from tests.support import interruptible, mutant_tree, planted_tree
 SEED = corpus_case("seed_52419")
 
 
-def _cases(count: int) -> list[dict]:
-    return [case_message(Case(SEED.config, n, (prefill(n),))) for n in range(1, count + 1)]
+def _cases(count: int) -> Stream:
+    return Stream.of(Case(SEED.config, n, (prefill(n),)) for n in range(1, count + 1))
+
+
+FIRST = Run.of(Case(SEED.config, 1, (prefill(1),)))
 
 
 def test_a_worker_killed_from_outside_is_restarted_and_never_a_finding(tmp_path):
@@ -59,7 +62,7 @@ def test_a_stopped_worker_times_out_and_is_restarted():
     with SubjectProcess(release("0.33.0"), timeout=5) as proc:
         os.kill(proc.worker_pid, signal.SIGSTOP)
         started = time.monotonic()
-        reply = proc.run(_cases(1)[0])
+        reply = proc.run(FIRST)
         assert reply["ok"] and time.monotonic() - started < 60
         assert "gave no answer within 5 s" in proc.restarts[-1]
 
@@ -161,7 +164,7 @@ def test_a_tree_path_with_the_separator_is_the_tree_tested(tmp_path):
     (decoy / "__init__.py").write_text("raise ImportError('the decoy was imported')\n")
     with SubjectProcess(source_tree(str(named))) as proc:
         assert proc.identity["vllm_path"] == str(named / "vllm")
-        assert proc.run(_cases(1)[0])["calls"][0]["num_tokens"] == [1, 1]
+        assert proc.run(FIRST)["calls"][0]["num_tokens"] == [1, 1]
 
 
 def test_a_tree_that_lost_a_capability_is_fuzzed_in_a_stated_reduced_scope(tmp_path):
@@ -194,14 +197,14 @@ def test_a_worker_killed_under_an_open_machine_is_infrastructure_not_a_vllm_cras
     """The fresh worker has no machine: the teardown's finish never reaches
     it as if vLLM had raised (issue 28: "'NoneType' object has no attribute 'apply'")."""
     with SubjectProcess(release("0.34.0")) as proc:
-        assert proc.session({"op": "open_machine", "case": _MACHINE.machine_case()})["ok"]
+        assert proc.session(OpenMachine(_MACHINE.machine_case()))["ok"]
         os.kill(proc.worker_pid, signal.SIGKILL)
         _wait_dead(proc.worker_pid)
         with pytest.raises(InfrastructureError, match="killed by SIGKILL.*nothing from here is a vLLM finding"):
-            proc.session({"op": "machine_ops", "ops": [{"do": "finish", "id": "r0"}]})
+            proc.session(MachineOps([{"do": "finish", "id": "r0"}]))
         # A new machine on the fresh worker is fine.
-        assert proc.session({"op": "open_machine", "case": _MACHINE.machine_case()})["ok"]
-        assert proc.session({"op": "machine_ops", "ops": [{"do": "schedule"}]})["ok"]
+        assert proc.session(OpenMachine(_MACHINE.machine_case()))["ok"]
+        assert proc.session(MachineOps([{"do": "schedule"}]))["ok"]
 
 
 def _wait_dead(pid: int) -> None:

@@ -20,7 +20,7 @@ from kvspec.model.domain import CoordinatorConfig, GroupKind, HashScheme, KVCach
 from kvspec.model.known import KNOWN_BUGS, excluded_from_draw, known_bugs, recognise
 from kvspec.model.program import Program
 from kvspec.oracles.lookup import check_case
-from kvspec.subjects.protocol import case_message
+from kvspec.model.requests import MachineTrace, Run
 from kvspec.subjects import worker
 from kvspec.subjects.provision import ensure_release, ensure_runtime
 
@@ -39,11 +39,11 @@ def test_the_sliding_window_lookahead_crash_still_reproduces(kvspec_release, ver
     proc = kvspec_release(version)
     assert BUG.draw_exclusion(CRASH, proc.capabilities)
     case = Case(CRASH, 9, (prefill(9),))
-    reply = proc.run(case_message(case))
+    reply = proc.run(Run.of(case))
     assert not reply["ok"] and BUG.signature in reply["error"]
     assert "find_longest_cache_hit" in reply["traceback"]
     legacy = attrs.evolve(case, config=attrs.evolve(CRASH, hash_scheme=HashScheme.LEGACY))
-    assert check_case(legacy, proc.capabilities, proc.run(case_message(legacy))) == []
+    assert check_case(legacy, proc.capabilities, proc.run(Run.of(legacy))) == []
 
 
 PROGRAM = Path(__file__).parent.parent / "fixtures" / "program_connector_mamba_lookahead_crash.json"
@@ -106,7 +106,7 @@ def test_sliding_window_blocks_are_zeroed_from_0_28(kvspec_release, version, car
         return
     assert [d.category for d in found] == [Category.STATE_ZEROING_MISSED] and bug.matches(found[0].summary())
     assert "sliding_window" in found[0].summary()
-    trace = proc.session({"op": "machine_trace"})
+    trace = proc.session(MachineTrace())
     finding = Finding(source="fuzz", verdict="DISCREPANCY", category=Category.STATE_ZEROING_MISSED,
                       compared={"differential": "stateful", "capabilities": proc.capabilities.as_dict()},
                       inputs={"program": program.as_dict()}, detail=found[0].summary())

@@ -15,7 +15,7 @@ from kvspec.oracles.lookup import check_case
 from kvspec.pytest_plugin import DEFAULT_RELEASES
 from kvspec.subjects.mutation import LOOKUP_MUTANTS
 from kvspec.subjects.process import SubjectProcess
-from kvspec.subjects.protocol import case_message
+from kvspec.model.requests import Run
 from kvspec.subjects.subject import mutant_subject
 
 
@@ -33,7 +33,7 @@ def test_lookup_mutants_are_found_and_genuine(operator, version, kvspec_release)
     assert finding.case.probe is not None
 
     fixed = kvspec_release(version)
-    fixed_reply = fixed.run(case_message(finding.case))
+    fixed_reply = fixed.run(Run.of(finding.case))
     on_release = check_case(finding.case, fixed.capabilities, fixed_reply)
     if on_release:
         # The release's own known bug (0.28.0: a second full-attention group
@@ -55,7 +55,7 @@ def _emitted_lookup_test(proc, case, tmp_path):
     from kvspec.oracles.registration import Discrepancy
 
     caps = proc.capabilities
-    reply = proc.run(case_message(case))
+    reply = proc.run(Run.of(case))
     assert check_case(case, caps, reply) == [], case.describe()
     stand_in = Discrepancy("lookup_contract", None, None, (), (reply["probe"]["hit"],), detail="stand-in")
     result = FuzzResult(subject=proc.describe(), capabilities=caps, seed=0,

@@ -14,7 +14,7 @@ from kvspec.subjects.process import SubjectProcess
 from kvspec.subjects.subject import release
 
 from kvspec.diff_tests.strategies import batches, lookup_batches
-from kvspec.subjects.protocol import case_message
+from kvspec.model.requests import Stream
 
 
 def generated_cases(capabilities, count: int = 150):
@@ -35,7 +35,7 @@ def generated_cases(capabilities, count: int = 150):
 def _replies(proc, drawn):
     out = []
     for batch in drawn:
-        for reply in proc.stream([case_message(case) for case in batch]):
+        for reply in proc.stream(Stream.of(batch)):
             record = record_of(reply)
             record.pop("seconds")  # the only field that may differ
             out.append(record)

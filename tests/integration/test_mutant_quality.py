@@ -15,7 +15,7 @@ from kvspec.diff_tests.fuzz import fuzz_subject
 from kvspec.oracles.registration import compare
 from kvspec.pytest_plugin import DEFAULT_RELEASES as SUPPORTED_IN_CI
 from kvspec.subjects.process import SubjectProcess
-from kvspec.subjects.protocol import case_message
+from kvspec.model.requests import Run
 from kvspec.subjects.mutation import REGISTRATION_MUTANTS
 from kvspec.subjects.subject import mutant_subject
 from kvspec.usecases.mutants import kill_matrix
@@ -32,7 +32,7 @@ def test_regression_50062_is_found_and_genuine(version, kvspec_release):
     assert list(d.observed_tokens) != list(d.expected_tokens)
 
     fixed = kvspec_release(version)
-    fixed_reply = fixed.run(case_message(finding.case))
+    fixed_reply = fixed.run(Run.of(finding.case))
     assert compare(finding.case, fixed.capabilities, fixed_reply) == []
     fixed_tokens = fixed_reply["calls"][d.call]["num_tokens"]
     assert fixed_tokens == list(d.expected_tokens)

@@ -13,6 +13,7 @@ import pytest
 from kvspec.diff_tests.engine import drive_engine_program, replay_engine_program
 from kvspec.model.engine import EngineProgram, EngineSetup
 from kvspec.model.finding import Category
+from kvspec.model.requests import OpenEngine
 from kvspec.subjects.process import SubjectProcess
 from kvspec.subjects.subject import mutant_subject, release
 
@@ -32,7 +33,7 @@ def _program(policy: str | None, load_async: bool, fail: int | None) -> EnginePr
 
 def _run(version: str, program: EngineProgram):
     with SubjectProcess(release(version)) as proc:
-        opened = proc.session({"op": "open_engine", "setup": program.setup.message()})
+        opened = proc.session(OpenEngine(program.setup.message()))
         records = list(drive_engine_program(proc, program))
     found = [d for r in records for d in r.found]
     return opened, found, {"answers": [r.answer for r in records if r.op["do"] != "open"]}

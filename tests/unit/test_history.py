@@ -7,7 +7,7 @@ import pytest
 from kvspec.arguments import releases
 from kvspec.model.capabilities import Capabilities
 from kvspec.model.errors import UsageError
-from kvspec.report.history import render_table
+from kvspec.report.history import ReleaseRow, render_table
 
 from tests.support import capabilities
 
@@ -51,7 +51,7 @@ def test_table_rows_for_each_status():
              "failure": None, "lookup": {"cases": 7, "failure": None}},
             {"version": "0.34.0", "status": "discrepancy", "cases": 10, "rule": "r", "capabilities": caps,
              "failure": None, "lookup": {"cases": 3, "failure": {"summary": ["hit 4 vs 8"]}}}]
-    table = render_table(rows, symbolic=False)
+    table = render_table([ReleaseRow.parse(r) for r in rows], symbolic=False)
     assert "| 0.22.1 |  |  |  |  |  | unsupported: too old |  |" in table
     assert ("| 0.33.0 | yes | yes | yes | no | r | no discrepancy (10 cases) | no discrepancy (7 cases) | "
             "not run |") in table
@@ -66,7 +66,7 @@ def test_a_run_that_stopped_early_is_never_no_discrepancy():
     rows = [{"version": "0.30.0", "status": "incomplete", "cases": 10, "rule": "r", "capabilities": caps,
              "failure": None, "overall": "INFRASTRUCTURE", "lookup": {"cases": 7, "failure": None},
              "stateful": stopped}]
-    table = render_table(rows, symbolic=False)
+    table = render_table([ReleaseRow.parse(r) for r in rows], symbolic=False)
     assert "INCOMPLETE after 3 programs, 80 operations: the worker died twice" in table
     assert "no invariant broken" not in table
 
@@ -80,9 +80,10 @@ def test_each_history_finding_is_explained_by_a_known_bug_of_its_release_or_said
                 "stateful": {"failure": None}, "engine": {"failure": failure, "other_failures": []}}
 
     estimate = "state_block_estimate: block_estimate: allocate_slots for request r0 took 6 free blocks"
-    text = render_explanations([row("0.34.0", "state_block_estimate", estimate),
-                                row("0.34.0", "state_ref_count", "ref_counts: block 3 has reference count 2"),
-                                row("0.22.0", "state_block_estimate", estimate)])
+    text = render_explanations([ReleaseRow.parse(r) for r in (
+        row("0.34.0", "state_block_estimate", estimate),
+        row("0.34.0", "state_ref_count", "ref_counts: block 3 has reference count 2"),
+        row("0.22.0", "state_block_estimate", estimate))])
     lines = text.splitlines()
     assert "`mamba_estimate_below_allocation_after_connector_load` (first in 0.23.0, still open)" in lines[0]
     # Unknown words, or a release outside the bug's range: not explained, and said so.
@@ -114,5 +115,5 @@ def test_a_history_row_is_typed_and_serialises_to_the_rows_of_kvspec_history_1()
                          "failure", "outcome", "stopped", "lookup", "stateful", "engine"}
     assert (data["overall"], data["seconds"], data["lookup"]["status"]) == ("INCOMPLETE", 1.23, "no discrepancy")
     assert data["engine"]["status"] == "incomplete" and data["engine"]["operations"] == 9
-    table = render_table([data, skipped.as_dict()], symbolic=False)
+    table = render_table([ReleaseRow.parse(data), ReleaseRow.parse(skipped.as_dict())], symbolic=False)
     assert "INCOMPLETE after 100 programs, 9 operations: INCOMPLETE" in table and "| 0.22.0 |" in table

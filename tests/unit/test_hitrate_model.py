@@ -12,7 +12,7 @@ from kvspec.model.variants import variant
 from kvspec.model.workload import LAYOUTS, Workload, layout
 from kvspec.model.retention import common_prefix
 from kvspec.oracles.ideal_cache import SpecCache
-from kvspec.report.hitrate import render_text
+from kvspec.report.hitrate import HitrateFile, render_text
 from kvspec.report.hitrate_plot import render_svg
 from kvspec.subjects.drivers.hitrate import replay
 from kvspec.usecases.hitrate import compare_with_reference
@@ -102,9 +102,9 @@ def test_exact_layouts_are_held_to_the_ideal_and_the_report_renders():
     assert rows[0]["reference"]["requests_differing"] == 0
     assert rows[1]["reference"]["points"] == -10.0
     doc = {"verdict": "v", "layout": "L", "workload": {"text": "W"}, "subjects": rows, "errors": []}
-    text = render_text(doc)
+    text = render_text(HitrateFile.parse(doc))
     assert "0.33.0 + m" in text and "20 hit tokens lost" in text
-    svg = render_svg(doc)
+    svg = render_svg(HitrateFile.parse(doc))
     xml.dom.minidom.parseString(svg)  # well-formed
     texts = re.findall(r"<text[^>]*>([^<]*)</text>", svg)  # matplotlib, text kept as text
     assert "vllm 0.33.0 (S=64)" in texts and "0.33.0 + m (S=64)" in texts and "-10.0 pts" in " ".join(texts)

@@ -12,6 +12,7 @@ import attrs
 from kvspec.findings.impact import EngineRun, admitted_lookups, extended_program, impact_from_runs
 from kvspec.model.engine import EngineProgram
 from kvspec.model.finding import Category, Finding, Impact, Reach, hand_built_impact
+from kvspec.model.requests import EngineOps, OpenEngine
 from kvspec.model.state import Lookup
 from kvspec.report.finding import impact_sentence, render_markdown, render_text
 
@@ -159,12 +160,13 @@ class _ScriptedWorker:
     def __init__(self, accepted_from: int):
         self.accepted_from, self.pool, self.pools = accepted_from, None, []
 
-    def session(self, message):
-        if message["op"] == "open_engine":
-            self.pool = message["setup"]["engine_args"]["num_gpu_blocks_override"]
+    def session(self, request):
+        if isinstance(request, OpenEngine):
+            self.pool = request.setup["engine_args"]["num_gpu_blocks_override"]
             self.pools.append(self.pool)
             return {"ok": self.pool >= self.accepted_from}
-        beside = len(message["ops"][0]["tokens"])
+        assert isinstance(request, EngineOps)
+        beside = len(request.ops[0]["tokens"])
         free = self.pool - 1 - (3 if beside > 64 else 1)
         if free < 6:  # the allocation takes 6 where the groups estimated 4
             return {"ok": False, "index": 4, "origin": "vllm", "error": "ValueError: Cannot get 1 free blocks from "

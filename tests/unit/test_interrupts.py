@@ -126,6 +126,7 @@ def test_an_interrupt_lost_in_a_finalizer_stops_the_next_request_to_a_worker(mon
 
     from kvspec import cli
     from kvspec.model.outcome import Outcome
+    from kvspec.model.requests import Stats
     from kvspec.subjects.process import SubjectProcess
 
     class Finalized:
@@ -144,7 +145,7 @@ def test_an_interrupt_lost_in_a_finalizer_stops_the_next_request_to_a_worker(mon
         gc.collect()  # the finalizer runs, the interrupt raised in it is dropped
         sent.append("the run went on")
         proc = SubjectProcess.__new__(SubjectProcess)  # a worker never started: nothing must reach it
-        proc._send({"op": "stats"})
+        proc._send(Stats())
         sent.append("a request was sent after the stop")
         return Outcome.OK
 

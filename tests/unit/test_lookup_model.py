@@ -14,7 +14,7 @@ from kvspec.model.lookup import (dense_group_hit, eagle_drop_tail, final_extent,
                           lookup_need, stale_draft_reuse)
 from kvspec.model.spec import BoundaryInputs
 from kvspec.model.case import Case, LookupProbe, decode, prefill
-from kvspec.subjects.protocol import case_message
+from kvspec.model.requests import case_message
 
 from tests.support import boundary_inputs
 

@@ -544,7 +544,7 @@ def test_state_operators_refuse_a_source_without_their_target():
 
 
 def test_a_kill_matrix_row_is_typed_and_serialises_to_the_rows_of_kvspec_mutants_1():
-    from kvspec.report.mutants import render_matrix
+    from kvspec.report.mutants import KillRow, render_matrix
     from kvspec.usecases.mutants import MutantRow
 
     operator = mutant("refloor_50062")
@@ -560,4 +560,4 @@ def test_a_kill_matrix_row_is_typed_and_serialises_to_the_rows_of_kvspec_mutants
     assert (data["fuzz"], data["stateful"], data["exhaustive"], data["exhaustive_failing"]) == (
         "equivalent", "not run", "equivalent", "0/412")
     assert "symbolic" not in data and data["wall_seconds"] == 3.25 and data["differential"] == "registration"
-    assert "refloor_50062" in render_matrix([data, inapplicable.as_dict()])
+    assert "refloor_50062" in render_matrix([KillRow.parse(data), KillRow.parse(inapplicable.as_dict())])

@@ -8,8 +8,8 @@ from kvspec.model.capabilities import expected_regime
 from kvspec.model.case import Case, decode, prefill
 from kvspec.model.corpus import case as corpus_case
 from kvspec.model.replies import Reply
+from kvspec.model.requests import case_message
 from kvspec.oracles.registration import compare
-from kvspec.subjects.protocol import case_message
 
 from tests.support import capabilities
 

@@ -15,6 +15,7 @@ import attrs
 import pytest
 
 from kvspec.model.finding import Finding, Reach
+from kvspec.model.outcome import Outcome
 from kvspec.report.finding import render_markdown, render_text
 from kvspec.report.fuzz import render_markdown as render_fuzz_markdown
 from kvspec.report.plot import plot_data, render_png, render_svg
@@ -161,6 +162,25 @@ def test_fuzz_markdown(finding, monkeypatch):
     assert ("| differential | verdict | Hypothesis examples | checked | to the first discrepancy | "
             "fuzzing and shrinking (s) |") in text
     assert_snapshot("fuzz_report.md", text)
+
+
+def test_a_subjects_result_is_said_by_the_renderer_from_the_typed_result(finding):
+    from kvspec.report.fuzz import subject_run_lines
+    from kvspec.usecases.fuzz import SubjectRun
+
+    run = _fuzz_run(finding)
+    found = subject_run_lines(attrs.evolve(run.subjects[0], finding_path=None))
+    assert found[0] == render_text(finding) and "  NOT STORED: it is only in this run's reports" in found
+    clean = attrs.evolve(run.subjects[0].result, failure=None, seconds=2.0, restarts=("the worker was killed",))
+    lines = subject_run_lines(SubjectRun(clean, jobs=2))
+    assert lines[0] == (f"{finding.compared['subject']['label']} [registration]: no discrepancy in "
+                        f"{clean.coverage()} (2.0 s, {clean.cases / 2:.0f} cases/s, 2 jobs); 1 worker restart(s) "
+                        "the retry did not reproduce (the machine's, not vLLM's): the worker was killed")
+    assert any(line.startswith("  not covered: ") for line in lines)
+    reused = subject_run_lines(SubjectRun(clean, reused="reused the control's recorded run", jobs=2))
+    assert reused[0].endswith("; reused the control's recorded run (it took 2.0 s then)")
+    stopped = attrs.evolve(clean, stopped=Outcome.INTERRUPTED, stopped_why="interrupted")
+    assert subject_run_lines(SubjectRun(stopped))[0].endswith(f": STOPPED after {clean.cases} cases: interrupted")
 
 
 def test_an_interrupted_run_never_reads_as_clean(finding):
@@ -380,7 +400,7 @@ def test_report_of_a_file_without_findings_is_a_usage_error(tmp_path, capsys):
 # -- the other renderers: one snapshot each, on small fixed inputs --------------
 
 def test_kill_matrix_snapshot():
-    from kvspec.report.mutants import render_matrix
+    from kvspec.report.mutants import KillRow, render_matrix
 
     rows = [{"mutant": "refloor_50062", "model": "non-equivalent", "status": "killed", "cases_to_kill": 3708,
              "seconds_to_kill": 2.67, "exhaustive": "killed", "exhaustive_failing": 412, "exhaustive_seconds": 9.8,
@@ -392,13 +412,13 @@ def test_kill_matrix_snapshot():
              "cases_to_kill": None, "seconds_to_kill": None, "stateful": "killed", "programs_to_kill": 7,
              "stateful_seconds_to_kill": 0.21, "exhaustive": "n/a", "symbolic": "n/a",
              "stateful_category": "state_free_blocks"}]
-    text = render_matrix(rows)
+    text = render_matrix([KillRow.parse(r) for r in rows])
     assert "cases to kill" in text.splitlines()[0] and "programs to kill" in text.splitlines()[0]
     assert_snapshot("mutants_matrix.txt", text + "\n")
 
 
 def test_history_table_snapshot():
-    from kvspec.report.history import render_table
+    from kvspec.report.history import ReleaseRow, render_table
 
     caps = capabilities("0.33.0").as_dict()
     rows = [{"version": "0.33.0", "status": "conforms", "capabilities": caps, "rule": "cacheable_tokens_032",
@@ -406,11 +426,11 @@ def test_history_table_snapshot():
              "stateful": {"examples": 300, "operations": 7021, "failure": None},
              "symbolic": {"status": "VERIFIED"}},
             {"version": "0.22.0", "status": "unsupported", "detail": "KVCacheManager takes no scheduler_block_size"}]
-    assert_snapshot("history_table.md", render_table(rows, symbolic=True) + "\n")
+    assert_snapshot("history_table.md", render_table([ReleaseRow.parse(r) for r in rows], symbolic=True) + "\n")
 
 
 def test_hitrate_text_snapshot():
-    from kvspec.report.hitrate import render_text
+    from kvspec.report.hitrate import HitrateFile, render_text
     from kvspec.usecases.hitrate import compare_with_reference
 
     def row(label, hits, mutant):
@@ -425,7 +445,7 @@ def test_hitrate_text_snapshot():
     compare_with_reference(rows)
     doc = {"verdict": "HIT-RATE DIFFERENCE", "layout": "full attention 16", "workload": {"text": "2 requests"},
            "subjects": rows, "errors": []}
-    assert_snapshot("hitrate.txt", render_text(doc) + "\n")
+    assert_snapshot("hitrate.txt", render_text(HitrateFile.parse(doc)) + "\n")
 
 
 def test_mtp_reports_snapshot():

@@ -11,7 +11,10 @@ import types
 import pytest
 
 from kvspec.model.errors import InfrastructureError
-from kvspec.model.replies import ErrorKind, MalformedReply, ObservedRegime, Reply, record_of
+from kvspec.model.replies import (EngineOpened, ErrorKind, MachineOpened, MalformedReply, ObservedRegime,
+                                  PrefillChunking, Reply, Started, Stepped, record_of)
+from kvspec.model.requests import EngineOps, MachineOps, MachineTrace
+from kvspec.model.wire import parse_request
 from kvspec.subjects import process
 from kvspec.subjects.process import SubjectProcess
 from kvspec.subjects.subject import current_environment
@@ -58,6 +61,44 @@ def test_a_reply_the_protocol_does_not_allow_is_refused_in_one_line(record, says
     assert "\n" not in str(refused.value)
 
 
+OPENED = {"ok": True, "state": {"free": 7}, "groups": 2, "operations": {"evict": True, "reset": False},
+          "retention_interval": None}
+
+
+def test_a_payload_read_by_key_is_parsed_once_by_the_op_it_answers():
+    opened = Reply.parse(OPENED, "open_machine")
+    assert opened.payload == MachineOpened({"free": 7}, 2, can_evict=True, can_reset=False, retention_interval=None)
+    chunks = Reply.parse({"ok": True, "results": [{"prompt": 4, "chunks": [4], "stalled_at": None},
+                                                  {"prompt": 9, "chunks": [8], "stalled_at": 8}]}, "prefill_chunks")
+    assert chunks.payload == (PrefillChunking(4, (4,)), PrefillChunking(9, (8,), 8))
+    replay = Reply.parse({"ok": True, "answers": [{}, {"hit": 16, "tokens": 40},
+                                                  {"computed": 40, "num_tokens": [32, None]}]}, "session_actions")
+    assert replay.payload == (None, Started(16, 40), Stepped(40, (32, None)))
+    engine = Reply.parse({"ok": True, "derived": {"groups": []}, "state": {"free": 3}}, "open_engine")
+    assert engine.payload == EngineOpened({"groups": []}, {"free": 3})
+    # The same record as a case's reply, or an error reply, has none.
+    assert Reply.parse(OPENED).payload is None
+    assert Reply.parse({"ok": False, "error_kind": "construct", "error": "x"}, "open_machine").payload is None
+
+
+@pytest.mark.parametrize("record, op, says", [
+    ({"ok": True, "state": {}}, "open_machine", "open_machine reply carries the state"),
+    ({**OPENED, "operations": {"evict": "yes", "reset": False}}, "open_machine", "wrong type"),
+    ({**OPENED, "retention_interval": -1}, "open_machine", "wrong type"),
+    ({"ok": True, "results": [{"prompt": 4, "chunks": [4]}]}, "prefill_chunks", "each prompt's chunks"),
+    ({"ok": True, "state": {}}, "open_engine", "open_engine reply carries what vLLM derived"),
+    ({"ok": True}, "session_actions", "session_actions reply carries its answers"),
+    ({"ok": True, "answers": [{"hit": 3}]}, "session_actions", "answers each action with nothing, a hit"),
+    ({"ok": True, "answers": [{"computed": 4, "num_tokens": [True]}]}, "session_actions", "answers each action"),
+    ({"ok": True, "results": [{"prompt": 4, "chunks": [True], "stalled_at": None}]}, "prefill_chunks",
+     "wrong type"),
+])
+def test_a_payload_the_protocol_does_not_allow_is_refused_in_one_line(record, op, says):
+    with pytest.raises(MalformedReply, match=says) as refused:
+        Reply.parse(record, op)
+    assert "\n" not in str(refused.value)
+
+
 def test_the_worker_names_exactly_the_kinds_kvspec_parses():
     sent = {errors.UNSUPPORTED, errors.CONSTRUCT, errors.DRIVE, errors.KVSPEC, errors.ENVIRONMENT, errors.FATAL}
     # CRASHED is the parent's word: a worker that vLLM's code ended cannot say so.
@@ -86,13 +127,13 @@ def test_each_failure_of_a_case_is_answered_with_its_kind(raising, kind):
     assert reply.failed_as(kind) and str(raising) in reply.error.message and "seconds" in reply
 
 
-def test_a_message_for_nothing_open_or_unknown_is_kvspecs_error():
+def test_a_message_for_nothing_open_is_kvspecs_error():
     driver = _Driver(None)
     sent = []
-    for request in ({"op": "machine_ops", "ops": [{}]}, {"op": "machine_trace"}, {"op": "engine_ops", "ops": []},
-                    {"op": "run_many", "cases": []}):
-        loop.HANDLERS.get(request["op"], loop._unknown)(driver, request, sent.append)
-    assert [Reply.parse(r).error.kind for r in sent] == [ErrorKind.KVSPEC] * 4
+    for request in (MachineOps([{}]), MachineTrace(), EngineOps([])):
+        parsed = parse_request(request.to_wire())
+        loop.HANDLERS[parsed.op](driver, parsed, sent.append)
+    assert [Reply.parse(r).error.kind for r in sent] == [ErrorKind.KVSPEC] * 3
 
 
 def test_a_bad_operation_is_kvspecs_error_with_its_index():
@@ -103,7 +144,7 @@ def test_a_bad_operation_is_kvspecs_error_with_its_index():
             return {"result": {}}
 
     driver = types.SimpleNamespace(machine=Machine())
-    reply = Reply.parse(loop._machine_op(driver, {"op": "machine_ops", "ops": [{}, {"id": "gone"}]}))
+    reply = Reply.parse(loop._machine_op(driver, parse_request(MachineOps([{}, {"id": "gone"}]).to_wire())))
     assert reply.failed_as(ErrorKind.KVSPEC) and reply.error.index == 1 and reply["answers"] == [{"result": {}}]
 
 

@@ -234,7 +234,7 @@ def test_an_unchanged_broken_state_is_still_caught_when_first_seen():
 
     program = Program(CONFIG, 5, 128)
     broken = _compact(num_free=2, free_runs=[[3, 4]])  # block 2: no reference, not free
-    oracle = StateOracle(program, CAPS, {"state": broken})
+    oracle = StateOracle(program, CAPS, broken)
     answer = {"result": {}, "running": {"r0": 1}, "handed_for_zeroing": [],
               "state": {**{k: v for k, v in broken.items() if k not in ("free_runs", "blocks", "hash_map",
                                                                           "tables")},
@@ -521,7 +521,7 @@ def test_the_oracle_carries_a_requests_peak_until_it_stops_running():
                   "state": state(sliding)}
         return [d for d in oracle.check(op, answer) if d.category is Category.STATE_WINDOW]
 
-    oracle = StateOracle(Program(SWA, 30, 128), CAPS, {"state": state((0, 0, 0, 23, 24))})
+    oracle = StateOracle(Program(SWA, 30, 128), CAPS, state((0, 0, 0, 23, 24)))
     assert not window_alarm(oracle, {"do": "schedule"}, 9, (0, 0, 0, 23, 24))
     # Truncated to 5 (a failed load): slots 1-2 were freed for 9, legitimately.
     assert not window_alarm(oracle, {"do": "evict", "id": "r0"}, 5, (0, 0, 0, 23, 24))

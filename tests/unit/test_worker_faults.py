@@ -10,6 +10,7 @@ import types
 import attrs
 import pytest
 
+from kvspec.model.wire import parse_request
 from kvspec.subjects.vllm_side import errors, loop, state_machine
 
 
@@ -40,7 +41,8 @@ def test_an_exception_raised_in_vllms_frames_is_vllms(fake_vllm):
 
 def test_an_exception_raised_in_the_workers_own_frames_is_kvspecs(fake_vllm):
     def through_the_worker():
-        return loop._machine_op(types.SimpleNamespace(machine=None), {"op": "machine_ops", "ops": [{}]})
+        return loop._machine_op(types.SimpleNamespace(machine=None),
+                                parse_request({"op": "machine_ops", "ops": [{}]}))
 
     # The fresh worker's refusal is kvspec's error, never an exception.
     assert through_the_worker() == {"ok": False, "error_kind": "kvspec", "error": "no machine is open on this worker"}
