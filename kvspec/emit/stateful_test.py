@@ -79,6 +79,12 @@ _BEHAVIOUR: dict[Category, tuple[str, str]] = {
     Category.STATE_TABLE_COVERAGE: (
         "test_full_attention_block_table_covers_computed_tokens",
         "a full-attention block table must cover the request's computed tokens"),
+    Category.STATE_MAMBA_STATE: (
+        "test_mamba_group_keeps_the_block_of_the_running_state",
+        "a Mamba group must hold a real block at the slot of the request's last computed token"),
+    Category.STATE_WINDOW: (
+        "test_sliding_window_group_keeps_the_blocks_the_next_step_reads",
+        "a sliding window group must hold real blocks for the window its next step reads"),
     Category.STATE_TABLE_APPEND_ONLY: (
         "test_running_request_block_table_is_append_only",
         "a running request's block table may only grow or null out skipped blocks"),
@@ -526,6 +532,36 @@ class _Emitter:
                    "            need = -(-num_computed // block_sizes[group_id])",
                    *_assert("            ", "len(blocks) >= need", m)]
             return out
+        if c is Category.STATE_MAMBA_STATE:
+            self.helpers.add("block_tables")
+            mamba = {i: g.block_size for i, g in enumerate(self.groups) if g.kind.value == "mamba_align"}
+            running = self._running_at_end()
+            return ["    requests = {" + ", ".join(f'"{r}": {r}' for r in running) + "}",
+                    f"    block_sizes = {mamba}",
+                    "    null_block_id = manager.block_pool.null_block.block_id",
+                    "    for (request_id, group_id), blocks in block_tables(manager).items():",
+                    "        if request_id in requests and group_id in block_sizes:",
+                    "            num_computed = requests[request_id].num_computed_tokens",
+                    "            slot = -(-num_computed // block_sizes[group_id]) - 1",
+                    "            held = slot < len(blocks) and blocks[slot] != null_block_id",
+                    *_assert("            ", "num_computed == 0 or held", m)]
+        if c is Category.STATE_WINDOW:
+            self.helpers.add("block_tables")
+            windows = {i: (g.block_size, g.sliding_window) for i, g in enumerate(self.groups)
+                       if g.kind.value == "sliding_window"}
+            running = self._running_at_end()
+            return ["    requests = {" + ", ".join(f'"{r}": {r}' for r in running) + "}",
+                    f"    windows = {windows}",
+                    "    null_block_id = manager.block_pool.null_block.block_id",
+                    "    for (request_id, group_id), blocks in block_tables(manager).items():",
+                    "        if request_id in requests and group_id in windows:",
+                    "            block_size, window = windows[group_id]",
+                    "            num_computed = requests[request_id].num_computed_tokens",
+                    "            first = max(0, num_computed - window + 1) // block_size",
+                    "            end = -(-num_computed // block_size)",
+                    "            read = blocks[first:end]",
+                    "            held = len(read) == end - first and null_block_id not in read",
+                    *_assert("            ", "held", m)]
         if c is Category.STATE_TABLE_APPEND_ONLY:
             running = self._running_at_end()
             self.helpers.add("block_tables")
