@@ -8,7 +8,12 @@ is then looked for through the engine (``diff_tests/engine.py``: vLLM's real
 flags), within a fixed, deterministic budget:
 
 1. the program translated to engine inputs on each of the nearest engine
-   configurations (``model/nearest_engine.py``) and replayed;
+   configurations (``model/nearest_engine.py``) and replayed; an eviction
+   becomes a load kvspec's connector fails (a setup with that connector);
+   a preemption, which the engine takes as no input, is made by pool
+   pressure: a request holding blocks beside the preempted one on a pool of
+   one model-length request, driven until vLLM's scheduler preempts it,
+   then aborted, and the rest of the program replayed (``_under_pressure``);
 2. if none shows the finding's mechanism, a targeted search: the engine
    machine's own rules over those configurations only, ``SEARCH_EXAMPLES``
    programs from seed ``SEARCH_SEED``, no example database, no shrinking.
@@ -36,7 +41,8 @@ from kvspec.model.errors import InfrastructureError, KvspecError
 from kvspec.model.finding import Category
 from kvspec.model.known import known_bugs, recognise
 from kvspec.model.outcome import Outcome
-from kvspec.model.nearest_engine import Target, group_kind, nearest_setups, scale_for, translate
+from kvspec.model.nearest_engine import (MAX_MODEL_LEN, Target, after_preemption, group_kind, nearest_setups,
+                                         pressure_pool, pressure_trial, scale_for, translate)
 from kvspec.model.program import Program
 from kvspec.oracles.registration import Discrepancy
 from kvspec.subjects.process import SubjectProcess
@@ -51,6 +57,11 @@ __all__ = ["SEARCH_EXAMPLES", "SEARCH_SEED", "SEARCH_STEPS", "Reproduction", "ta
 SEARCH_EXAMPLES = 40  # engine programs of the targeted search
 SEARCH_SEED = 0
 SEARCH_STEPS = 40  # rules a program, as the engine differential's
+# A preemption translated under pool pressure (model.nearest_engine.pressure_trial):
+# the pressure request's prompt lengths tried, and the pools tried above the
+# pressure pool when vLLM refuses it.
+PRESSURE_FILLERS = (1, 24)
+PRESSURE_POOL_TRIES = 3
 
 
 def budget_text(translated: int, search: str = "ran") -> str:
@@ -86,8 +97,10 @@ class Reproduction:
         if self.status == "reproduced":
             assert self.program is not None
             setup = self.program.setup
-            how = ("its own operations translated to engine inputs" if self.how == "translated"
-                   else "a targeted engine search")
+            how = {"translated": "its own operations translated to engine inputs",
+                   "pressure": "its own operations translated to engine inputs, its preemption made by pool "
+                               "pressure (a request holding blocks beside it until vLLM's scheduler preempted it)",
+                   }.get(self.how, "a targeted engine search")
             return (f"reachable through vLLM's scheduler with settings `{setup.cli_flags() or 'the release defaults'}` "
                     f"on {setup.model} (a toy model of {setup.toy.family}; the engine's other settings are the "
                     f"release's defaults): the same mechanism ({self.target.describe()}) shown by {how} and "
@@ -160,6 +173,63 @@ def _replay(proc: SubjectProcess, program: EngineProgram, target: Target, known)
     return False, None, derived
 
 
+def _preempted_at(proc: SubjectProcess, trial: EngineProgram, victim: str) -> int | None:
+    """The index of the trial's operation whose ``schedule()`` preempted
+    ``victim`` (None: none did, or vLLM did not build the engine)."""
+    index = -1
+    for record in drive_engine_program(proc, trial, through=True):
+        if record.op["do"] == "open":
+            if record.found:
+                return None
+            continue
+        index += 1
+        scheduled = (record.answer.get("scheduled") or {}).get("result") or {}
+        if victim in scheduled.get("preempted", ()):
+            return index
+    return None
+
+
+def _under_pressure(proc: SubjectProcess, program: Program, setup: EngineSetup, derived: dict[str, Any],
+                    target: Target, known, others: dict[str, int]) -> tuple[int, EngineProgram | None, str]:
+    """The program's first preemption made by pool pressure on ``setup``'s
+    layout (``model.nearest_engine.pressure_trial``): for each pressure
+    request's length, the pool of one model-length request (or the next
+    vLLM builds), the trial driven until vLLM preempts the request, then the
+    rest of the program replayed.  Returns the programs driven, the one that
+    showed the target (None: none), and what the pressure did."""
+    scale = scale_for(program, setup)
+    translated, _ = translate(program, setup, scale)
+    driven = 0
+    preempted = 0
+    for filler in PRESSURE_FILLERS:
+        base = pressure_pool(derived)
+        for pool in range(base, base + PRESSURE_POOL_TRIES):
+            pressured = attrs.evolve(translated, setup=attrs.evolve(setup, num_gpu_blocks=pool))
+            made = pressure_trial(program, pressured, filler, MAX_MODEL_LEN + 16)
+            if made is None:
+                return driven, None, "no preemption"
+            trial, rest, victim = made
+            try:
+                driven += 1
+                at = _preempted_at(proc, trial, victim)
+            except InfrastructureError as error:
+                if str(error).startswith("this subject cannot build the engine"):
+                    return driven, None, "not built"
+                raise
+            if at is None:
+                continue  # not preempted (or this pool not built): the next pool
+            preempted += 1
+            candidate = after_preemption(trial, at, rest)
+            driven += 1
+            shown, other, _ = _replay(proc, candidate, target, known)
+            if shown:
+                return driven, candidate, f"{victim} preempted"
+            if other is not None:
+                others[other] = others.get(other, 0) + 1
+            break
+    return driven, None, f"the request preempted in {preempted} of {len(PRESSURE_FILLERS)} pressure trial(s)"
+
+
 def _search(proc: SubjectProcess, setups: list[EngineSetup], target: Target, known,
             others: dict[str, int]) -> tuple[EngineProgram | None, dict[str, Any] | None]:
     """The engine machine over ``setups`` only: the first program that shows the target, or None."""
@@ -200,17 +270,20 @@ def reproduce_through_engine(proc: SubjectProcess, program: Program, found: Disc
     the answer it came in) through vLLM's engine, within the fixed budget."""
     started = time.perf_counter()
     target = target_of(program, found, reply)
-    setups, notes = nearest_setups(program)
+    setups, notes = nearest_setups(program, plain=target.kind is None)
     known = tuple(known_bugs(proc.describe().get("vllm_version")))
     others: dict[str, int] = {}
     searched: list[str] = []
     buildable: list[EngineSetup] = []
     translation_notes: set[str] = set()
+    pressure_notes: list[str] = []
 
     def done(status: str, **kw) -> Reproduction:
         return Reproduction(status, target, tuple(searched), budget_text(translated, search),
                             time.perf_counter() - started,
-                            notes=tuple(notes) + tuple(sorted(translation_notes)), others=dict(others),
+                            notes=tuple(notes) + tuple(sorted(translation_notes))
+                            + tuple(f"preemption under pool pressure: {n}" for n in pressure_notes),
+                            others=dict(others),
                             search=search, **kw)
 
     translated = 0
@@ -238,6 +311,14 @@ def reproduce_through_engine(proc: SubjectProcess, program: Program, found: Disc
                 continue
             searched.append(setup.describe())
             buildable.append(setup)
+            if any(op["do"] == "preempt" for op in program.ops) and setup.kv_connector is None:
+                driven, candidate, pressure = _under_pressure(proc, program, setup, derived, target, known, others)
+                translated += driven
+                pressure_notes.append(f"{setup.model}: {pressure}")
+                if candidate is not None:
+                    again, _, settings = _replay(proc, candidate, target, known)
+                    if again:
+                        return done("reproduced", program=candidate, how="pressure", settings=settings)
         search = "ran" if buildable else "none built"
         if buildable:
             candidate, _ = _search(proc, buildable, target, known, others)

@@ -61,3 +61,30 @@ def test_the_mechanism_and_the_reach():
     assert reproduction_reach({"status": "reproduced", "summary": "reachable ..."}).hardening is False
     # A search that did not run to its end is not called hardening for want of a search.
     assert reproduction_reach({"status": "unknown", "summary": "unknown ..."}).hardening is False
+
+
+def test_an_eviction_is_a_failed_connector_load_and_a_preemption_is_made_by_pool_pressure():
+    from kvspec.model.engine import OWN_CONNECTOR
+    from kvspec.model.nearest_engine import PRESSURE_ID, after_preemption, preempt_points, pressure_trial
+
+    full = KVCacheGroup(GroupKind.FULL_ATTENTION, 2)
+    program = _program([full], OPS)
+    setups, _ = nearest_setups(program)
+    # The program evicts: a setup with kvspec's connector, recomputing from the failed block.
+    (failing,) = [s for s in setups if s.kv_connector == OWN_CONNECTOR]
+    assert failing.kv_load_failure_policy == "recompute"
+    engine, notes = translate(program, failing)
+    assert engine.ops[0]["load"] == {"offer": 2, "async": False, "delay": 0, "fail": 0}
+    assert not any("evict" in n for n in notes) and any("preempt" in n for n in notes)
+    # The preemption: after the arrival and the first step (two engine operations), of r0.
+    assert preempt_points(program) == [(2, "r0")]
+    plain, _ = translate(program, setups[0])
+    trial, rest, victim = pressure_trial(program, plain, filler=5, steps=3)
+    assert victim == "r0" and trial.ops[0]["id"] == PRESSURE_ID and len(trial.ops[0]["tokens"]) == 5
+    assert [op["do"] for op in trial.ops] == ["arrive", "arrive", "step", "step", "step", "step"]
+    assert trial.ops[1]["max_tokens"] == 256 - 3  # runs to the model length: it holds blocks until preempted
+    assert rest == [dict(op) for op in plain.ops[2:]]
+    cut = after_preemption(trial, 3, rest)
+    assert [op["do"] for op in cut.ops[:5]] == ["arrive", "arrive", "step", "step", "abort"]
+    assert cut.ops[4]["id"] == PRESSURE_ID and list(cut.ops[5:]) == rest
+    assert pressure_trial(_program([full], OPS[:2]), plain, 5, 3) is None  # no preemption, no trial
