@@ -1,4 +1,4 @@
-"""A stateful finding, reproduced through vLLM's engine -- or labelled hand-built only.
+"""A stateful or registration finding, reproduced through vLLM's engine -- or labelled hand-built only.
 
 The stateful differential (``diff_tests/stateful.py``) is the fast inner
 level: it drives a ``KVCacheManager`` on a ``KVCacheConfig`` kvspec built by
@@ -25,6 +25,14 @@ before kvspec says "reachable through vLLM's scheduler"; otherwise the
 finding is hand-built only, and the budget and the configurations searched
 are said with it.  A reproduction that could not run (the worker failed) is
 said to be unknown, never "not reproduced".
+
+A registration finding (under- or over-registration, a block mismatch: a
+case of one request on a hand-built geometry) takes the same path
+(``reproduce_case_through_engine``): its case as a stateful program, the
+same configurations, translation and search, with every ``cache_blocks``
+call the real Scheduler makes held to the registration bound as the
+registration differential holds its own (on layouts of two or more groups
+with prefix caching on: the hybrid coordinator's bound).
 """
 
 from __future__ import annotations
@@ -41,22 +49,28 @@ from kvspec.model.errors import InfrastructureError, KvspecError
 from kvspec.model.finding import Category
 from kvspec.model.known import known_bugs, recognise
 from kvspec.model.outcome import Outcome
-from kvspec.model.nearest_engine import (MAX_MODEL_LEN, Target, after_preemption, group_kind, nearest_setups,
-                                         pressure_pool, pressure_trial, scale_for, translate)
+from kvspec.model.capabilities import expected_regime
+from kvspec.model.engine import derived_config
+from kvspec.model.nearest_engine import (MAX_MODEL_LEN, Target, after_preemption, mechanism_kind,
+                                         nearest_setups, pressure_pool, pressure_trial, program_of_case, scale_for,
+                                         translate)
 from kvspec.model.program import Program
-from kvspec.oracles.registration import Discrepancy
+from kvspec.oracles.registration import Discrepancy, check_calls
 from kvspec.subjects.process import SubjectProcess
 
 from .engine import EngineResult, drive_engine_program, engine_machine
 from .property import Failure
 from .stateful import _exception, _machine_test, run_machine_test
 
-__all__ = ["SEARCH_EXAMPLES", "SEARCH_SEED", "SEARCH_STEPS", "Reproduction", "target_of", "reproduce_through_engine",
-           "budget_text"]
+__all__ = ["SEARCH_EXAMPLES", "SEARCH_SEED", "SEARCH_STEPS", "REGISTRATION", "RegistrationBound", "Reproduction", "target_of",
+           "reproduce_through_engine", "reproduce_case_through_engine", "budget_text"]
 
 SEARCH_EXAMPLES = 40  # engine programs of the targeted search
 SEARCH_SEED = 0
 SEARCH_STEPS = 40  # rules a program, as the engine differential's
+# The registration differential's categories: looked for through the engine by
+# holding every cache_blocks call the scheduler makes to the registration bound.
+REGISTRATION = (Category.UNDER_REGISTRATION.value, Category.OVER_REGISTRATION.value, Category.BLOCK_MISMATCH.value)
 # A preemption translated under pool pressure (model.nearest_engine.pressure_trial):
 # the pressure request's prompt lengths tried, and the pools tried above the
 # pressure pool when vLLM refuses it.
@@ -132,7 +146,7 @@ def target_of(program: Program, found: Discrepancy, reply: dict[str, Any]) -> Ta
     """The finding's mechanism: its category, the kind of the group it names, a crash's exception."""
     kinds = [g.kind.value for g in program.config.groups]
     exception = _exception(reply) if found.category is Category.SUBJECT_CRASH else None
-    return Target(found.category.value, group_kind(found.detail, kinds), exception)
+    return Target(found.category.value, mechanism_kind(found, kinds), exception)
 
 
 def _matches(target: Target, found: list[Discrepancy] | tuple[Discrepancy, ...], answer: dict[str, Any],
@@ -144,8 +158,39 @@ def _matches(target: Target, found: list[Discrepancy] | tuple[Discrepancy, ...],
         return False
     if target.kind is not None:
         kinds = [g["kind"] for g in derived.get("groups", ())]
-        return group_kind(first.detail, kinds) == target.kind
+        return mechanism_kind(first, kinds) == target.kind
     return True
+
+
+class RegistrationBound:
+    """Every ``cache_blocks`` call the scheduler makes (the worker records
+    each, per request) held to the registration bound, as the registration
+    differential holds its calls (``oracles.registration.check_calls``), on
+    the geometry and regime vLLM built for the engine: on layouts of two or
+    more groups with prefix caching on (the hybrid coordinator, whose bound
+    it is)."""
+
+    def __init__(self, derived: dict[str, Any], capabilities) -> None:
+        self.config = derived_config(derived)
+        self.regime = expected_regime(self.config, capabilities)
+        self.calls: dict[str, list[dict[str, Any]]] = {}
+
+    def __call__(self, answer: dict[str, Any]) -> list[Discrepancy]:
+        if not self.config.enable_caching or len(self.config.groups) < 2:
+            # Nothing is registered (the coordinator without a prefix cache),
+            # or one group: vLLM's unitary coordinator hands each call's n to
+            # the group as is (it registers the whole blocks of it); the bound
+            # is the hybrid coordinator's, as in the registration differential.
+            return []
+        for part in (answer.get("scheduled"), answer):
+            for call in ((part or {}).get("result") or {}).get("registrations", ()):
+                calls = self.calls.setdefault(call["request"], [])
+                calls.append(call)
+                found = check_calls(self.config, self.regime, calls)
+                if found:
+                    return [attrs.evolve(found[0], detail=f"request {call['request']}'s cache_blocks call "
+                                                          f"{found[0].call} through the real Scheduler")]
+        return []
 
 
 def _replay(proc: SubjectProcess, program: EngineProgram, target: Target, known) -> tuple[bool, str | None,
@@ -153,6 +198,7 @@ def _replay(proc: SubjectProcess, program: EngineProgram, target: Target, known)
     """Replay ``program``: whether it shows the target (not a known vLLM bug),
     the category it showed otherwise, and what vLLM built (None: refused)."""
     derived = None
+    bound = None
     records = drive_engine_program(proc, program)
     try:
         first = next(records)
@@ -165,8 +211,12 @@ def _replay(proc: SubjectProcess, program: EngineProgram, target: Target, known)
             if record.found:
                 return False, None, None  # vLLM's configuration code refused these flags: not an engine it runs
             derived = record.answer.get("derived") or {}
+            if target.category in REGISTRATION:
+                bound = RegistrationBound(derived, proc.capabilities)
             continue
-        if record.found:
+        found = record.found or (tuple(bound(record.answer)) if bound is not None else ())
+        if found:
+            record = attrs.evolve(record, found=found)
             if recognise(known, record.found) is not None:
                 return False, None, derived
             return _matches(target, record.found, record.answer, derived or {}), record.found[0].category.value, derived
@@ -239,6 +289,15 @@ def _search(proc: SubjectProcess, setups: list[EngineSetup], target: Target, kno
                              setups=st.sampled_from(setups))
 
     class Targeted(machine):  # type: ignore[valid-type, misc]
+        bound = None
+
+        def check_more(self, answer):
+            if target.category not in REGISTRATION:
+                return []
+            if self.bound is None:
+                self.bound = RegistrationBound(self.derived, proc.capabilities)
+            return self.bound(answer)
+
         def _fail(self, found, reply):
             if recognise(known, found) is None and not _matches(target, found, reply, self.derived):
                 # Another mechanism: counted, the program ends there, the search goes on.
@@ -268,8 +327,23 @@ def reproduce_through_engine(proc: SubjectProcess, program: Program, found: Disc
                              reply: dict[str, Any]) -> Reproduction:
     """Look for the stateful finding (its program, its first discrepancy and
     the answer it came in) through vLLM's engine, within the fixed budget."""
+    return _reproduce(proc, program, target_of(program, found, reply))
+
+
+def reproduce_case_through_engine(proc: SubjectProcess, case, found: Discrepancy) -> Reproduction:
+    """Look for a registration finding (its minimal case and its first
+    discrepancy) through vLLM's engine the same way: the case as a stateful
+    program (``model.nearest_engine.program_of_case``), the same nearest
+    configurations, translation and targeted search, every ``cache_blocks``
+    call the scheduler makes held to the registration bound; the same
+    mechanism is the same category in a group of the same kind."""
+    program = program_of_case(case)
+    kinds = [g.kind.value for g in case.config.groups]
+    return _reproduce(proc, program, Target(found.category.value, mechanism_kind(found, kinds)))
+
+
+def _reproduce(proc: SubjectProcess, program: Program, target: Target) -> Reproduction:
     started = time.perf_counter()
-    target = target_of(program, found, reply)
     setups, notes = nearest_setups(program, plain=target.kind is None)
     known = tuple(known_bugs(proc.describe().get("vllm_version")))
     others: dict[str, int] = {}

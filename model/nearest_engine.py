@@ -25,12 +25,14 @@ from typing import Any
 
 import attrs
 
-from .domain import GroupKind
+from .domain import GroupKind, HashScheme
 from .engine import OWN_CONNECTOR, TOY_MODELS, EngineProgram, EngineSetup
+from .case import MAX_TOKENS
 from .program import Program
 
 __all__ = ["MAX_MODEL_LEN", "PRESSURE_ID", "nearest_setups", "translate", "scale_for", "reproduction_reach", "group_kind",
-           "Target", "preempt_points", "pressure_pool", "pressure_trial", "after_preemption"]
+           "Target", "preempt_points", "pressure_pool", "pressure_trial", "after_preemption", "program_of_case",
+           "mechanism_kind"]
 
 # The engine's model length for a reproduction: the stateful draw's 128 tokens
 # plus room for decoded tokens and drafts past it.
@@ -69,6 +71,56 @@ def group_kind(detail: str, kinds: list[str]) -> str | None:
     return kinds[index] if index < len(kinds) else None
 
 
+def mechanism_kind(found, kinds: list[str]) -> str | None:
+    """The kind of the group a discrepancy is about: for a registration
+    one, the first group whose tokens or blocks differ from the spec's; else
+    the first group its detail names (None: none)."""
+    expected, observed = tuple(found.expected_tokens or ()), tuple(found.observed_tokens or ())
+    if expected and observed:
+        pairs = list(zip(expected, observed))
+        if expected == observed:
+            pairs = list(zip(found.expected_blocks or (), found.observed_blocks or ()))
+        for index, (want, got) in enumerate(pairs):
+            if want != got and index < len(kinds):
+                return kinds[index]
+    return group_kind(found.detail, kinds)
+
+
+def program_of_case(case) -> Program:
+    """A registration case (one request's steps on a geometry, maybe a later
+    request's lookup) as a stateful program, so that it is looked for
+    through the engine as a stateful finding is: the writer arrives with its
+    prompt, one scheduler step a case step (a prefill chunk is the step's
+    token budget; a decode carries its drafts), then the lookup's request
+    (the writer's prompt tokens it shares, and its own) and one step."""
+    ops: list[dict[str, Any]] = [{"do": "arrive", "id": "r0", "tokens": list(range(1, case.prompt_len + 1))}]
+    for step in case.steps:
+        if step.kind == "prefill":
+            ops.append({"do": "schedule", "budget": step.tokens})
+        elif step.drafts:
+            ops.append({"do": "schedule", "drafts": step.drafts, "accepted": step.accepted})
+        else:
+            ops.append({"do": "schedule"})
+    if case.probe is not None:
+        shared = min(case.probe.shared, case.prompt_len)
+        ops.append({"do": "arrive", "id": "r1",
+                    "tokens": list(range(1, shared + 1)) + [50_000 + i for i in range(case.probe.extra)]})
+        ops.append({"do": "schedule"})
+    # The pool is no part of a registration case: about two longest requests.
+    S = case.config.scheduler_block_size
+    pool = len(case.config.groups) * -(-2 * case.max_model_len // S)
+    return Program(case.config, min(pool, 2 * MAX_TOKENS), min(case.max_model_len, 2 * MAX_TOKENS), ops,
+                   num_hash_lookahead_tokens=case.config.num_hash_lookahead_tokens)
+
+
+def _model_len(program: Program) -> int:
+    """The engine's model length for the program: ``MAX_MODEL_LEN``, or room
+    for its longest prompt and a few tokens past it (a registration case's
+    prompt may be longer), in whole ``MAX_MODEL_LEN`` units."""
+    longest = max([len(op.get("tokens", ())) for op in program.ops] + [0]) + 64
+    return max(1, -(-longest // MAX_MODEL_LEN)) * MAX_MODEL_LEN
+
+
 def _models_for(program: Program) -> list[str]:
     """The toy models whose layouts carry the program's group kinds, nearest first."""
     kinds = {g.kind for g in program.config.groups}
@@ -86,7 +138,7 @@ def _pool(program: Program, toy, block: int) -> int:
     """About the program's pool in tokens, in engine blocks; at least what one
     longest engine request needs (vLLM refuses a smaller pool)."""
     attention = 1 + any(kind.startswith("sliding") for kind in toy.layers)
-    need = attention * -(-MAX_MODEL_LEN // block) + 2 + 2 * sum(kind == "mamba" for kind in toy.layers)
+    need = attention * -(-_model_len(program) // block) + 2 + 2 * sum(kind == "mamba" for kind in toy.layers)
     S = program.config.scheduler_block_size
     per_group = program.num_blocks // max(1, len(program.config.groups))
     return max(need, -(-per_group * S // block) * attention)
@@ -113,7 +165,7 @@ def nearest_setups(program: Program, plain: bool = False) -> tuple[list[EngineSe
         S = config.scheduler_block_size
         block = (16 if S <= 16 else 32) if toy.attention_block else None
         unit = block or 16
-        flags: dict[str, Any] = {"model": name, "max_model_len": MAX_MODEL_LEN, "block_size": block}
+        flags: dict[str, Any] = {"model": name, "max_model_len": _model_len(program), "block_size": block}
         if not config.enable_caching and not toy.hybrid:
             flags["prefix_caching"] = False
         if program.retention_interval is not None and (toy.hybrid or "sliding" in "".join(toy.layers)):
@@ -122,7 +174,8 @@ def nearest_setups(program: Program, plain: bool = False) -> tuple[list[EngineSe
             flags["reserve_full_isl"] = False
         if eagle and toy.drafter is not None:
             flags["num_speculative_tokens"] = max([op.get("drafts", 0) for op in program.ops] + [1])
-            flags["legacy_hashes"] = True  # the EAGLE drop live, as on the hand-built manager
+            if config.hash_scheme is not HashScheme.LOOKAHEAD:
+                flags["legacy_hashes"] = True  # the EAGLE drop live, as on the hand-built manager
         if external:
             flags["kv_connector"] = OWN_CONNECTOR
         pool = _pool(program, toy, unit)
@@ -138,7 +191,7 @@ def nearest_setups(program: Program, plain: bool = False) -> tuple[list[EngineSe
             setups.append(attrs.evolve(nearest, max_num_batched_tokens=budgets[0]))
         # The same layout with the release's defaults and a tighter pool (preemption, eviction).
         defaults = EngineSetup(model=name, num_gpu_blocks=_pool(attrs.evolve(program, num_blocks=1), toy, unit),
-                               max_model_len=MAX_MODEL_LEN, block_size=block)
+                               max_model_len=_model_len(program), block_size=block)
         if defaults != nearest:
             setups.append(defaults)
     kinds = {g.kind for g in config.groups}

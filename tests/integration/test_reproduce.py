@@ -110,3 +110,43 @@ def test_a_preemption_is_made_by_pool_pressure_and_the_finding_is_reachable():
         assert found and found[0].category is Category.SUBJECT_CRASH and "AssertionError" in found[0].detail
     with SubjectProcess(release(NEWEST)) as proc:
         assert replay_engine_program(proc, engine)[0] == []  # the release holds: no false alarm
+
+
+def test_a_registration_finding_is_looked_for_through_the_engine_and_reachable():
+    # eagle_rule_everywhere applies the EAGLE bound to every group: the
+    # registration differential's minimal case (0.34.0, seed 0) registers a
+    # whole prompt where the spec floors it to the scheduler block.  The same
+    # reproduction as a stateful finding's, every cache_blocks call the real
+    # Scheduler makes held to the registration bound.
+    from kvspec.diff_tests.reproduce import reproduce_case_through_engine
+    from kvspec.model.case import Case
+    from kvspec.oracles.lookup import check_case
+    from kvspec.subjects.protocol import case_message
+
+    case = Case.from_dict({"config": {"groups": [
+        {"block_size": 576, "eagle": False, "kind": "mamba_align", "sliding_window": 0},
+        {"block_size": 576, "eagle": False, "kind": "full_attention", "sliding_window": 0}],
+        "scheduler_block_size": 576, "hash_block_size": 576, "enable_caching": True, "num_prefill_lookahead": 0,
+        "dcp_world_size": 1, "allow_partial_hash_hits": True},
+        "prompt_len": 1578, "steps": [{"kind": "prefill", "tokens": 1578, "drafts": 0, "accepted": 0}]})
+    with SubjectProcess(mutant_subject(NEWEST, "eagle_rule_everywhere")) as proc:
+        (found, *_) = check_case(case, proc.capabilities, proc.run(case_message(case)))
+        assert found.category is Category.OVER_REGISTRATION
+        reproduction = reproduce_case_through_engine(proc, case, found)
+        assert reproduction.status == "reproduced", reproduction.summary
+        assert reproduction.target.category == "over_registration" and reproduction.target.kind == "mamba_align"
+        assert reproduction.summary.startswith("reachable through vLLM's scheduler with settings")
+        engine = reproduction.program
+        assert engine.setup.model == "toy-nemotron-h" and engine.setup.max_model_len >= 1578 + 64
+    # The engine program on the release: every cache_blocks call within the bound, no false alarm.
+    from kvspec.diff_tests.engine import drive_engine_program
+    from kvspec.diff_tests.reproduce import RegistrationBound
+
+    with SubjectProcess(release(NEWEST)) as proc:
+        bound = None
+        for record in drive_engine_program(proc, engine):
+            if record.op["do"] == "open":
+                bound = RegistrationBound(record.answer["derived"], proc.capabilities)
+                continue
+            assert not record.found and bound(record.answer) == []
+        assert sum(len(calls) for calls in bound.calls.values()) >= 2  # the bound was held on real calls

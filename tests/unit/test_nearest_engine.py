@@ -88,3 +88,41 @@ def test_an_eviction_is_a_failed_connector_load_and_a_preemption_is_made_by_pool
     assert [op["do"] for op in cut.ops[:5]] == ["arrive", "arrive", "step", "step", "abort"]
     assert cut.ops[4]["id"] == PRESSURE_ID and list(cut.ops[5:]) == rest
     assert pressure_trial(_program([full], OPS[:2]), plain, 5, 3) is None  # no preemption, no trial
+
+
+def test_a_registration_case_is_a_program_and_its_mechanism_is_the_group_that_differs():
+    from kvspec.model.case import Case, LookupProbe, decode, prefill
+    from kvspec.model.finding import Category
+    from kvspec.model.nearest_engine import mechanism_kind, program_of_case
+    from kvspec.oracles.registration import Discrepancy
+
+    mamba, full = KVCacheGroup(GroupKind.MAMBA_ALIGN, 8), KVCacheGroup(GroupKind.FULL_ATTENTION, 8)
+    config = CoordinatorConfig((mamba, full), scheduler_block_size=8, hash_block_size=8)
+    case = Case(config, 20, (prefill(16), prefill(4), decode(2, 1)), LookupProbe(12, 3))
+    program = program_of_case(case)
+    assert [op["do"] for op in program.ops] == ["arrive", "schedule", "schedule", "schedule", "arrive", "schedule"]
+    assert program.ops[0]["tokens"] == list(range(1, 21)) and program.ops[1] == {"do": "schedule", "budget": 16}
+    assert program.ops[3] == {"do": "schedule", "drafts": 2, "accepted": 1}
+    assert program.ops[4]["tokens"][:12] == list(range(1, 13)) and len(program.ops[4]["tokens"]) == 15
+    under = Discrepancy(Category.UNDER_REGISTRATION, 0, 20, (16, 16), (16, 8), (2, 2), (2, 1))
+    assert mechanism_kind(under, ["mamba_align", "full_attention"]) == "full_attention"
+    blocks = Discrepancy(Category.BLOCK_MISMATCH, 0, 20, (16, 16), (16, 16), (2, 2), (1, 2))
+    assert mechanism_kind(blocks, ["mamba_align", "full_attention"]) == "mamba_align"
+
+
+def test_a_registration_findings_reach_says_what_the_engine_showed():
+    from kvspec.model.finding import Reach
+    from kvspec.reach import with_engine_reach
+
+    profiles = Reach("On vLLM 0.34.0, x reaches 1 of 18 deployment profiles", ({"profile": "p"},), None)
+    shown = with_engine_reach(profiles, {"status": "reproduced", "summary": "reachable through vLLM's scheduler with "
+                                                                           "settings `--block-size 16` on toy-gpt-oss"})
+    assert shown.summary.startswith("reachable through vLLM's scheduler") and not shown.hardening
+    assert "Deployment profiles: On vLLM 0.34.0" in shown.summary and shown.profiles == profiles.profiles
+    missed = {"status": "not reproduced", "summary": "hand-built only: not reproduced through the engine in ..."}
+    # Profiles vLLM's own code derived reach it: not hardening, the search said beside them.
+    kept = with_engine_reach(profiles, missed)
+    assert not kept.hardening and kept.summary.startswith("On vLLM 0.34.0")
+    assert "through vLLM's engine: not reproduced through the engine in" in kept.summary
+    nowhere = with_engine_reach(Reach("no known deployment reaches it", hardening=True), missed)
+    assert nowhere.hardening and nowhere.summary.startswith("hand-built only: no known deployment")
