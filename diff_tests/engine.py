@@ -80,6 +80,8 @@ class EngineResult(StatefulResult):
     owed_lookups: int = 0  # lookups retention owed a hit (model.retention): how often retention_hit bit
     # Why no retention interval was drawn ("": it was): the release's EngineArgs takes none.
     retention_not_drawn: str = ""
+    # What else was not drawn, and why (``not_drawn``): legacy hashes, a toy model.
+    not_drawn: dict[str, str] = attrs.Factory(dict)
     differential = "engine"
 
     def note_settings(self, derived: dict[str, Any]) -> None:
@@ -107,6 +109,10 @@ class EngineResult(StatefulResult):
         if self.retention_not_drawn:
             parts.append(f"the prefix-cache retention interval is not expressible on this release "
                          f"({self.retention_not_drawn}): not drawn, every engine ran the release's own retention")
+        for key, why in sorted(self.not_drawn.items()):
+            what = ("legacy block hashes (--speculative-config disable_lookahead_block_hashes)"
+                    if key == "legacy_hashes" else f"the toy model {key}")
+            parts.append(f"{what} not drawn on this release: {why}")
         for name, first in sorted(self.known_first.items()):
             parts.append(f"known vLLM bug {name} met in {self.known_met[name]} program(s), each ended there (the "
                          f"state after it is not checked; the search went on with the next program); first: {first}")
@@ -128,6 +134,7 @@ class EngineResult(StatefulResult):
         out["engine_settings"] = self.settings
         out["retention_owed_lookups"] = self.owed_lookups
         out["retention_not_drawn"] = self.retention_not_drawn or None
+        out["not_drawn"] = dict(self.not_drawn)
         return out
 
 
@@ -136,12 +143,16 @@ _MAYBE_BOOL = st.sampled_from((None, None, True, False))
 
 
 @st.composite
-def engine_setups(draw, retention: bool = True) -> EngineSetup:
+def engine_setups(draw, retention: bool = True, legacy_hashes: bool = True,
+                  models: tuple[str, ...] | None = None) -> EngineSetup:
     """Engine flags over a toy model: each setting left to the release's
     default half the time (so defaults are what is drawn most).  ``retention``
     off: no retention interval drawn (a release whose EngineArgs takes none,
-    before 0.29: every such setup would be refused)."""
-    model = draw(_MODEL)
+    before 0.29: every such setup would be refused); ``legacy_hashes`` off:
+    no ``disable_lookahead_block_hashes`` (before 0.33 the speculative config
+    has none); ``models``: the toy models drawn (default: all; a release whose
+    engine builds a layout kvspec cannot model is drawn without that toy)."""
+    model = draw(_MODEL if models is None else st.sampled_from(models))
     toy = next(m for m in TOY_MODELS if m.name == model)
     block = draw(st.sampled_from((None, 16, 32))) if toy.attention_block else None
     max_model_len = 256
@@ -162,7 +173,7 @@ def engine_setups(draw, retention: bool = True) -> EngineSetup:
         retention_interval=draw(st.sampled_from((None, None, None, 0, 64))) if retention and (
             toy.hybrid or "sliding" in "".join(toy.layers)) else None,
         async_scheduling=draw(_MAYBE_BOOL), reserve_full_isl=draw(_MAYBE_BOOL),
-        **_connector(draw), **_speculative(draw, toy))
+        **_connector(draw), **_speculative(draw, toy, legacy_hashes))
 
 
 def _connector(draw) -> dict[str, Any]:
@@ -186,12 +197,14 @@ _LOAD = st.one_of(st.none(), st.tuples(st.integers(0, 4), st.sampled_from((0, 1,
                                        st.integers(0, 3), st.sampled_from((None, None, 0, 1, 2))))
 
 
-def _speculative(draw, toy) -> dict[str, Any]:
+def _speculative(draw, toy, legacy: bool = True) -> dict[str, Any]:
     """EAGLE3 with the toy's drafter in one program in three where it has one,
-    under the release's default hashes or legacy ones (the EAGLE drop live)."""
+    under the release's default hashes or legacy ones (the EAGLE drop live;
+    ``legacy`` off: the release's only)."""
     if toy.drafter is None or not draw(st.sampled_from((False, False, True))):
         return {}
-    return {"num_speculative_tokens": draw(st.integers(1, 3)), "legacy_hashes": draw(st.sampled_from((None, True)))}
+    return {"num_speculative_tokens": draw(st.integers(1, 3)),
+            "legacy_hashes": draw(st.sampled_from((None, True))) if legacy else None}
 
 
 # An arrival: family, whole blocks of its shared prefix, extra tokens, a suffix
@@ -299,6 +312,11 @@ def engine_machine(subject: SubjectProcess | Callable[[], SubjectProcess], on_pr
             on_violation(failure)
             raise _violation(failure)
 
+        def check_more(self, answer: dict[str, Any]) -> list[Discrepancy]:
+            """Rules beyond the state's (none here; a reproduction of a
+            registration finding adds the registration bound's)."""
+            return []
+
         def taken(self) -> EngineProgram:
             assert self.program is not None
             return self.program.with_ops(self.ops)
@@ -317,7 +335,7 @@ def engine_machine(subject: SubjectProcess | Callable[[], SubjectProcess], on_pr
                                                  f"{reply.error.message} (a kvspec bug, not vLLM's)"))
             for op, answer in zip(ops, reply.get("answers", ())):
                 self.ops.append(op)
-                found = check_answer(self.oracle, op, answer)
+                found = check_answer(self.oracle, op, answer) or self.check_more(answer)
                 if found:
                     self._fail(found, answer)
                     return
@@ -488,8 +506,12 @@ def fuzz_engine(proc: SubjectProcess, max_examples: int, seed: int, database: Ex
 
     known = () if include_known else tuple(known_bugs(result.subject.get("vllm_version")))
     result.retention_not_drawn = retention_not_expressible(proc)
+    result.not_drawn = not_drawn(proc)
+    models = tuple(m.name for m in TOY_MODELS if m.name not in result.not_drawn)
     machine_class = engine_machine(proc, on_program, on_violation, known, on_known,
-                                   setups=engine_setups(retention=not result.retention_not_drawn))
+                                   setups=engine_setups(retention=not result.retention_not_drawn,
+                                                        legacy_hashes="legacy_hashes" not in result.not_drawn,
+                                                        models=models or None))
 
     class Counted(machine_class):  # type: ignore[valid-type, misc]
         def teardown(self) -> None:
@@ -533,6 +555,36 @@ def retention_not_expressible(proc: SubjectProcess) -> str:
     if opened.failed_as(ErrorKind.UNSUPPORTED) and "prefix_cache_retention_interval" in opened.error.message:
         return opened.error.message
     return ""
+
+
+def not_drawn(proc: SubjectProcess) -> dict[str, str]:
+    """What else this release's engine cannot take, asked once, each with
+    why: ``legacy_hashes`` when its speculative config has no
+    ``disable_lookahead_block_hashes`` (before 0.33; vLLM refuses the
+    keyword), and each toy model whose default engine builds a layout
+    kvspec's state model does not know (0.25's Nemotron-H: Mamba groups
+    without prefix caching, ``mamba_none``).  An answer that is not one of
+    these (the worker failed) decides nothing: the run's own engines meet it."""
+    out: dict[str, str] = {}
+    probes = [("legacy_hashes", EngineSetup(model="toy-llama", num_gpu_blocks=64, num_speculative_tokens=1,
+                                            legacy_hashes=True))]
+    probes += [(m.name, EngineSetup(model=m.name, num_gpu_blocks=64)) for m in TOY_MODELS if m.hybrid]
+    for key, probe in probes:
+        try:
+            opened = proc.session({"op": "open_engine", "setup": probe.message()})
+        except KvspecError:
+            return out
+        if key == "legacy_hashes":
+            if not opened.ok and "disable_lookahead_block_hashes" in opened.error.message:
+                out[key] = f"the release's speculative config refuses disable_lookahead_block_hashes " \
+                           f"({opened.error.message.splitlines()[0][:120]})"
+            continue
+        if opened.ok:
+            try:
+                derived_config(opened["derived"])
+            except KvspecError as error:
+                out[key] = f"its default engine builds a layout kvspec cannot model ({error})"
+    return out
 
 
 @attrs.frozen

@@ -1,4 +1,4 @@
-"""A stateful finding, reproduced through vLLM's engine -- or labelled hand-built only.
+"""A stateful or registration finding, reproduced through vLLM's engine -- or labelled hand-built only.
 
 The stateful differential (``diff_tests/stateful.py``) is the fast inner
 level: it drives a ``KVCacheManager`` on a ``KVCacheConfig`` kvspec built by
@@ -8,7 +8,12 @@ is then looked for through the engine (``diff_tests/engine.py``: vLLM's real
 flags), within a fixed, deterministic budget:
 
 1. the program translated to engine inputs on each of the nearest engine
-   configurations (``model/nearest_engine.py``) and replayed;
+   configurations (``model/nearest_engine.py``) and replayed; an eviction
+   becomes a load kvspec's connector fails (a setup with that connector);
+   a preemption, which the engine takes as no input, is made by pool
+   pressure: a request holding blocks beside the preempted one on a pool of
+   one model-length request, driven until vLLM's scheduler preempts it,
+   then aborted, and the rest of the program replayed (``_under_pressure``);
 2. if none shows the finding's mechanism, a targeted search: the engine
    machine's own rules over those configurations only, ``SEARCH_EXAMPLES``
    programs from seed ``SEARCH_SEED``, no example database, no shrinking.
@@ -20,6 +25,14 @@ before kvspec says "reachable through vLLM's scheduler"; otherwise the
 finding is hand-built only, and the budget and the configurations searched
 are said with it.  A reproduction that could not run (the worker failed) is
 said to be unknown, never "not reproduced".
+
+A registration finding (under- or over-registration, a block mismatch: a
+case of one request on a hand-built geometry) takes the same path
+(``reproduce_case_through_engine``): its case as a stateful program, the
+same configurations, translation and search, with every ``cache_blocks``
+call the real Scheduler makes held to the registration bound as the
+registration differential holds its own (on layouts of two or more groups
+with prefix caching on: the hybrid coordinator's bound).
 """
 
 from __future__ import annotations
@@ -36,21 +49,33 @@ from kvspec.model.errors import InfrastructureError, KvspecError
 from kvspec.model.finding import Category
 from kvspec.model.known import known_bugs, recognise
 from kvspec.model.outcome import Outcome
-from kvspec.model.nearest_engine import Target, group_kind, nearest_setups, scale_for, translate
+from kvspec.model.capabilities import expected_regime
+from kvspec.model.engine import derived_config
+from kvspec.model.nearest_engine import (MAX_MODEL_LEN, Target, after_preemption, mechanism_kind,
+                                         nearest_setups, pressure_pool, pressure_trial, program_of_case, scale_for,
+                                         translate)
 from kvspec.model.program import Program
-from kvspec.oracles.registration import Discrepancy
+from kvspec.oracles.registration import Discrepancy, check_calls
 from kvspec.subjects.process import SubjectProcess
 
 from .engine import EngineResult, drive_engine_program, engine_machine
 from .property import Failure
 from .stateful import _exception, _machine_test, run_machine_test
 
-__all__ = ["SEARCH_EXAMPLES", "SEARCH_SEED", "SEARCH_STEPS", "Reproduction", "target_of", "reproduce_through_engine",
-           "budget_text"]
+__all__ = ["SEARCH_EXAMPLES", "SEARCH_SEED", "SEARCH_STEPS", "REGISTRATION", "RegistrationBound", "Reproduction", "target_of",
+           "reproduce_through_engine", "reproduce_case_through_engine", "budget_text"]
 
 SEARCH_EXAMPLES = 40  # engine programs of the targeted search
 SEARCH_SEED = 0
 SEARCH_STEPS = 40  # rules a program, as the engine differential's
+# The registration differential's categories: looked for through the engine by
+# holding every cache_blocks call the scheduler makes to the registration bound.
+REGISTRATION = (Category.UNDER_REGISTRATION.value, Category.OVER_REGISTRATION.value, Category.BLOCK_MISMATCH.value)
+# A preemption translated under pool pressure (model.nearest_engine.pressure_trial):
+# the pressure request's prompt lengths tried, and the pools tried above the
+# pressure pool when vLLM refuses it.
+PRESSURE_FILLERS = (1, 24)
+PRESSURE_POOL_TRIES = 3
 
 
 def budget_text(translated: int, search: str = "ran") -> str:
@@ -86,8 +111,10 @@ class Reproduction:
         if self.status == "reproduced":
             assert self.program is not None
             setup = self.program.setup
-            how = ("its own operations translated to engine inputs" if self.how == "translated"
-                   else "a targeted engine search")
+            how = {"translated": "its own operations translated to engine inputs",
+                   "pressure": "its own operations translated to engine inputs, its preemption made by pool "
+                               "pressure (a request holding blocks beside it until vLLM's scheduler preempted it)",
+                   }.get(self.how, "a targeted engine search")
             return (f"reachable through vLLM's scheduler with settings `{setup.cli_flags() or 'the release defaults'}` "
                     f"on {setup.model} (a toy model of {setup.toy.family}; the engine's other settings are the "
                     f"release's defaults): the same mechanism ({self.target.describe()}) shown by {how} and "
@@ -119,7 +146,7 @@ def target_of(program: Program, found: Discrepancy, reply: dict[str, Any]) -> Ta
     """The finding's mechanism: its category, the kind of the group it names, a crash's exception."""
     kinds = [g.kind.value for g in program.config.groups]
     exception = _exception(reply) if found.category is Category.SUBJECT_CRASH else None
-    return Target(found.category.value, group_kind(found.detail, kinds), exception)
+    return Target(found.category.value, mechanism_kind(found, kinds), exception)
 
 
 def _matches(target: Target, found: list[Discrepancy] | tuple[Discrepancy, ...], answer: dict[str, Any],
@@ -131,8 +158,39 @@ def _matches(target: Target, found: list[Discrepancy] | tuple[Discrepancy, ...],
         return False
     if target.kind is not None:
         kinds = [g["kind"] for g in derived.get("groups", ())]
-        return group_kind(first.detail, kinds) == target.kind
+        return mechanism_kind(first, kinds) == target.kind
     return True
+
+
+class RegistrationBound:
+    """Every ``cache_blocks`` call the scheduler makes (the worker records
+    each, per request) held to the registration bound, as the registration
+    differential holds its calls (``oracles.registration.check_calls``), on
+    the geometry and regime vLLM built for the engine: on layouts of two or
+    more groups with prefix caching on (the hybrid coordinator, whose bound
+    it is)."""
+
+    def __init__(self, derived: dict[str, Any], capabilities) -> None:
+        self.config = derived_config(derived)
+        self.regime = expected_regime(self.config, capabilities)
+        self.calls: dict[str, list[dict[str, Any]]] = {}
+
+    def __call__(self, answer: dict[str, Any]) -> list[Discrepancy]:
+        if not self.config.enable_caching or len(self.config.groups) < 2:
+            # Nothing is registered (the coordinator without a prefix cache),
+            # or one group: vLLM's unitary coordinator hands each call's n to
+            # the group as is (it registers the whole blocks of it); the bound
+            # is the hybrid coordinator's, as in the registration differential.
+            return []
+        for part in (answer.get("scheduled"), answer):
+            for call in ((part or {}).get("result") or {}).get("registrations", ()):
+                calls = self.calls.setdefault(call["request"], [])
+                calls.append(call)
+                found = check_calls(self.config, self.regime, calls)
+                if found:
+                    return [attrs.evolve(found[0], detail=f"request {call['request']}'s cache_blocks call "
+                                                          f"{found[0].call} through the real Scheduler")]
+        return []
 
 
 def _replay(proc: SubjectProcess, program: EngineProgram, target: Target, known) -> tuple[bool, str | None,
@@ -140,6 +198,7 @@ def _replay(proc: SubjectProcess, program: EngineProgram, target: Target, known)
     """Replay ``program``: whether it shows the target (not a known vLLM bug),
     the category it showed otherwise, and what vLLM built (None: refused)."""
     derived = None
+    bound = None
     records = drive_engine_program(proc, program)
     try:
         first = next(records)
@@ -152,12 +211,73 @@ def _replay(proc: SubjectProcess, program: EngineProgram, target: Target, known)
             if record.found:
                 return False, None, None  # vLLM's configuration code refused these flags: not an engine it runs
             derived = record.answer.get("derived") or {}
+            if target.category in REGISTRATION:
+                bound = RegistrationBound(derived, proc.capabilities)
             continue
-        if record.found:
+        found = record.found or (tuple(bound(record.answer)) if bound is not None else ())
+        if found:
+            record = attrs.evolve(record, found=found)
             if recognise(known, record.found) is not None:
                 return False, None, derived
             return _matches(target, record.found, record.answer, derived or {}), record.found[0].category.value, derived
     return False, None, derived
+
+
+def _preempted_at(proc: SubjectProcess, trial: EngineProgram, victim: str) -> int | None:
+    """The index of the trial's operation whose ``schedule()`` preempted
+    ``victim`` (None: none did, or vLLM did not build the engine)."""
+    index = -1
+    for record in drive_engine_program(proc, trial, through=True):
+        if record.op["do"] == "open":
+            if record.found:
+                return None
+            continue
+        index += 1
+        scheduled = (record.answer.get("scheduled") or {}).get("result") or {}
+        if victim in scheduled.get("preempted", ()):
+            return index
+    return None
+
+
+def _under_pressure(proc: SubjectProcess, program: Program, setup: EngineSetup, derived: dict[str, Any],
+                    target: Target, known, others: dict[str, int]) -> tuple[int, EngineProgram | None, str]:
+    """The program's first preemption made by pool pressure on ``setup``'s
+    layout (``model.nearest_engine.pressure_trial``): for each pressure
+    request's length, the pool of one model-length request (or the next
+    vLLM builds), the trial driven until vLLM preempts the request, then the
+    rest of the program replayed.  Returns the programs driven, the one that
+    showed the target (None: none), and what the pressure did."""
+    scale = scale_for(program, setup)
+    translated, _ = translate(program, setup, scale)
+    driven = 0
+    preempted = 0
+    for filler in PRESSURE_FILLERS:
+        base = pressure_pool(derived)
+        for pool in range(base, base + PRESSURE_POOL_TRIES):
+            pressured = attrs.evolve(translated, setup=attrs.evolve(setup, num_gpu_blocks=pool))
+            made = pressure_trial(program, pressured, filler, MAX_MODEL_LEN + 16)
+            if made is None:
+                return driven, None, "no preemption"
+            trial, rest, victim = made
+            try:
+                driven += 1
+                at = _preempted_at(proc, trial, victim)
+            except InfrastructureError as error:
+                if str(error).startswith("this subject cannot build the engine"):
+                    return driven, None, "not built"
+                raise
+            if at is None:
+                continue  # not preempted (or this pool not built): the next pool
+            preempted += 1
+            candidate = after_preemption(trial, at, rest)
+            driven += 1
+            shown, other, _ = _replay(proc, candidate, target, known)
+            if shown:
+                return driven, candidate, f"{victim} preempted"
+            if other is not None:
+                others[other] = others.get(other, 0) + 1
+            break
+    return driven, None, f"the request preempted in {preempted} of {len(PRESSURE_FILLERS)} pressure trial(s)"
 
 
 def _search(proc: SubjectProcess, setups: list[EngineSetup], target: Target, known,
@@ -169,6 +289,15 @@ def _search(proc: SubjectProcess, setups: list[EngineSetup], target: Target, kno
                              setups=st.sampled_from(setups))
 
     class Targeted(machine):  # type: ignore[valid-type, misc]
+        bound = None
+
+        def check_more(self, answer):
+            if target.category not in REGISTRATION:
+                return []
+            if self.bound is None:
+                self.bound = RegistrationBound(self.derived, proc.capabilities)
+            return self.bound(answer)
+
         def _fail(self, found, reply):
             if recognise(known, found) is None and not _matches(target, found, reply, self.derived):
                 # Another mechanism: counted, the program ends there, the search goes on.
@@ -198,19 +327,37 @@ def reproduce_through_engine(proc: SubjectProcess, program: Program, found: Disc
                              reply: dict[str, Any]) -> Reproduction:
     """Look for the stateful finding (its program, its first discrepancy and
     the answer it came in) through vLLM's engine, within the fixed budget."""
+    return _reproduce(proc, program, target_of(program, found, reply))
+
+
+def reproduce_case_through_engine(proc: SubjectProcess, case, found: Discrepancy) -> Reproduction:
+    """Look for a registration finding (its minimal case and its first
+    discrepancy) through vLLM's engine the same way: the case as a stateful
+    program (``model.nearest_engine.program_of_case``), the same nearest
+    configurations, translation and targeted search, every ``cache_blocks``
+    call the scheduler makes held to the registration bound; the same
+    mechanism is the same category in a group of the same kind."""
+    program = program_of_case(case)
+    kinds = [g.kind.value for g in case.config.groups]
+    return _reproduce(proc, program, Target(found.category.value, mechanism_kind(found, kinds)))
+
+
+def _reproduce(proc: SubjectProcess, program: Program, target: Target) -> Reproduction:
     started = time.perf_counter()
-    target = target_of(program, found, reply)
-    setups, notes = nearest_setups(program)
+    setups, notes = nearest_setups(program, plain=target.kind is None)
     known = tuple(known_bugs(proc.describe().get("vllm_version")))
     others: dict[str, int] = {}
     searched: list[str] = []
     buildable: list[EngineSetup] = []
     translation_notes: set[str] = set()
+    pressure_notes: list[str] = []
 
     def done(status: str, **kw) -> Reproduction:
         return Reproduction(status, target, tuple(searched), budget_text(translated, search),
                             time.perf_counter() - started,
-                            notes=tuple(notes) + tuple(sorted(translation_notes)), others=dict(others),
+                            notes=tuple(notes) + tuple(sorted(translation_notes))
+                            + tuple(f"preemption under pool pressure: {n}" for n in pressure_notes),
+                            others=dict(others),
                             search=search, **kw)
 
     translated = 0
@@ -238,6 +385,14 @@ def reproduce_through_engine(proc: SubjectProcess, program: Program, found: Disc
                 continue
             searched.append(setup.describe())
             buildable.append(setup)
+            if any(op["do"] == "preempt" for op in program.ops) and setup.kv_connector is None:
+                driven, candidate, pressure = _under_pressure(proc, program, setup, derived, target, known, others)
+                translated += driven
+                pressure_notes.append(f"{setup.model}: {pressure}")
+                if candidate is not None:
+                    again, _, settings = _replay(proc, candidate, target, known)
+                    if again:
+                        return done("reproduced", program=candidate, how="pressure", settings=settings)
         search = "ran" if buildable else "none built"
         if buildable:
             candidate, _ = _search(proc, buildable, target, known, others)

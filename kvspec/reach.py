@@ -275,7 +275,7 @@ def _assess(finding: Finding, *, proc=None, hitrate: bool = True,
     """The Reach and the knob lines generated from the same derivations."""
     from kvspec.model.variants import variant
 
-    if "engine_reproduction" in (finding.inputs or {}):
+    if "engine_reproduction" in (finding.inputs or {}) and "program" in (finding.inputs or {}):
         # A stateful finding looked for through vLLM's engine
         # (diff_tests/reproduce.py): reachable with its engine settings, or
         # hand-built only after the stated search (hardening).
@@ -412,6 +412,16 @@ def attach(finding: Finding, *, proc=None, hitrate: bool = True, say: Say = _qui
         reach, knobs = _assess(finding, proc=proc, hitrate=hitrate, say=say)
     except Exception as exc:  # never lose a finding to its assessment
         return attrs.evolve(finding, reach=Reach(f"Not assessed: {type(exc).__name__}: {exc}"))
+    inputs, configuration = finding.inputs, {}
+    reproduction = _engine_reproduction(finding, proc, say)
+    if reproduction is not None:
+        # Recorded and said in the configuration as a stateful finding's is
+        # (one writer); the reach keeps the profiles' verdict beside it.
+        from kvspec.findings.stateful import with_engine_reproduction
+
+        shown = with_engine_reproduction(finding, reproduction)
+        inputs, configuration = shown.inputs, {"configuration": shown.compared["configuration"]}
+        reach = with_engine_reach(reach, inputs["engine_reproduction"])
     explanation = finding.explanation
     if explanation is not None:
         explanation = attrs.evolve(explanation, knobs=knobs)
@@ -419,6 +429,44 @@ def attach(finding: Finding, *, proc=None, hitrate: bool = True, say: Say = _qui
     # hash scheme the finding holds under, with the finding.
     scheme = ((finding.inputs or {}).get("config") or {}).get("hash_scheme", "legacy")
     compared = {**finding.compared, "not_covered": list(finding.subject_capabilities().not_covered()),
-                "hash_scheme": scheme}
-    return attrs.evolve(finding, reach=reach, explanation=explanation, compared=compared)
+                "hash_scheme": scheme, **configuration}
+    return attrs.evolve(finding, reach=reach, explanation=explanation, compared=compared, inputs=inputs)
+
+
+def _engine_reproduction(finding: Finding, proc, say: Say):
+    """A registration finding looked for through vLLM's engine
+    (``diff_tests.reproduce.reproduce_case_through_engine``: the same path
+    as a stateful finding's), on the live subject; None when there is none
+    (another category, a stored finding, a stateful one)."""
+    inputs = finding.inputs or {}
+    if proc is None or finding.category not in _REGISTRATION or "program" in inputs or "prompt_len" not in inputs:
+        return None
+    from kvspec.diff_tests.reproduce import reproduce_case_through_engine
+    from kvspec.model.case import Case
+    from kvspec.oracles.registration import Discrepancy
+
+    rows = finding.groups
+    found = Discrepancy(finding.category, finding.call, finding.n,
+                        tuple(r.expected_tokens for r in rows), tuple(r.observed_tokens for r in rows),
+                        tuple(r.expected_blocks for r in rows), tuple(r.observed_blocks for r in rows))
+    say("looking for it through vLLM's engine (the real Scheduler, the registration bound on every cache_blocks "
+        "call)")
+    return reproduce_case_through_engine(proc, Case.from_dict(inputs), found)
+
+
+def with_engine_reach(reach: Reach, record: dict[str, Any]) -> Reach:
+    """A registration finding's reach with what the engine showed: reproduced
+    through the real Scheduler, it is reachable with those settings (not
+    hardening, whatever the profiles said); not reproduced, the profiles'
+    verdict stands (a profile is a configuration vLLM's own code derives)
+    and the search is said with it; hardening only where no profile reaches
+    it either."""
+    if record.get("status") == "reproduced":
+        return attrs.evolve(reach, summary=f"{record['summary']}. Deployment profiles: {reach.summary}",
+                            hardening=False)
+    if record.get("status") == "not reproduced":
+        engine = record["summary"].replace("hand-built only: not reproduced", "not reproduced", 1)
+        lead = "hand-built only: " if reach.hardening else ""
+        return attrs.evolve(reach, summary=f"{lead}{reach.summary}; through vLLM's engine: {engine}")
+    return attrs.evolve(reach, summary=f"{reach.summary}; through vLLM's engine: {record['summary']}")
 

@@ -25,15 +25,22 @@ from typing import Any
 
 import attrs
 
-from .domain import GroupKind
+from .domain import GroupKind, HashScheme
 from .engine import OWN_CONNECTOR, TOY_MODELS, EngineProgram, EngineSetup
+from .case import MAX_TOKENS
 from .program import Program
 
-__all__ = ["MAX_MODEL_LEN", "nearest_setups", "translate", "scale_for", "reproduction_reach", "group_kind", "Target"]
+__all__ = ["MAX_MODEL_LEN", "PRESSURE_ID", "nearest_setups", "translate", "scale_for", "reproduction_reach", "group_kind",
+           "Target", "preempt_points", "pressure_pool", "pressure_trial", "after_preemption", "program_of_case",
+           "mechanism_kind"]
 
 # The engine's model length for a reproduction: the stateful draw's 128 tokens
 # plus room for decoded tokens and drafts past it.
 MAX_MODEL_LEN = 256
+# The request that puts the pool under pressure when a program's preemption is
+# translated (``pressure_trial``): it holds blocks and grows until the engine
+# preempts the program's request, then is aborted.
+PRESSURE_ID = "pressure"
 
 
 @attrs.frozen
@@ -64,6 +71,56 @@ def group_kind(detail: str, kinds: list[str]) -> str | None:
     return kinds[index] if index < len(kinds) else None
 
 
+def mechanism_kind(found, kinds: list[str]) -> str | None:
+    """The kind of the group a discrepancy is about: for a registration
+    one, the first group whose tokens or blocks differ from the spec's; else
+    the first group its detail names (None: none)."""
+    expected, observed = tuple(found.expected_tokens or ()), tuple(found.observed_tokens or ())
+    if expected and observed:
+        pairs = list(zip(expected, observed))
+        if expected == observed:
+            pairs = list(zip(found.expected_blocks or (), found.observed_blocks or ()))
+        for index, (want, got) in enumerate(pairs):
+            if want != got and index < len(kinds):
+                return kinds[index]
+    return group_kind(found.detail, kinds)
+
+
+def program_of_case(case) -> Program:
+    """A registration case (one request's steps on a geometry, maybe a later
+    request's lookup) as a stateful program, so that it is looked for
+    through the engine as a stateful finding is: the writer arrives with its
+    prompt, one scheduler step a case step (a prefill chunk is the step's
+    token budget; a decode carries its drafts), then the lookup's request
+    (the writer's prompt tokens it shares, and its own) and one step."""
+    ops: list[dict[str, Any]] = [{"do": "arrive", "id": "r0", "tokens": list(range(1, case.prompt_len + 1))}]
+    for step in case.steps:
+        if step.kind == "prefill":
+            ops.append({"do": "schedule", "budget": step.tokens})
+        elif step.drafts:
+            ops.append({"do": "schedule", "drafts": step.drafts, "accepted": step.accepted})
+        else:
+            ops.append({"do": "schedule"})
+    if case.probe is not None:
+        shared = min(case.probe.shared, case.prompt_len)
+        ops.append({"do": "arrive", "id": "r1",
+                    "tokens": list(range(1, shared + 1)) + [50_000 + i for i in range(case.probe.extra)]})
+        ops.append({"do": "schedule"})
+    # The pool is no part of a registration case: about two longest requests.
+    S = case.config.scheduler_block_size
+    pool = len(case.config.groups) * -(-2 * case.max_model_len // S)
+    return Program(case.config, min(pool, 2 * MAX_TOKENS), min(case.max_model_len, 2 * MAX_TOKENS), ops,
+                   num_hash_lookahead_tokens=case.config.num_hash_lookahead_tokens)
+
+
+def _model_len(program: Program) -> int:
+    """The engine's model length for the program: ``MAX_MODEL_LEN``, or room
+    for its longest prompt and a few tokens past it (a registration case's
+    prompt may be longer), in whole ``MAX_MODEL_LEN`` units."""
+    longest = max([len(op.get("tokens", ())) for op in program.ops] + [0]) + 64
+    return max(1, -(-longest // MAX_MODEL_LEN)) * MAX_MODEL_LEN
+
+
 def _models_for(program: Program) -> list[str]:
     """The toy models whose layouts carry the program's group kinds, nearest first."""
     kinds = {g.kind for g in program.config.groups}
@@ -81,27 +138,34 @@ def _pool(program: Program, toy, block: int) -> int:
     """About the program's pool in tokens, in engine blocks; at least what one
     longest engine request needs (vLLM refuses a smaller pool)."""
     attention = 1 + any(kind.startswith("sliding") for kind in toy.layers)
-    need = attention * -(-MAX_MODEL_LEN // block) + 2 + 2 * sum(kind == "mamba" for kind in toy.layers)
+    need = attention * -(-_model_len(program) // block) + 2 + 2 * sum(kind == "mamba" for kind in toy.layers)
     S = program.config.scheduler_block_size
     per_group = program.num_blocks // max(1, len(program.config.groups))
     return max(need, -(-per_group * S // block) * attention)
 
 
-def nearest_setups(program: Program) -> tuple[list[EngineSetup], list[str]]:
+def nearest_setups(program: Program, plain: bool = False) -> tuple[list[EngineSetup], list[str]]:
     """The engine configurations nearest the program's geometry (nearest
-    first), and what about the geometry no engine configuration carries."""
+    first), and what about the geometry no engine configuration carries.
+    ``plain``: the finding names no group (a crash outside any group's
+    rule), so the plain full-attention layout is searched too."""
     notes: list[str] = []
     config = program.config
     eagle = any(g.eagle for g in config.groups)
     external = any(op.get("external") for op in program.ops)
+    evicts = any(op["do"] == "evict" for op in program.ops)
     budgets = sorted({op["budget"] for op in program.ops if op.get("budget")})
     setups: list[EngineSetup] = []
-    for name in _models_for(program):
+    models = _models_for(program)
+    if plain and "toy-llama" not in models:
+        models.append("toy-llama")
+        notes.append("the finding names no group: the plain full-attention layout (toy-llama) searched too")
+    for name in models:
         toy = next(m for m in TOY_MODELS if m.name == name)
         S = config.scheduler_block_size
         block = (16 if S <= 16 else 32) if toy.attention_block else None
         unit = block or 16
-        flags: dict[str, Any] = {"model": name, "max_model_len": MAX_MODEL_LEN, "block_size": block}
+        flags: dict[str, Any] = {"model": name, "max_model_len": _model_len(program), "block_size": block}
         if not config.enable_caching and not toy.hybrid:
             flags["prefix_caching"] = False
         if program.retention_interval is not None and (toy.hybrid or "sliding" in "".join(toy.layers)):
@@ -110,18 +174,24 @@ def nearest_setups(program: Program) -> tuple[list[EngineSetup], list[str]]:
             flags["reserve_full_isl"] = False
         if eagle and toy.drafter is not None:
             flags["num_speculative_tokens"] = max([op.get("drafts", 0) for op in program.ops] + [1])
-            flags["legacy_hashes"] = True  # the EAGLE drop live, as on the hand-built manager
+            if config.hash_scheme is not HashScheme.LOOKAHEAD:
+                flags["legacy_hashes"] = True  # the EAGLE drop live, as on the hand-built manager
         if external:
             flags["kv_connector"] = OWN_CONNECTOR
         pool = _pool(program, toy, unit)
         nearest = EngineSetup(num_gpu_blocks=pool, **flags)
         setups.append(nearest)
+        if evicts:
+            # vLLM evicts cached blocks on a failed KV load: kvspec's connector
+            # fails the load, under the policy that recomputes from the failed
+            # block (as the program's evict truncated the computed tokens).
+            setups.append(attrs.evolve(nearest, kv_connector=OWN_CONNECTOR, kv_load_failure_policy="recompute"))
         if budgets and budgets[0] >= 8:
             # A step's token budget is a setting of the engine, not of a step: the smallest the program used.
             setups.append(attrs.evolve(nearest, max_num_batched_tokens=budgets[0]))
         # The same layout with the release's defaults and a tighter pool (preemption, eviction).
         defaults = EngineSetup(model=name, num_gpu_blocks=_pool(attrs.evolve(program, num_blocks=1), toy, unit),
-                               max_model_len=MAX_MODEL_LEN, block_size=block)
+                               max_model_len=_model_len(program), block_size=block)
         if defaults != nearest:
             setups.append(defaults)
     kinds = {g.kind for g in config.groups}
@@ -153,14 +223,24 @@ def translate(program: Program, setup: EngineSetup, scale: int = 1) -> tuple[Eng
     distinct tokens, so the same prefix structure and resends) with enough
     output tokens to run until the program finished them, scheduler steps as
     engine steps (drafts where the engine has a drafter), finishes as aborts,
-    resets; a preemption happens in the engine only under pool pressure and a
-    block eviction only through a failed connector load, so neither is sent."""
+    resets; an eviction (the blocks from a drawn one on lose their hashes) as
+    a load kvspec's connector fails from that block at the request's
+    admission, on a setup with that connector (vLLM evicts cached blocks on a
+    failed KV load only; it reports failures on one-group layouts only).  A
+    preemption happens in the engine only under pool pressure: it is not sent
+    here (``pressure_trial`` makes it)."""
     dropped: dict[str, int] = {}
     ops: list[dict[str, Any]] = []
     finished_at: dict[str, int] = {}
+    evicted_from: dict[str, int] = {}
     for index, op in enumerate(program.ops):
         if op["do"] == "finish":
             finished_at.setdefault(op["id"], index)
+        if op["do"] == "evict":
+            evicted_from.setdefault(op["id"], int(op.get("from_block", 0)))
+    # The program's block b starts at token b * S; stretched by ``scale``, in the engine's blocks.
+    engine_block = setup.block_size or 16
+    S = program.config.scheduler_block_size
     steps_after = [sum(o["do"] == "schedule" for o in program.ops[i:]) for i in range(len(program.ops))]
     for index, op in enumerate(program.ops):
         kind = op["do"]
@@ -178,6 +258,11 @@ def translate(program: Program, setup: EngineSetup, scale: int = 1) -> tuple[Eng
                 offer = min(len(tokens) - 1, op["external"] * scale)
                 if offer > 0:
                     arrival["load"] = {"offer": offer, "async": False, "delay": 0, "fail": None}
+            if op["id"] in evicted_from and setup.kv_connector == OWN_CONNECTOR and len(tokens) > 1:
+                fail = evicted_from[op["id"]] * S * scale // engine_block
+                load = arrival.setdefault("load", {"offer": len(tokens) - 1, "async": False, "delay": 0,
+                                                   "fail": None})
+                load["fail"] = fail
             ops.append(arrival)
         elif kind == "schedule":
             step: dict[str, Any] = {"do": "step"}
@@ -192,13 +277,70 @@ def translate(program: Program, setup: EngineSetup, scale: int = 1) -> tuple[Eng
             ops.append({"do": "abort", "id": op["id"]})
         elif kind == "reset":
             ops.append({"do": "reset"})
+        elif kind == "evict" and setup.kv_connector == OWN_CONNECTOR:
+            pass  # carried by the request's arrival: its load fails from that block
         else:
-            why = {"preempt": "preempt (the engine preempts only under pool pressure)",
-                   "evict": "evict (the engine evicts only on a failed connector load)"}[kind]
+            why = {"preempt": "preempt (not sent as an operation: the engine preempts only under pool pressure, which the pressure trials make)",
+                   "evict": "evict (the engine evicts only on a failed connector load; this setup has no "
+                            "connector that fails one)"}[kind]
             dropped[why] = dropped.get(why, 0) + 1
     notes = [f"{n} x {why}" for why, n in sorted(dropped.items())]
     # A step after the last operation, so the state after it is read through the scheduler too.
     return EngineProgram(setup, tuple(ops) + ({"do": "step"},)), notes
+
+
+def preempt_points(program: Program) -> list[tuple[int, str]]:
+    """Each preemption of the program: where it falls in the translation (how
+    many engine operations ``translate`` gives before it) and the request."""
+    points: list[tuple[int, str]] = []
+    before = 0
+    for op in program.ops:
+        if op["do"] == "preempt":
+            points.append((before, op["id"]))
+        elif op["do"] in ("arrive", "schedule", "finish", "reset"):
+            before += 1
+    return points
+
+
+def pressure_pool(derived: dict[str, Any]) -> int:
+    """A pool under pressure: the blocks one request of the model length
+    takes in every KV-cache group vLLM built, at the block sizes it chose
+    (about the least the engine accepts: it refuses a pool that cannot hold
+    one such request)."""
+    return sum(-(-MAX_MODEL_LEN // int(g["block_size"])) for g in derived["groups"])
+
+
+def pressure_trial(program: Program, translated: EngineProgram, filler: int,
+                   steps: int) -> tuple[EngineProgram, list[dict[str, Any]], str] | None:
+    """The program's first preemption made by pool pressure (None: it has
+    none).  vLLM's scheduler preempts the last running request when one it
+    schedules needs a block the pool does not have; so a request of
+    ``filler`` distinct tokens arrives first and runs to the model length (it
+    holds blocks and grows), the preempted request runs to the model length
+    too, and the translated operations up to the program's preemption are
+    followed by ``steps`` engine steps.  Returns the trial program, the
+    operations the program has after its preemption, and the request.  The
+    reproduction drives the trial, cuts it at the step whose ``schedule()``
+    preempted the request, and goes on with ``after_preemption``."""
+    points = preempt_points(program)
+    if not points:
+        return None
+    at, victim = points[0]
+    ops = [dict(op) for op in translated.ops]
+    for op in ops[:at]:
+        if op["do"] == "arrive" and op["id"] == victim:
+            op["max_tokens"] = max(op["max_tokens"], MAX_MODEL_LEN - len(op["tokens"]))
+    pressure = {"do": "arrive", "id": PRESSURE_ID, "tokens": [90_000 + i for i in range(filler)],
+                "max_tokens": MAX_MODEL_LEN - filler}
+    trial = [pressure] + ops[:at] + [{"do": "step"}] * steps
+    return translated.with_ops(trial), ops[at:], victim
+
+
+def after_preemption(trial: EngineProgram, preempted_at: int, rest: list[dict[str, Any]]) -> EngineProgram:
+    """The trial up to the operation (its index) whose step preempted the
+    request, the pressure request aborted (the preempted one may resume, as
+    the program's did), then the program's operations after its preemption."""
+    return trial.with_ops(list(trial.ops[:preempted_at + 1]) + [{"do": "abort", "id": PRESSURE_ID}] + list(rest))
 
 
 def reproduction_reach(record: dict[str, Any]):

@@ -21,7 +21,7 @@ from kvspec.model.finding import Category
 from kvspec.model.replies import ErrorKind, MalformedReply, Reply
 from kvspec.model.spec import RegistrationRule, StepsRule, evaluate_config, registration_bound
 
-__all__ = ["Discrepancy", "expected_calls", "compare"]
+__all__ = ["Discrepancy", "expected_calls", "compare", "check_calls"]
 
 # Categories whose summary is their detail text (no per-group token vectors).
 DETAIL_CATEGORIES = (Category.PRECONDITION, Category.REGIME_MISMATCH, Category.SUBJECT_CRASH,
@@ -78,7 +78,11 @@ def expected_calls(case: Case, regime: ExpectedRegime, observed: list[dict],
     The call's ``n`` and hashed-token count are inputs of the unit under test
     (what ``KVCacheManager`` hands the coordinator), taken from the record.
     """
-    config = case.config
+    return _expected(case.config, regime, observed, rule, steps)
+
+
+def _expected(config, regime: ExpectedRegime, observed: list[dict], rule: RegistrationRule,
+              steps: StepsRule | None):
     registered = [0] * len(config.groups)
     out = []
     for call in observed:
@@ -126,7 +130,21 @@ def compare(case: Case, capabilities: Capabilities, reply: Reply,
     if len(calls) != len(case.steps):
         return [Discrepancy(Category.CALL_MISMATCH, None, None,
                             detail=f"{len(calls)} cache_blocks calls for {len(case.steps)} steps")]
-    predicted = expected_calls(case, regime, calls, rule)
+    return _first_difference(calls, expected_calls(case, regime, calls, rule))
+
+
+def check_calls(config, regime: ExpectedRegime, calls: list[dict],
+                rule: RegistrationRule = registration_bound) -> list[Discrepancy]:
+    """The first of one request's ``cache_blocks`` calls (as the subject
+    recorded them: ``n``, hashed tokens, each group's ``num_tokens`` and
+    registered blocks) whose registration differs from ``rule``'s on the
+    configuration ``config`` under ``regime``; the same comparison as
+    ``compare``'s, for calls a scheduler made (the engine's)."""
+    return _first_difference(calls, _expected(config, regime, calls, rule, None))
+
+
+def _first_difference(calls: list[dict], predicted) -> list[Discrepancy]:
+    found: list[Discrepancy] = []
     for index, (call, (tokens, blocks, regs)) in enumerate(zip(calls, predicted)):
         seen_tokens = tuple(call["num_tokens"])
         seen_blocks = tuple(call["registered_blocks"])

@@ -249,6 +249,7 @@ class EngineMachine:
         self.queue_size = max(1, self.derived["max_concurrent_batches"])
         self.token = 100_000
         self.lookups = []
+        self.registrations = []  # every cache_blocks call this operation (per group: tokens, blocks registered)
         self.observe = True
         self.scheduled = None
         self.handed = []
@@ -283,6 +284,16 @@ class EngineMachine:
             return found
 
         manager.get_computed_blocks = get_computed_blocks
+        # Each cache_blocks call as the registration differential records it
+        # (one recorder: manager_driver's), with the request it was for.
+        from .manager_driver import record_call, record_group
+
+        coordinator = manager.coordinator
+        group_managers = list(coordinator.single_type_managers)
+        coordinator.cache_blocks = record_call(coordinator.cache_blocks, self.derived["hash_block_size"],
+                                               group_managers, lambda: self.registrations, with_request=True)
+        for index, group_manager in enumerate(group_managers):
+            group_manager.cache_blocks = record_group(index, group_manager.cache_blocks, lambda: self.registrations)
         if take is not None:
             def take_new_block_ids(*args, **kwargs):
                 out = take(*args, **kwargs)
@@ -482,7 +493,7 @@ class EngineMachine:
         result["preempted"] = sorted(getattr(so, "preempted_req_ids", None) or ())
         self.scheduled = self._answer({"scheduled": dict(so.num_scheduled_tokens), "preempted": result["preempted"]},
                                       running_before)
-        self.lookups, self.handed, self.allocations = [], [], []
+        self.lookups, self.handed, self.allocations, self.registrations = [], [], [], []
         return so, self._samples(so), self._transfers(so)
 
     def _step(self, op):
@@ -524,6 +535,7 @@ class EngineMachine:
             return {"result": {}, "running": running, "waiting": [], "state": None}
         result["lookups"] = self.lookups
         result["allocations"] = self.allocations
+        result["registrations"] = self.registrations
         if self.evicted:
             result["evicted"] = sorted({b for call in self.evicted for b in call})
         # Requests whose blocks the scheduler gave back (gone from its
@@ -550,6 +562,7 @@ class EngineMachine:
         ``observe`` off (the benchmark's unchecked baseline only): no state read."""
         self.observe = observe
         self.lookups, self.handed, self.allocations, self.evicted, self.released = [], [], [], [], []
+        self.registrations = []
         self.scheduled = None
         kind = op["do"]
         running_before = {r.request_id for r in self.scheduler.running}

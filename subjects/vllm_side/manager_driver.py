@@ -381,6 +381,35 @@ _PER_REQUEST_FIELDS = ("prompt_len", "steps", "probe")
 _SPARE_MANAGERS = 4
 
 
+def record_call(original, H, managers, calls, with_request=False):
+    """The coordinator's ``cache_blocks`` recording each call into
+    ``calls()``: its ``n``, the hashed tokens, the ``num_tokens`` each group
+    manager receives (filled in by ``record_group``) and each group's
+    registered full blocks afterwards (``with_request``: the request's id
+    too; the engine records several requests' calls)."""
+    def wrapper(request, num_computed_tokens, *args, **kwargs):
+        call = {"n": num_computed_tokens, "hashed_tokens": len(request.block_hashes) * H,
+                "num_tokens": [None] * len(managers)}
+        if with_request:
+            call["request"] = request.request_id
+        calls().append(call)
+        result = original(request, num_computed_tokens, *args, **kwargs)
+        call["registered_blocks"] = [m.num_cached_block.get(request.request_id, 0) for m in managers]
+        return result
+    return wrapper
+
+
+def record_group(index, original, calls):
+    """A group manager's ``cache_blocks`` noting the ``num_tokens`` it
+    receives in the latest call ``record_call`` recorded."""
+    def wrapper(request, num_tokens, *args, **kwargs):
+        recorded = calls()
+        if recorded:
+            recorded[-1]["num_tokens"][index] = num_tokens
+        return original(request, num_tokens, *args, **kwargs)
+    return wrapper
+
+
 class RecordedManager:
     """A KVCacheManager whose coordinator and group managers record, per
     ``cache_blocks`` call of the current case (``calls``): the coordinator's
@@ -399,22 +428,10 @@ class RecordedManager:
             group_manager.cache_blocks = self._record_group(index, group_manager.cache_blocks)
 
     def _record_call(self, original, H):
-        def wrapper(request, num_computed_tokens, *args, **kwargs):
-            call = {"n": num_computed_tokens, "hashed_tokens": len(request.block_hashes) * H,
-                    "num_tokens": [None] * len(self.managers)}
-            self.calls.append(call)
-            result = original(request, num_computed_tokens, *args, **kwargs)
-            call["registered_blocks"] = [
-                m.num_cached_block.get(request.request_id, 0) for m in self.managers]
-            return result
-        return wrapper
+        return record_call(original, H, self.managers, lambda: self.calls)
 
     def _record_group(self, index, original):
-        def wrapper(request, num_tokens, *args, **kwargs):
-            if self.calls:
-                self.calls[-1]["num_tokens"][index] = num_tokens
-            return original(request, num_tokens, *args, **kwargs)
-        return wrapper
+        return record_group(index, original, lambda: self.calls)
 
     def is_pristine(self):
         """After ``free`` and ``reset_prefix_cache``: as a new manager would be

@@ -139,6 +139,13 @@ def test_mutant_option_finding_report_replay_and_regression_test(tmp_path, capsy
         assert {"groups", "block_sizes", "manager"} <= set(profile["derivation"]["called"])
         assert profile["impact"]["max_tokens_lost"] > 0
     assert reach["worst"]["hitrate"]["points"] < 0
+    # Looked for through vLLM's engine as a stateful finding is: no toy model
+    # has an EAGLE drafter over Mamba groups, so not reproduced there, and the
+    # profiles' verdict stands with the search said beside it.
+    engine = finding["inputs"]["engine_reproduction"]
+    assert engine["status"] == "not reproduced" and engine["target"]["category"] == "under_registration"
+    assert engine["search"]["ran"] and any("EAGLE" in note for note in engine["notes"])
+    assert "; through vLLM's engine: not reproduced through the engine in " in reach["summary"]
     assert any(k.startswith("hash scheme: reached only with legacy") for k in finding["explanation"]["knobs"])
     assert doc["subjects"][1]["hash_schemes"]["fuzzed"] == ["legacy", "lookahead"]
     # The emitted test uses vLLM 0.33.0's own helpers, fails on the mutant on

@@ -74,3 +74,79 @@ def test_a_finding_on_a_geometry_no_engine_builds_is_hand_built_only_and_exits_h
     assert "Hardening, not a regression: hand-built only: not reproduced through the engine" in markdown
     document = json.loads((tmp_path / "fuzz.json").read_text())
     assert document["outcome"] == "HARDENING"
+
+
+# free_keeps_cached_count's minimal program as the stateful differential
+# shrank it (0.34.0, seed 3): one request, scheduled, preempted, scheduled.
+_PREEMPTED = {"config": {"allow_partial_hash_hits": True, "dcp_world_size": 1, "enable_caching": True,
+                         "groups": [{"block_size": 1, "eagle": False, "kind": "full_attention", "sliding_window": 0},
+                                    {"block_size": 1, "eagle": False, "kind": "mamba_align", "sliding_window": 0}],
+                         "hash_block_size": 1, "num_prefill_lookahead": 0, "scheduler_block_size": 1},
+              "max_model_len": 128, "num_blocks": 258, "num_hash_lookahead_tokens": 0,
+              "ops": [{"do": "arrive", "id": "r0", "tokens": [0]}, {"do": "schedule"}, {"do": "preempt", "id": "r0"},
+                      {"do": "schedule"}],
+              "reserve_full_sequence": True, "retention_interval": None}
+
+
+def test_a_preemption_is_made_by_pool_pressure_and_the_finding_is_reachable():
+    # The engine never takes a "preempt": kvspec makes vLLM's scheduler
+    # preempt the request by pool pressure, and the mutant's stale cached-block
+    # count then trips vLLM's own assertion when the request resumes on a hit.
+    from kvspec.diff_tests.reproduce import reproduce_through_engine
+    from kvspec.diff_tests.stateful import replay_program
+
+    program = Program.from_dict(_PREEMPTED)
+    with SubjectProcess(mutant_subject(NEWEST, "free_keeps_cached_count")) as proc:
+        found, reply = replay_program(proc, program)
+        assert found and found[0].category is Category.SUBJECT_CRASH
+        reproduction = reproduce_through_engine(proc, program, found[0], reply)
+        assert reproduction.status == "reproduced" and reproduction.how == "pressure", reproduction.summary
+        assert "its preemption made by pool pressure" in reproduction.summary
+        engine = reproduction.program
+        ops = [op["do"] for op in engine.ops]
+        assert ops[0] == "arrive" and engine.ops[0]["id"] == "pressure" and "abort" in ops
+        # Through the real Scheduler the request was preempted (not told to be), and vLLM raised.
+        found, answer = replay_engine_program(proc, engine)
+        assert found and found[0].category is Category.SUBJECT_CRASH and "AssertionError" in found[0].detail
+    with SubjectProcess(release(NEWEST)) as proc:
+        assert replay_engine_program(proc, engine)[0] == []  # the release holds: no false alarm
+
+
+def test_a_registration_finding_is_looked_for_through_the_engine_and_reachable():
+    # eagle_rule_everywhere applies the EAGLE bound to every group: the
+    # registration differential's minimal case (0.34.0, seed 0) registers a
+    # whole prompt where the spec floors it to the scheduler block.  The same
+    # reproduction as a stateful finding's, every cache_blocks call the real
+    # Scheduler makes held to the registration bound.
+    from kvspec.diff_tests.reproduce import reproduce_case_through_engine
+    from kvspec.model.case import Case
+    from kvspec.oracles.lookup import check_case
+    from kvspec.subjects.protocol import case_message
+
+    case = Case.from_dict({"config": {"groups": [
+        {"block_size": 576, "eagle": False, "kind": "mamba_align", "sliding_window": 0},
+        {"block_size": 576, "eagle": False, "kind": "full_attention", "sliding_window": 0}],
+        "scheduler_block_size": 576, "hash_block_size": 576, "enable_caching": True, "num_prefill_lookahead": 0,
+        "dcp_world_size": 1, "allow_partial_hash_hits": True},
+        "prompt_len": 1578, "steps": [{"kind": "prefill", "tokens": 1578, "drafts": 0, "accepted": 0}]})
+    with SubjectProcess(mutant_subject(NEWEST, "eagle_rule_everywhere")) as proc:
+        (found, *_) = check_case(case, proc.capabilities, proc.run(case_message(case)))
+        assert found.category is Category.OVER_REGISTRATION
+        reproduction = reproduce_case_through_engine(proc, case, found)
+        assert reproduction.status == "reproduced", reproduction.summary
+        assert reproduction.target.category == "over_registration" and reproduction.target.kind == "mamba_align"
+        assert reproduction.summary.startswith("reachable through vLLM's scheduler with settings")
+        engine = reproduction.program
+        assert engine.setup.model == "toy-nemotron-h" and engine.setup.max_model_len >= 1578 + 64
+    # The engine program on the release: every cache_blocks call within the bound, no false alarm.
+    from kvspec.diff_tests.engine import drive_engine_program
+    from kvspec.diff_tests.reproduce import RegistrationBound
+
+    with SubjectProcess(release(NEWEST)) as proc:
+        bound = None
+        for record in drive_engine_program(proc, engine):
+            if record.op["do"] == "open":
+                bound = RegistrationBound(record.answer["derived"], proc.capabilities)
+                continue
+            assert not record.found and bound(record.answer) == []
+        assert sum(len(calls) for calls in bound.calls.values()) >= 2  # the bound was held on real calls

@@ -151,3 +151,23 @@ def test_no_retention_interval_is_drawn_where_the_release_takes_none():
 
     draw()
     assert any(v is not None for v in seen)  # drawn by default
+
+
+def test_the_engine_draw_leaves_out_what_the_release_cannot_take():
+    """Before 0.33 the speculative config has no disable_lookahead_block_hashes,
+    and 0.25's Nemotron-H builds Mamba groups kvspec cannot model: asked once
+    (diff_tests.engine.not_drawn), neither is drawn there."""
+    from hypothesis import HealthCheck, given, settings
+
+    from kvspec.diff_tests.engine import engine_setups
+
+    seen = []
+
+    @settings(max_examples=300, database=None, suppress_health_check=list(HealthCheck))
+    @given(engine_setups(legacy_hashes=False, models=("toy-llama", "toy-gpt-oss")), engine_setups())
+    def draw(limited, default):
+        assert limited.legacy_hashes is None and limited.model != "toy-nemotron-h"
+        seen.append((default.legacy_hashes, default.model))
+
+    draw()
+    assert any(legacy for legacy, _ in seen) and any(m == "toy-nemotron-h" for _, m in seen)  # drawn by default

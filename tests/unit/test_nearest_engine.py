@@ -61,3 +61,68 @@ def test_the_mechanism_and_the_reach():
     assert reproduction_reach({"status": "reproduced", "summary": "reachable ..."}).hardening is False
     # A search that did not run to its end is not called hardening for want of a search.
     assert reproduction_reach({"status": "unknown", "summary": "unknown ..."}).hardening is False
+
+
+def test_an_eviction_is_a_failed_connector_load_and_a_preemption_is_made_by_pool_pressure():
+    from kvspec.model.engine import OWN_CONNECTOR
+    from kvspec.model.nearest_engine import PRESSURE_ID, after_preemption, preempt_points, pressure_trial
+
+    full = KVCacheGroup(GroupKind.FULL_ATTENTION, 2)
+    program = _program([full], OPS)
+    setups, _ = nearest_setups(program)
+    # The program evicts: a setup with kvspec's connector, recomputing from the failed block.
+    (failing,) = [s for s in setups if s.kv_connector == OWN_CONNECTOR]
+    assert failing.kv_load_failure_policy == "recompute"
+    engine, notes = translate(program, failing)
+    assert engine.ops[0]["load"] == {"offer": 2, "async": False, "delay": 0, "fail": 0}
+    assert not any("evict" in n for n in notes) and any("preempt" in n for n in notes)
+    # The preemption: after the arrival and the first step (two engine operations), of r0.
+    assert preempt_points(program) == [(2, "r0")]
+    plain, _ = translate(program, setups[0])
+    trial, rest, victim = pressure_trial(program, plain, filler=5, steps=3)
+    assert victim == "r0" and trial.ops[0]["id"] == PRESSURE_ID and len(trial.ops[0]["tokens"]) == 5
+    assert [op["do"] for op in trial.ops] == ["arrive", "arrive", "step", "step", "step", "step"]
+    assert trial.ops[1]["max_tokens"] == 256 - 3  # runs to the model length: it holds blocks until preempted
+    assert rest == [dict(op) for op in plain.ops[2:]]
+    cut = after_preemption(trial, 3, rest)
+    assert [op["do"] for op in cut.ops[:5]] == ["arrive", "arrive", "step", "step", "abort"]
+    assert cut.ops[4]["id"] == PRESSURE_ID and list(cut.ops[5:]) == rest
+    assert pressure_trial(_program([full], OPS[:2]), plain, 5, 3) is None  # no preemption, no trial
+
+
+def test_a_registration_case_is_a_program_and_its_mechanism_is_the_group_that_differs():
+    from kvspec.model.case import Case, LookupProbe, decode, prefill
+    from kvspec.model.finding import Category
+    from kvspec.model.nearest_engine import mechanism_kind, program_of_case
+    from kvspec.oracles.registration import Discrepancy
+
+    mamba, full = KVCacheGroup(GroupKind.MAMBA_ALIGN, 8), KVCacheGroup(GroupKind.FULL_ATTENTION, 8)
+    config = CoordinatorConfig((mamba, full), scheduler_block_size=8, hash_block_size=8)
+    case = Case(config, 20, (prefill(16), prefill(4), decode(2, 1)), LookupProbe(12, 3))
+    program = program_of_case(case)
+    assert [op["do"] for op in program.ops] == ["arrive", "schedule", "schedule", "schedule", "arrive", "schedule"]
+    assert program.ops[0]["tokens"] == list(range(1, 21)) and program.ops[1] == {"do": "schedule", "budget": 16}
+    assert program.ops[3] == {"do": "schedule", "drafts": 2, "accepted": 1}
+    assert program.ops[4]["tokens"][:12] == list(range(1, 13)) and len(program.ops[4]["tokens"]) == 15
+    under = Discrepancy(Category.UNDER_REGISTRATION, 0, 20, (16, 16), (16, 8), (2, 2), (2, 1))
+    assert mechanism_kind(under, ["mamba_align", "full_attention"]) == "full_attention"
+    blocks = Discrepancy(Category.BLOCK_MISMATCH, 0, 20, (16, 16), (16, 16), (2, 2), (1, 2))
+    assert mechanism_kind(blocks, ["mamba_align", "full_attention"]) == "mamba_align"
+
+
+def test_a_registration_findings_reach_says_what_the_engine_showed():
+    from kvspec.model.finding import Reach
+    from kvspec.reach import with_engine_reach
+
+    profiles = Reach("On vLLM 0.34.0, x reaches 1 of 18 deployment profiles", ({"profile": "p"},), None)
+    shown = with_engine_reach(profiles, {"status": "reproduced", "summary": "reachable through vLLM's scheduler with "
+                                                                           "settings `--block-size 16` on toy-gpt-oss"})
+    assert shown.summary.startswith("reachable through vLLM's scheduler") and not shown.hardening
+    assert "Deployment profiles: On vLLM 0.34.0" in shown.summary and shown.profiles == profiles.profiles
+    missed = {"status": "not reproduced", "summary": "hand-built only: not reproduced through the engine in ..."}
+    # Profiles vLLM's own code derived reach it: not hardening, the search said beside them.
+    kept = with_engine_reach(profiles, missed)
+    assert not kept.hardening and kept.summary.startswith("On vLLM 0.34.0")
+    assert "through vLLM's engine: not reproduced through the engine in" in kept.summary
+    nowhere = with_engine_reach(Reach("no known deployment reaches it", hardening=True), missed)
+    assert nowhere.hardening and nowhere.summary.startswith("hand-built only: no known deployment")
