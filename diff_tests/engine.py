@@ -571,7 +571,7 @@ def not_drawn(proc: SubjectProcess) -> dict[str, str]:
     probes += [(m.name, EngineSetup(model=m.name, num_gpu_blocks=64)) for m in TOY_MODELS if m.hybrid]
     for key, probe in probes:
         try:
-            opened = proc.session({"op": "open_engine", "setup": probe.message()})
+            opened = proc.session(OpenEngine(probe.message()))
         except KvspecError:
             return out
         if key == "legacy_hashes":
@@ -581,7 +581,7 @@ def not_drawn(proc: SubjectProcess) -> dict[str, str]:
             continue
         if opened.ok:
             try:
-                derived_config(opened["derived"])
+                derived_config(opened.payload.derived)
             except KvspecError as error:
                 out[key] = f"its default engine builds a layout kvspec cannot model ({error})"
     return out
