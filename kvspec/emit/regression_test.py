@@ -29,7 +29,7 @@ from kvspec.model.case import Case
 from kvspec.model.errors import InputError
 from kvspec.model.finding import Finding
 
-from .vllm_tests import Idiom
+from .vllm_tests import SPEC_CLASSES, Idiom, kv_cache_group_lines
 
 __all__ = ["ASSERT_MESSAGE", "LOOKUP_ASSERT_MESSAGE", "ASSERT_MESSAGES", "FILE_NAME", "emit_test",
            "test_file_name", "test_name", "pytest_command", "xfail_decorator"]
@@ -44,8 +44,6 @@ TEST_DIR = "tests/v1/core"
 
 _LOOKUP_CATEGORIES = ("lookup_contract", "hit_mismatch")
 
-_SPEC_CLASSES = {"full_attention": "FullAttentionSpec", "sliding_window": "SlidingWindowSpec",
-                 "mamba_align": "MambaSpec"}
 _LAYER_NAMES = {"full_attention": "full", "sliding_window": "swa", "mamba_align": "mamba"}
 _KIND_WORDS = {"full_attention": "full-attention", "sliding_window": "sliding-window",
                "mamba_align": 'Mamba "align"'}
@@ -219,7 +217,7 @@ class _Emitter:
 
     def _imports(self) -> list[str]:
         third = (["import pytest"] if self.xfail else []) + ["import torch"]
-        kinds = sorted({_SPEC_CLASSES[g["kind"]] for g in self.groups} | {"KVCacheConfig", "KVCacheGroupSpec"},
+        kinds = sorted({SPEC_CLASSES[g["kind"]] for g in self.groups} | {"KVCacheConfig", "KVCacheGroupSpec"},
                        key=str)
         first = []
         if self.idiom.helpers:
@@ -301,22 +299,6 @@ class _Emitter:
         return ['    """' + first[0][4:], *first[1:], "", *_wrap(body, 88), '    """']
 
     # -- code ---------------------------------------------------------------
-    def _group_spec(self, g: dict[str, Any], name: str) -> list[str]:
-        kind, block = g["kind"], g["block_size"]
-        if kind == "mamba_align":
-            spec = ["MambaSpec(", f"    block_size={block},", "    shapes=(1, 1),",
-                    "    dtypes=(torch.float32,),", '    mamba_cache_mode="align",', "),"]
-        else:
-            spec = [f"{_SPEC_CLASSES[kind]}(", f"    block_size={block},", "    num_kv_heads=1,",
-                    "    head_size=1,", "    dtype=torch.float32,"]
-            if kind == "sliding_window":
-                spec.append(f"    sliding_window={g['sliding_window']},")
-            spec.append("),")
-        lines = ["KVCacheGroupSpec(", f'    ["{name}"],', *[f"    {s}" for s in spec]]
-        if g["eagle"] and self.caps.per_group_eagle:
-            lines.append("    is_eagle_group=True,")
-        lines.append("),")
-        return [" " * 12 + line for line in lines]
 
     def _layer_names(self) -> list[str]:
         names = [_LAYER_NAMES[g["kind"]] for g in self.groups]
@@ -353,8 +335,7 @@ class _Emitter:
             "        kv_cache_tensors=[],",
             "        kv_cache_groups=[",
         ]
-        for g, name in zip(self.groups, self._layer_names()):
-            out += self._group_spec(g, name)
+        out += kv_cache_group_lines(self.case.config.groups, self.caps.per_group_eagle)
         out += ["        ],", "    )"]
         builder = "make_kv_cache_manager" if self.idiom.helpers else "KVCacheManager"
         out.append(f"    manager = {builder}(")

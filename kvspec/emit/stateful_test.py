@@ -33,7 +33,7 @@ from kvspec.model.capabilities import Capabilities
 from kvspec.model.finding import Category, Finding
 from kvspec.model.program import Program
 
-from .vllm_tests import Idiom
+from .vllm_tests import SPEC_CLASSES, Idiom, kv_cache_group_lines
 
 __all__ = ["emit_stateful_test", "stateful_test_name", "assertion_message", "expected_failure", "STATE_CALLS",
            "CALL_CHECKED"]
@@ -116,9 +116,6 @@ _ALLOCATE_DEFAULTS = {"num_lookahead_tokens": 0, "num_external_computed_tokens":
 _STATUSES = ("RUNNING", "PREEMPTED", "WAITING", "FINISHED_STOPPED", "FINISHED_ABORTED",
              "FINISHED_LENGTH_CAPPED")
 
-_SPEC_CLASSES = {"full_attention": "FullAttentionSpec", "sliding_window": "SlidingWindowSpec",
-                 "mamba_align": "MambaSpec"}
-_LAYER_NAMES = {"full_attention": "full", "sliding_window": "swa", "mamba_align": "mamba"}
 
 
 def stateful_test_name(finding: Finding) -> str | None:
@@ -615,10 +612,7 @@ class _Emitter:
         out = ["    init_none_hash(sha256)", "    kv_cache_config = KVCacheConfig(",
                f"        num_blocks={self.program.num_blocks},", "        kv_cache_tensors=[],",
                "        kv_cache_groups=["]
-        names = [_LAYER_NAMES[g.kind.value] for g in self.groups]
-        names = [f"{n}{i}" if names.count(n) > 1 else n for i, n in enumerate(names)]
-        for g, name in zip(self.groups, names):
-            out += [f"            {line}" for line in self._group_spec(g, name)]
+        out += kv_cache_group_lines(self.groups, self.caps.per_group_eagle)
         out += ["        ],"]
         if self.program.retention_interval is not None:
             out.append(f"        prefix_cache_retention_interval={_int(self.program.retention_interval)},")
@@ -642,28 +636,13 @@ class _Emitter:
                                       if on and (not accepted or k in accepted)]
         return out + _call("    ", f"{assign}{builder}", args)
 
-    def _group_spec(self, g, name: str) -> list[str]:
-        kind = g.kind.value
-        if kind == "mamba_align":
-            spec = ["MambaSpec(", f"    block_size={g.block_size},", "    shapes=((1,),),",
-                    "    dtypes=(torch.float32,),", '    mamba_cache_mode="align",', "),"]
-        else:
-            spec = [f"{_SPEC_CLASSES[kind]}(", f"    block_size={g.block_size},", "    num_kv_heads=1,",
-                    "    head_size=1,", "    dtype=torch.float32,"]
-            if kind == "sliding_window":
-                spec.append(f"    sliding_window={g.sliding_window},")
-            spec.append("),")
-        lines = ["KVCacheGroupSpec(", f'    ["{name}"],', *[f"    {s}" for s in spec]]
-        if g.eagle and self.caps.per_group_eagle:
-            lines.append("    is_eagle_group=True,")
-        return lines + ["),"]
 
     def imports(self, body: str) -> list[str]:
         third = []
         if "Counter(" in body:
             third.append("from collections import Counter")
         third = third + ([""] if third else []) + ["import torch"]
-        kinds = sorted({_SPEC_CLASSES[g.kind.value] for g in self.groups} | {"KVCacheConfig", "KVCacheGroupSpec"})
+        kinds = sorted({SPEC_CLASSES[g.kind.value] for g in self.groups} | {"KVCacheConfig", "KVCacheGroupSpec"})
         first = []
         if self.idiom.helpers:
             names = ["make_kv_cache_manager"] + (["make_request"] if "make_request(" in body else [])

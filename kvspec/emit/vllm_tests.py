@@ -33,7 +33,38 @@ import attrs
 from kvspec.subjects.mutation.source import parse
 
 __all__ = ["HELPER_MODULE", "SUITE", "Idiom", "idiom_of", "ensure_vllm_tests", "tests_root_of",
-           "verification_tree", "ruff_check", "ruff_available"]
+           "verification_tree", "ruff_check", "ruff_available", "SPEC_CLASSES", "kv_cache_group_lines"]
+
+# vLLM's KV-cache spec class for each group kind, as the emitted tests build them.
+SPEC_CLASSES = {"full_attention": "FullAttentionSpec", "sliding_window": "SlidingWindowSpec",
+                "mamba_align": "MambaSpec"}
+_LAYER_NAMES = {"full_attention": "full", "sliding_window": "swa", "mamba_align": "mamba"}
+
+
+def kv_cache_group_lines(groups, per_group_eagle: bool, indent: int = 12) -> list[str]:
+    """The ``KVCacheGroupSpec`` of each group (``model.domain.KVCacheGroup``),
+    as ruff lays them out: the smallest tensors vLLM accepts (one head of
+    size 1, float32; a Mamba state of one element), one layer each, named
+    by kind (numbered where a kind repeats)."""
+    names = [_LAYER_NAMES[g.kind.value] for g in groups]
+    out = []
+    for i, g in enumerate(groups):
+        name = f"{names[i]}{i}" if names.count(names[i]) > 1 else names[i]
+        kind = g.kind.value
+        if kind == "mamba_align":
+            spec = ["MambaSpec(", f"    block_size={g.block_size},", "    shapes=((1,),),",
+                    "    dtypes=(torch.float32,),", '    mamba_cache_mode="align",', "),"]
+        else:
+            spec = [f"{SPEC_CLASSES[kind]}(", f"    block_size={g.block_size},", "    num_kv_heads=1,",
+                    "    head_size=1,", "    dtype=torch.float32,"]
+            if kind == "sliding_window":
+                spec.append(f"    sliding_window={g.sliding_window},")
+            spec.append("),")
+        lines = ["KVCacheGroupSpec(", f'    ["{name}"],', *[f"    {line}" for line in spec]]
+        if g.eagle and per_group_eagle:
+            lines.append("    is_eagle_group=True,")
+        out += [" " * indent + line for line in [*lines, "),"]]
+    return out
 
 HELPER_FILE = "tests/v1/core/test_prefix_caching.py"
 HELPER_MODULE = "tests.v1.core.test_prefix_caching"
