@@ -1,0 +1,70 @@
+"""An engine finding's regression test (``kvspec.emit.engine_test``),
+without vLLM: written from the upstream script's validated values and its
+engine code (one translation of an engine program, not two), named after
+the behaviour, asserting what the finding measured, naming neither kvspec
+nor the finding; a kind no test is written for says why."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import attrs
+import pytest
+
+from kvspec.emit.engine_test import ENGINE_TEST_KINDS, engine_test_code
+from kvspec.model.engine import EngineProgram
+from kvspec.model.finding import Category, Finding
+from kvspec.subjects.upstream_repro import ENGINE_CODE, Unscriptable, repro_script
+
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "finding_engine_mamba_estimate_0.34.0.json"
+
+
+def _finding(category: Category | None = None) -> Finding:
+    finding = Finding.from_dict(json.loads(FIXTURE.read_text()))
+    return finding if category is None else attrs.evolve(finding, category=category)
+
+
+def _shared(code: str) -> str:
+    """The engine code of a generated file: from the model's config.json to the driver's end."""
+    start = code.index("# The toy model's config.json")
+    return code[start:code.index("            execute(*queue.pop())\n", start)]
+
+
+@pytest.mark.parametrize("category, name, check", [
+    (Category.STATE_BLOCK_ESTIMATE, "test_block_estimate_covers_allocate_slots", "watch_estimates(scheduler)"),
+    (Category.STATE_WINDOW, "test_sliding_window_keeps_the_blocks_its_next_step_reads",
+     "drive(scheduler, OPS, check=assert_window_held)"),
+    (Category.SUBJECT_CRASH, "test_scheduler_step_does_not_raise", "drive(scheduler, OPS)"),
+])
+def test_the_test_is_the_scripts_engine_code_with_the_findings_assertion(category, name, check):
+    finding = _finding(category)
+    code = engine_test_code(finding, "0.34.0")
+    compile(code, f"{name}.py", "exec")
+    assert f"\ndef {name}(tmp_path):\n    scheduler = make_scheduler(str(tmp_path))\n" in code
+    assert check in code and "kvspec" not in code and "finding" not in code.lower()
+    assert "print(" not in code and "os.environ" not in code  # a test, not a script
+    # One translation of the engine program: the script's, byte for byte.
+    if category in (Category.STATE_BLOCK_ESTIMATE, Category.SUBJECT_CRASH):
+        script = repro_script(EngineProgram.from_dict(finding.inputs["engine_program"]),
+                              finding.run["engine_settings"], category, "0.34.0")
+        assert _shared(code) == _shared(script.code)
+    assert _shared(code).startswith(ENGINE_CODE.split("@", 1)[0])
+    assert "NUM_BLOCKS = 22" in code and '("mamba_align", 64, 0, 1)' in code
+    assert ("(add_request, schedule, update_from_output" in ENGINE_CODE
+            or "update_from_output" in _shared(code))
+
+
+def test_the_window_assertion_says_the_window_in_vllms_words():
+    code = engine_test_code(_finding(Category.STATE_WINDOW), "0.34.0")
+    assert '"a running request\'s sliding-window block table must hold real blocks "' in code
+    assert "max(0, num_processed - window + 1) // block_size" in code
+    assert all(len(line) <= 88 for line in code.splitlines())
+
+
+def test_a_kind_without_a_test_says_why():
+    other = next(c for c in Category if c.value.startswith("state_") and c not in ENGINE_TEST_KINDS)
+    with pytest.raises(Unscriptable, match=f"no engine regression test for {other.value} findings yet"):
+        engine_test_code(_finding(other), "0.34.0")
+    with pytest.raises(Unscriptable, match="published release"):
+        engine_test_code(_finding(Category.STATE_WINDOW), "a-tree")
