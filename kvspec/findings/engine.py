@@ -101,6 +101,8 @@ def with_engine_test(finding: Finding, path: Path, subject) -> Finding:
     from kvspec.findings.vllm_suite import covering_module
     from kvspec.subjects.upstream_repro import Unscriptable
 
+    from .completion import offered_test
+
     name = engine_test_name(finding.category)
     try:
         code = engine_test_code(finding, subject.version or "")
@@ -122,16 +124,7 @@ def with_engine_test(finding: Finding, path: Path, subject) -> Finding:
     message = engine_assertion_message(finding.category)
     checked = verify_engine_test(code, file_name, subject, tests_root, expected_failure(finding)
                                  if message is None else message, message, finding)
-    module = covering_module(tests_root, CALL_CHECKED)
-    lint, runs = checked["lint"], checked["verified"]
-    why_not = None
-    if lint is not None and lint.get("outcome") != "passed":
-        why_not = "it does not pass ruff with the release's configuration"
-    elif not runs[0].get("as_expected"):
-        why_not = f"it did not fail on {subject.label} as the finding did"
-    record = {"file_name": file_name, "path": str(test_path), "code": code, "test_name": name, "module": module,
-              "proposed": why_not is None, "why_not_proposed": why_not,
-              "command": f"pytest {module or 'tests/v1/core/' + file_name}::{name}", **checked}
+    record = offered_test(code, test_path, name, covering_module(tests_root, CALL_CHECKED), checked, subject)
     return attrs.evolve(finding, artifacts={**finding.artifacts, "regression_test": str(test_path)},
                         regression_test=record)
 

@@ -68,3 +68,32 @@ def test_a_kind_without_a_test_says_why():
         engine_test_code(_finding(other), "0.34.0")
     with pytest.raises(Unscriptable, match="published release"):
         engine_test_code(_finding(Category.STATE_WINDOW), "a-tree")
+
+
+def test_the_report_folds_the_test_anew_with_both_runs_and_its_command():
+    """The Markdown shows the test emitted anew from the finding's validated
+    inputs (never the stored code), both runs and the pytest command."""
+    from kvspec.report.finding import render_markdown, render_text
+
+    window = FIXTURE.parent / "finding_engine_window_frees_early_0.34.0.json"
+    finding = Finding.from_dict(json.loads(window.read_text()))
+    name = "test_sliding_window_keeps_the_blocks_its_next_step_reads"
+    runs = [{"against": "vllm 0.34.0 + window_frees_early", "must": "failed", "outcome": "failed",
+             "failure": "the test's assertion", "as_expected": True},
+            {"against": "unmutated vllm 0.34.0", "must": "passed", "outcome": "passed", "as_expected": True}]
+    finding = attrs.evolve(finding, regression_test={
+        "test_name": name, "module": None, "proposed": True, "code": "import os  # stored, not shown",
+        "verified": runs, "other_side": None, "lint": {"outcome": "passed"}})
+    markdown = render_markdown(finding)
+    assert f"Add as `tests/v1/core/{name}.py` of vLLM" in markdown and "# stored, not shown" not in markdown
+    assert engine_test_code(finding, "0.34.0") in markdown
+    assert (f"Regression test {name}, for tests/v1/core: failed on the test's assertion on vllm 0.34.0 + "
+            "window_frees_early; passed on unmutated vllm 0.34.0; ruff check and ruff format --check with the "
+            "release's configuration: passed") in markdown
+    assert f"pytest tests/v1/core/{name}.py::{name}" in markdown
+    assert f"regression test {name}" in render_text(finding)
+    # Not proposed (it did not fail as the finding did): said, not folded.
+    unoffered = attrs.evolve(finding, regression_test={**finding.regression_test, "proposed": False,
+                                                       "why_not_proposed": "it did not fail on X as the finding did"})
+    markdown = render_markdown(unoffered)
+    assert "not proposed: it did not fail on X as the finding did" in markdown and "```python" not in markdown
