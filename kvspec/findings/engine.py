@@ -61,8 +61,11 @@ def engine_finding(result, versions: dict[str, str]) -> Finding:
         traceback=failure.reply.get("traceback"), observations={"error": failure.reply.get("error")}, run=run)
 
 
-def complete_engine_finding(proc, result, findings_dir: Path, versions: dict[str, str]) -> tuple[Finding, Path]:
-    """Store the finding, then replay its program once more on a fresh engine."""
+def complete_engine_finding(proc, result, findings_dir: Path, versions: dict[str, str],
+                            verify: bool = True) -> tuple[Finding, Path]:
+    """Store the finding, then replay its program once more on a fresh engine;
+    one that reproduces gets its impact and its regression test (run on both
+    sides unless ``verify`` is off: ``kvspec fuzz --no-verify-test``)."""
     from kvspec.diff_tests.engine import replay_engine_program
 
     finding, path = store_new(engine_finding(result, versions), findings_dir)
@@ -79,7 +82,7 @@ def complete_engine_finding(proc, result, findings_dir: Path, versions: dict[str
         finding = attach_engine_impact(proc, finding)
         store_finding(finding, path)
         # A test in vLLM's idiom asserting what the finding measured, run on both sides.
-        finding = with_engine_test(finding, path, proc.subject)
+        finding = with_engine_test(finding, path, proc.subject, verify=verify)
     store_finding(finding, path)
     return finding, path
 
@@ -89,7 +92,7 @@ def store_raw_engine_finding(result, findings_dir: Path, versions: dict[str, str
     return store_new(engine_finding(result, versions), findings_dir, stopped=result.stopped_why)
 
 
-def with_engine_test(finding: Finding, path: Path, subject) -> Finding:
+def with_engine_test(finding: Finding, path: Path, subject, verify: bool = True) -> Finding:
     """The finding with its regression test (``kvspec.emit.engine_test``):
     written beside it, linted with the release's ruff configuration and run
     on both sides (failing on the subject as the finding did, passing where
@@ -109,6 +112,17 @@ def with_engine_test(finding: Finding, path: Path, subject) -> Finding:
     except (Unscriptable, KeyError, TypeError, ValueError) as exc:
         return attrs.evolve(finding, regression_test={"test_name": None, "proposed": False,
                                                       "why_not_proposed": f"no test written: {exc}"})
+    file_name = f"{name}.py"
+    test_dir = path.with_suffix("")
+    test_dir.mkdir(exist_ok=True)
+    test_path = test_dir / file_name
+    test_path.write_text(code)
+    message = engine_assertion_message(finding.category)
+    if not verify:  # written, not offered: a test is offered once it failed as the finding did
+        return attrs.evolve(finding, artifacts={**finding.artifacts, "regression_test": str(test_path)},
+                            regression_test={"file_name": file_name, "path": str(test_path), "code": code,
+                                             "test_name": name, "proposed": False, "verified": [],
+                                             "why_not_proposed": "not run (--no-verify-test)"})
     tests_root = None
     try:
         tests_root = tests_root_of(subject)
@@ -116,12 +130,6 @@ def with_engine_test(finding: Finding, path: Path, subject) -> Finding:
         from kvspec.subjects.provision import report
 
         report(f"vLLM's tests are not available ({exc}); the engine test is not linted with their configuration")
-    file_name = f"{name}.py"
-    test_dir = path.with_suffix("")
-    test_dir.mkdir(exist_ok=True)
-    test_path = test_dir / file_name
-    test_path.write_text(code)
-    message = engine_assertion_message(finding.category)
     checked = verify_engine_test(code, file_name, subject, tests_root, expected_failure(finding)
                                  if message is None else message, message, finding)
     record = offered_test(code, test_path, name, covering_module(tests_root, CALL_CHECKED), checked, subject)

@@ -97,3 +97,21 @@ def test_the_report_folds_the_test_anew_with_both_runs_and_its_command():
                                                        "why_not_proposed": "it did not fail on X as the finding did"})
     markdown = render_markdown(unoffered)
     assert "not proposed: it did not fail on X as the finding did" in markdown and "```python" not in markdown
+
+
+def test_with_no_verify_test_the_test_is_written_not_offered(tmp_path):
+    from kvspec.findings.engine import with_engine_test
+    from kvspec.subjects.subject import mutant_subject
+
+    window = FIXTURE.parent / "finding_engine_window_frees_early_0.34.0.json"
+    finding = with_engine_test(Finding.from_dict(json.loads(window.read_text())), tmp_path / "f.json",
+                               mutant_subject("0.34.0", "window_frees_early"), verify=False)
+    test = finding.regression_test
+    assert test["proposed"] is False and test["why_not_proposed"] == "not run (--no-verify-test)"
+    assert (tmp_path / "f" / test["file_name"]).read_text() == test["code"] and not test["verified"]
+    # A kind no test is written for says why, and nothing is written.
+    other = with_engine_test(_finding(Category.STATE_LEAK), tmp_path / "g.json",
+                             mutant_subject("0.34.0", "window_frees_early"), verify=False)
+    assert other.regression_test["why_not_proposed"].startswith("no test written: no engine regression test for "
+                                                                "state_leak findings yet")
+    assert not (tmp_path / "g").exists()
