@@ -36,10 +36,11 @@ def _pytest(subject: Subject, args: list[str], cwd: str, timeout: float,
         return None
 
 
-def run_pytest(subject: Subject, test_file: str, timeout: float = 600) -> dict[str, Any]:
+def run_pytest(subject: Subject, test_file: str, timeout: float = 600,
+               env: dict[str, str] | None = None) -> dict[str, Any]:
     test_file = os.path.abspath(test_file)
     out = _pytest(subject, ["--rootdir", os.path.dirname(test_file), test_file], os.path.dirname(test_file),
-                  timeout)
+                  timeout, env)
     if out is None:
         return {"against": subject.label, "outcome": "error", "returncode": None,
                 "summary": f"timed out after {timeout:.0f} s"}

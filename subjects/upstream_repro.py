@@ -26,7 +26,8 @@ from kvspec.model.engine import EngineProgram
 from kvspec.model.errors import UsageError
 from kvspec.model.finding import Category
 
-__all__ = ["UPSTREAM_KINDS", "ReproScript", "Unscriptable", "repro_script", "run_repro", "ReproRun",
+__all__ = ["UPSTREAM_KINDS", "ReproScript", "Unscriptable", "repro_script", "run_repro", "ReproRun", "engine_values",
+           "engine_code", "ENGINE_CODE", "IMPORTS", "HAND_BUILT_NOTE",
            "install_line", "MAX_TAIL_LINES"]
 
 # The finding kinds a script is written for: schedule() raising, and a
@@ -176,13 +177,11 @@ def _ops_literal(ops: list[tuple]) -> str:
     return "[\n" + "\n".join(lines) + "\n]"
 
 
-def repro_script(program: EngineProgram, settings: dict[str, Any] | None, kind: Category,
-                 version: str) -> ReproScript:
-    """The standalone script for an engine finding of ``kind``, or
-    ``Unscriptable`` saying why there is none."""
-    if kind not in UPSTREAM_KINDS:
-        raise Unscriptable(f"no upstream reproduction script is available for {kind.value} findings yet "
-                           f"(supported: {', '.join(k.value for k in UPSTREAM_KINDS)})")
+def engine_values(program: EngineProgram, settings: dict[str, Any] | None, version: str,
+                  check_estimate: bool) -> dict[str, Any]:
+    """The finding's engine settings and inputs, validated, as the literals the
+    generated code is filled with (shared by the script and the engine
+    finding's test), or ``Unscriptable`` saying why there is none."""
     if not re.fullmatch(r"\d+\.\d+\.\d+", version or ""):
         raise Unscriptable("an upstream report is for a published release (X.Y.Z): this finding's subject is not one")
     if not isinstance(settings, dict):
@@ -201,8 +200,7 @@ def repro_script(program: EngineProgram, settings: dict[str, Any] | None, kind: 
     retention = settings.get("retention_interval")
     if retention is not None:
         retention = _int(settings, "retention_interval", 0, 1 << 20)
-    groups = _groups(settings)
-    values = {
+    return {
         "VERSION": version,
         "ASYNC": _bool(settings, "async_scheduling"),
         "QUEUE": _int(settings, "max_concurrent_batches", 1, 16),
@@ -218,25 +216,57 @@ def repro_script(program: EngineProgram, settings: dict[str, Any] | None, kind: 
         "MAMBA_MODE": mode or "none",
         "RETENTION": retention,
         "CONNECTOR": connector,
-        "CHECK_ESTIMATE": kind is Category.STATE_BLOCK_ESTIMATE,
+        "CHECK_ESTIMATE": check_estimate,
+        "GROUPS": _groups(settings),
+        "OPS": _ops(program),
     }
-    # The toy model's config.json is kvspec's own constant, chosen by a validated name.
-    model_config = setup.toy.hf_config
-    code = _TEMPLATE.replace("vLLM @VERSION@", f"vLLM {version}")  # version: checked X.Y.Z above
+
+
+def engine_code(template: str, program: EngineProgram, values: dict[str, Any]) -> str:
+    """``template`` with the shared engine code (``ENGINE_CODE``: the
+    settings, the inputs, the scheduler built from vLLM's config classes and
+    the driver of its calls) and the validated ``values`` filled in."""
+    setup = program.setup
+    version = values["VERSION"]
+    code = template.replace("@ENGINE_CODE@", ENGINE_CODE)
+    code = code.replace("vLLM @VERSION@", f"vLLM {version}")  # version: checked X.Y.Z
     for key, value in values.items():
-        code = code.replace(f"@{key}@", _py(value))
-    code = code.replace("@GROUPS@", "[\n" + "".join(f"    {_py(g)},\n" for g in groups) + "]")
-    code = code.replace("@OPS@", _ops_literal(_ops(program)))
-    code = code.replace("@MODEL_CONFIG@", _dict_call(model_config)).replace("@FAMILY@", setup.toy.family)
+        if key not in ("GROUPS", "OPS"):
+            code = code.replace(f"@{key}@", _py(value))
+    code = code.replace("@GROUPS@", "[\n" + "".join(f"    {_py(g)},\n" for g in values["GROUPS"]) + "]")
+    code = code.replace("@OPS@", _ops_literal(values["OPS"]))
+    # The toy model's config.json is kvspec's own constant, chosen by a validated name.
+    code = code.replace("@MODEL_CONFIG@", _dict_call(setup.toy.hf_config)).replace("@FAMILY@", setup.toy.family)
     code = code.replace("@INSTALL@", install_line(version))
-    # kvspec's own rendering of validated fields (numbers, known names): one line.
-    code = code.replace("@FLAGS@", setup.cli_flags().replace("\n", " "))
-    hand_built = ("the KVCacheConfig (its groups, block sizes and pool size as vLLM derived them for the finding's "
-                  "flags) and the scheduler's configuration objects are built by the script from vLLM's public "
-                  "config classes, not by the engine's KV-cache planning (which runs in the GPU worker); the "
-                  "layers' state shapes are placeholders the scheduler does not read")
+    # kvspec's own rendering of validated fields (numbers, known names), as
+    # comment lines within vLLM's line length.
+    words = f"The engine flags: vllm serve MODEL {setup.cli_flags()}".split()
+    lines = ["#"]
+    for word in words:
+        if len(lines[-1]) + 1 + len(word) > 88 and lines[-1] != "#":
+            lines.append("#  ")
+        lines[-1] += f" {word}" if not lines[-1].endswith("  ") else word
+    return code.replace("@FLAGS@", "\n".join(lines))
+
+
+HAND_BUILT_NOTE = ("the KVCacheConfig (its groups, block sizes and pool size as vLLM derived them for the finding's "
+                   "flags) and the scheduler's configuration objects are built from vLLM's public config classes, "
+                   "not by the engine's KV-cache planning (which runs in the GPU worker); the layers' state shapes "
+                   "are placeholders the scheduler does not read")
+
+
+def repro_script(program: EngineProgram, settings: dict[str, Any] | None, kind: Category,
+                 version: str) -> ReproScript:
+    """The standalone script for an engine finding of ``kind``, or
+    ``Unscriptable`` saying why there is none."""
+    if kind not in UPSTREAM_KINDS:
+        raise Unscriptable(f"no upstream reproduction script is available for {kind.value} findings yet "
+                           f"(supported: {', '.join(k.value for k in UPSTREAM_KINDS)})")
+    values = engine_values(program, settings, version, kind is Category.STATE_BLOCK_ESTIMATE)
+    code = engine_code(_TEMPLATE, program, values)
     marker = "AssertionError: block estimate below allocation" if values["CHECK_ESTIMATE"] else ""
-    return ReproScript(code, version, kind, marker, hand_built)
+    return ReproScript(code, version, kind, marker, HAND_BUILT_NOTE.replace("are built from", "are built by the "
+                                                                             "script from"))
 
 
 @attrs.frozen
@@ -289,25 +319,12 @@ def run_repro(script: ReproScript, crash_type: str | None, timeout: float = 600)
                     f"release's own Python tree)")
 
 
-_TEMPLATE = '''\
-"""Reproduction through vLLM's real Scheduler, on CPU (no GPU needed).
+# The imports the engine code needs (vLLM's public classes, torch for the
+# layers' dtypes), as isort orders them under vLLM's configuration.
+IMPORTS = '''\
+import torch
 
-Generated by kvspec from an engine finding on a toy model of the @FAMILY@
-family.  Run: @INSTALL@
-(the script sets VLLM_TARGET_DEVICE=empty and HF_HUB_OFFLINE=1 itself).
-"""
-
-import inspect
-import json
-import os
-import tempfile
-
-os.environ.setdefault("VLLM_TARGET_DEVICE", "empty")  # the scheduler needs no GPU
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-import torch  # noqa: E402
-
-from vllm.config import (  # noqa: E402
+from vllm.config import (
     CacheConfig,
     DeviceConfig,
     KVTransferConfig,
@@ -315,23 +332,41 @@ from vllm.config import (  # noqa: E402
     SchedulerConfig,
     VllmConfig,
 )
-from vllm.sampling_params import SamplingParams  # noqa: E402
-from vllm.utils.hashing import get_hash_fn_by_name  # noqa: E402
-from vllm.v1.core import kv_cache_utils  # noqa: E402
-from vllm.v1.kv_cache_interface import (  # noqa: E402
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core import kv_cache_utils
+from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
     MambaSpec,
     SlidingWindowSpec,
 )
-from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
-from vllm.v1.request import Request, RequestStatus  # noqa: E402
-from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request, RequestStatus
+from vllm.v1.structured_output import StructuredOutputManager
+'''
 
+
+def _after_environment(imports: str) -> str:
+    # The script sets vLLM's environment before importing it (ruff's E402, said once a statement).
+    out = []
+    for line in imports.splitlines():
+        if line.startswith(("import ", "from ")):
+            line = f"{line}  # noqa: E402"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+# The engine code the script and the engine finding's test share: the
+# finding's settings and inputs, the scheduler built from vLLM's config
+# classes, and the driver making the engine's calls (add_request, schedule,
+# update_from_output with a ModelRunnerOutput, finish_requests,
+# reset_prefix_cache) as EngineCore does.
+ENGINE_CODE = '''\
 # The toy model's config.json the engine was built from.
 MODEL_CONFIG = @MODEL_CONFIG@
-# The finding's engine flags: vllm serve MODEL @FLAGS@
+@FLAGS@
 # What vLLM @VERSION@ derived for them (other settings: the release's defaults).
 ASYNC_SCHEDULING = @ASYNC@
 MAX_CONCURRENT_BATCHES = @QUEUE@
@@ -351,11 +386,11 @@ KV_CONNECTOR = @CONNECTOR@
 GROUPS = @GROUPS@
 # The engine inputs, in order.
 OPS = @OPS@
-CHECK_ESTIMATE = @CHECK_ESTIMATE@
 
 
 def accepted(cls, **kwargs):
-    """The keywords this release's ``cls`` takes (constructors gain keywords over releases)."""
+    \"\"\"The keywords this release's ``cls`` takes (constructors gain keywords
+    over releases).\"\"\"
     names = set(inspect.signature(cls).parameters)
     return cls(**{k: v for k, v in kwargs.items() if k in names})
 
@@ -382,6 +417,8 @@ def spec(kind, block_size, window):
 
 
 def make_scheduler(model_dir):
+    with open(os.path.join(model_dir, "config.json"), "w") as f:
+        json.dump(MODEL_CONFIG, f)
     transfer = None
     if KV_CONNECTOR is not None:
         transfer = KVTransferConfig(kv_connector=KV_CONNECTOR, kv_role="kv_both")
@@ -426,7 +463,8 @@ def make_scheduler(model_dir):
         hash_block_size=HASH_BLOCK_SIZE,
     )
     cls = vllm_config.scheduler_config.get_scheduler_cls()
-    # AsyncScheduler takes *args, **kwargs: its keywords are the first named ones in its MRO.
+    # AsyncScheduler takes *args, **kwargs: its keywords are the first named
+    # ones in its MRO.
     named = next(
         c.__init__
         for c in cls.__mro__
@@ -444,9 +482,9 @@ def make_scheduler(model_dir):
     return cls(**{k: v for k, v in wanted.items() if k in names})
 
 
-def watch_estimates(scheduler):
-    """Each allocate_slots: the blocks each group estimated (the figure the
-    scheduler checks against the free pool) against the free blocks it took."""
+def watch_estimates(scheduler, log=None):
+    \"\"\"Each allocate_slots: the blocks each group estimated (the figure the
+    scheduler checks against the free pool) against the free blocks it took.\"\"\"
     manager = scheduler.kv_cache_manager
     managers = manager.coordinator.single_type_managers
     allocate, pool = manager.allocate_slots, manager.block_pool
@@ -468,29 +506,29 @@ def watch_estimates(scheduler):
                 del m.get_num_blocks_to_allocate
         taken = free_before - pool.get_num_free_blocks()
         if out is not None and None not in estimates:
-            print(
-                f"allocate_slots({request.request_id}): groups estimated {estimates}, took {taken} free blocks"
-            )
+            if log is not None:
+                log(
+                    f"allocate_slots({request.request_id}): groups estimated "
+                    f"{estimates}, took {taken} free blocks"
+                )
             assert taken <= sum(estimates), (
-                f"block estimate below allocation: allocate_slots for request {request.request_id} took {taken} "
-                f"free blocks, but the KV-cache groups' get_num_blocks_to_allocate estimated {sum(estimates)} "
-                f"({', '.join(map(str, estimates))}), the figure the scheduler checked against the free pool"
+                f"block estimate below allocation: allocate_slots for request "
+                f"{request.request_id} took {taken} free blocks, but the KV-cache "
+                f"groups' get_num_blocks_to_allocate estimated {sum(estimates)} "
+                f"({', '.join(map(str, estimates))}), the figure the scheduler "
+                f"checked against the free pool"
             )
         return out
 
     manager.allocate_slots = allocate_slots
 
 
-def main():
-    with tempfile.TemporaryDirectory() as model_dir:
-        with open(os.path.join(model_dir, "config.json"), "w") as f:
-            json.dump(MODEL_CONFIG, f)
-        scheduler = make_scheduler(model_dir)
+def drive(scheduler, ops, log=None, check=None):
+    \"\"\"The engine inputs in order, as EngineCore issues them; ``check`` runs
+    after each schedule() with the tokens each running request had processed.\"\"\"
     hash_fn = get_hash_fn_by_name(scheduler.cache_config.prefix_caching_hash_algo)
     kv_cache_utils.init_none_hash(hash_fn)
     hasher = kv_cache_utils.get_request_block_hasher(HASH_BLOCK_SIZE, hash_fn)
-    if CHECK_ESTIMATE:
-        watch_estimates(scheduler)
     token, queue = 100_000, []
 
     def execute(output, allotted):
@@ -511,7 +549,7 @@ def main():
             ),
         )
 
-    for op in OPS:
+    for op in ops:
         if op[0] == "arrive":
             _, rid, tokens, max_tokens = op
             scheduler.add_request(
@@ -536,8 +574,16 @@ def main():
             scheduler.has_requests() or queue
         ):  # an engine step (EngineCore.step / step_with_batch_queue)
             if scheduler.has_requests():
+                processed = {
+                    r.request_id: r.num_computed_tokens
+                    - getattr(r, "num_in_flight_tokens", 0)
+                    for r in scheduler.running
+                }
                 output = scheduler.schedule()
-                print(f"schedule(): {dict(output.num_scheduled_tokens)}")
+                if log is not None:
+                    log(f"schedule(): {dict(output.num_scheduled_tokens)}")
+                if check is not None:
+                    check(scheduler, processed)
                 allotted = {}
                 for rid in output.num_scheduled_tokens:
                     request = scheduler.requests.get(rid)
@@ -557,6 +603,36 @@ def main():
                 ):
                     continue
             execute(*queue.pop())
+'''
+
+_TEMPLATE = '''\
+\"\"\"Reproduction through vLLM's real Scheduler, on CPU (no GPU needed).
+
+Generated by kvspec from an engine finding on a toy model of the @FAMILY@
+family.  Run: @INSTALL@
+(the script sets VLLM_TARGET_DEVICE=empty and HF_HUB_OFFLINE=1 itself).
+\"\"\"
+
+import inspect
+import json
+import os
+import tempfile
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "empty")  # the scheduler needs no GPU
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+''' + _after_environment(IMPORTS) + '''
+@ENGINE_CODE@
+
+CHECK_ESTIMATE = @CHECK_ESTIMATE@
+
+
+def main():
+    with tempfile.TemporaryDirectory() as model_dir:
+        scheduler = make_scheduler(model_dir)
+    if CHECK_ESTIMATE:
+        watch_estimates(scheduler, log=print)
+    drive(scheduler, OPS, log=print)
     print("no failure: the finding did not reproduce")
 
 

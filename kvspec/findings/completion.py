@@ -30,7 +30,7 @@ from kvspec.model.finding import Category, Finding
 
 __all__ = ["complete_finding", "store_finding", "store_raw_finding", "verify_test", "lint_test",
            "explain_stage", "sweep_stage", "plot_stage", "real_code_stage", "emit_stage", "vllm_tests_stage",
-           "STAGES"]
+           "STAGES", "offered_test"]
 
 _SWEPT = (Category.UNDER_REGISTRATION, Category.OVER_REGISTRATION, Category.BLOCK_MISMATCH)
 # The stages of completion, in order (``bench_report.py`` times each).
@@ -289,3 +289,19 @@ def store_finding(finding: Finding, path: Path) -> None:
     partial = path.with_suffix(".json.partial")
     partial.write_text(json.dumps(finding.to_dict(), indent=2, sort_keys=True) + "\n")
     os.replace(partial, path)
+
+
+def offered_test(code: str, test_path: Path, name: str, module: str | None, checked: dict[str, Any],
+                 subject, **more: Any) -> dict[str, Any]:
+    """A program finding's test record (stateful or engine): offered only
+    when it lints clean and fails on the subject as the finding did."""
+    lint, runs = checked["lint"], checked["verified"]
+    why_not = None
+    if lint is not None and lint.get("outcome") != "passed":
+        why_not = "it does not pass ruff with the release's configuration"
+    elif not runs[0].get("as_expected"):
+        why_not = f"it did not fail on {subject.label} as the finding did"
+    return {"file_name": test_path.name, "path": str(test_path), "code": code, "test_name": name, **more,
+            "module": module, "proposed": why_not is None, "why_not_proposed": why_not,
+            "command": f"pytest {module or 'tests/v1/core/' + test_path.name}::{name}", **checked}
+

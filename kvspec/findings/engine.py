@@ -23,7 +23,8 @@ from kvspec.model.finding import Blame, Category, Finding, Ledger
 from .completion import store_finding
 from .stateful import program_compared, program_run, store_new
 
-__all__ = ["ENGINE_RULE", "engine_finding", "complete_engine_finding", "store_raw_engine_finding"]
+__all__ = ["ENGINE_RULE", "engine_finding", "complete_engine_finding", "store_raw_engine_finding", "with_engine_test",
+           "verify_engine_test"]
 
 ENGINE_RULE = "state invariants and the scheduler-manager seam (model.state.INVARIANTS), through vLLM's Scheduler"
 
@@ -60,8 +61,11 @@ def engine_finding(result, versions: dict[str, str]) -> Finding:
         traceback=failure.reply.get("traceback"), observations={"error": failure.reply.get("error")}, run=run)
 
 
-def complete_engine_finding(proc, result, findings_dir: Path, versions: dict[str, str]) -> tuple[Finding, Path]:
-    """Store the finding, then replay its program once more on a fresh engine."""
+def complete_engine_finding(proc, result, findings_dir: Path, versions: dict[str, str],
+                            verify: bool = True) -> tuple[Finding, Path]:
+    """Store the finding, then replay its program once more on a fresh engine;
+    one that reproduces gets its impact and its regression test (run on both
+    sides unless ``verify`` is off: ``kvspec fuzz --no-verify-test``)."""
     from kvspec.diff_tests.engine import replay_engine_program
 
     finding, path = store_new(engine_finding(result, versions), findings_dir)
@@ -76,6 +80,9 @@ def complete_engine_finding(proc, result, findings_dir: Path, versions: dict[str
 
         # What a user sees, measured at the finding's engine configuration (kvspec.findings.impact).
         finding = attach_engine_impact(proc, finding)
+        store_finding(finding, path)
+        # A test in vLLM's idiom asserting what the finding measured, run on both sides.
+        finding = with_engine_test(finding, path, proc.subject, verify=verify)
     store_finding(finding, path)
     return finding, path
 
@@ -83,3 +90,110 @@ def complete_engine_finding(proc, result, findings_dir: Path, versions: dict[str
 def store_raw_engine_finding(result, findings_dir: Path, versions: dict[str, str]) -> tuple[Finding, Path]:
     """A failure from a run that stopped early, stored as found (unshrunk)."""
     return store_new(engine_finding(result, versions), findings_dir, stopped=result.stopped_why)
+
+
+def with_engine_test(finding: Finding, path: Path, subject, verify: bool = True) -> Finding:
+    """The finding with its regression test (``kvspec.emit.engine_test``):
+    written beside it, linted with the release's ruff configuration and run
+    on both sides (failing on the subject as the finding did, passing where
+    the bug is not); offered only when it lints clean and fails as the
+    finding did.  A kind no test is written for says why."""
+    from kvspec.emit.engine_test import CALL_CHECKED, engine_assertion_message, engine_test_code, engine_test_name
+    from kvspec.emit.stateful_test import expected_failure
+    from kvspec.emit.vllm_tests import tests_root_of
+    from kvspec.findings.vllm_suite import covering_module
+    from kvspec.subjects.upstream_repro import Unscriptable
+
+    from .completion import offered_test
+
+    name = engine_test_name(finding.category)
+    try:
+        code = engine_test_code(finding, subject.version or "")
+    except (Unscriptable, KeyError, TypeError, ValueError) as exc:
+        return attrs.evolve(finding, regression_test={"test_name": None, "proposed": False,
+                                                      "why_not_proposed": f"no test written: {exc}"})
+    file_name = f"{name}.py"
+    test_dir = path.with_suffix("")
+    test_dir.mkdir(exist_ok=True)
+    test_path = test_dir / file_name
+    test_path.write_text(code)
+    message = engine_assertion_message(finding.category)
+    if not verify:  # written, not offered: a test is offered once it failed as the finding did
+        return attrs.evolve(finding, artifacts={**finding.artifacts, "regression_test": str(test_path)},
+                            regression_test={"file_name": file_name, "path": str(test_path), "code": code,
+                                             "test_name": name, "proposed": False, "verified": [],
+                                             "why_not_proposed": "not run (--no-verify-test)"})
+    tests_root = None
+    try:
+        tests_root = tests_root_of(subject)
+    except Exception as exc:  # no network, no sdist: not linted with the release's configuration
+        from kvspec.subjects.provision import report
+
+        report(f"vLLM's tests are not available ({exc}); the engine test is not linted with their configuration")
+    checked = verify_engine_test(code, file_name, subject, tests_root, expected_failure(finding)
+                                 if message is None else message, message, finding)
+    record = offered_test(code, test_path, name, covering_module(tests_root, CALL_CHECKED), checked, subject)
+    return attrs.evolve(finding, artifacts={**finding.artifacts, "regression_test": str(test_path)},
+                        regression_test=record)
+
+
+def _run_engine_test(code: str, file_name: str, tests_root, subject, must: str, against: str, expected: str,
+                     message: str | None) -> dict:
+    """The test run on ``subject`` as ``kvspec report --upstream`` runs its
+    script: vLLM's platform-free target (the scheduler needs no device;
+    kvspec's CPU runtime has no triton-cpu for vLLM's CPU platform) and the
+    subject's tree handed to the subprocess vLLM inspects a model class in."""
+    import os
+    import tempfile
+    import time
+
+    from kvspec.emit.vllm_tests import verification_tree
+    from kvspec.subjects.subject import resolve_subject
+    from kvspec.subjects.testrun import run_pytest
+
+    from .stateful import _first_error
+
+    tree = resolve_subject(subject)[1]
+    env = {"VLLM_TARGET_DEVICE": "empty", "HF_HUB_OFFLINE": "1"}
+    if tree and os.pathsep not in tree:  # a path holding the separator would be split: not handed on
+        env["PYTHONPATH"] = tree
+    with tempfile.TemporaryDirectory(prefix="kvspec-test-") as scratch:
+        test = verification_tree(Path(scratch), tests_root, file_name, code)
+        started = time.perf_counter()
+        check = {**run_pytest(subject, str(test), env=env), "must": must, "against": against,
+                 "seconds": round(time.perf_counter() - started, 2)}
+    output = check.pop("output", "")
+    error = _first_error(output) or ""
+    if check["outcome"] == "failed":
+        own = bool(message) and error.startswith("AssertionError") and message in error
+        check["failure"] = ("the test's assertion" if own else f"vLLM's own assert ({error[:300]})"
+                            if error.startswith("AssertionError") else f"vLLM raised {(error or 'an error')[:300]}")
+        # On the subject: the test's assertion, or for a crash the exception the finding recorded.
+        check["as_expected"] = must == "failed" and (own if message else bool(error) and error.startswith(expected))
+        if must == "passed" and not error.startswith("AssertionError"):
+            check["cannot_run"] = f"the test cannot run on {against}: {(error or 'an error')[:300]}"
+    else:
+        check["as_expected"] = check["outcome"] == must
+    check["output"] = output[-4000:]
+    return check
+
+
+def verify_engine_test(code: str, file_name: str, subject, tests_root, expected: str, message: str | None,
+                       finding: Finding) -> dict:
+    """Lint, then run on both sides (the other side: ``findings.stateful.other_side``):
+    ``{"lint": ..., "verified": [...], "other_side": why not run there}``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .completion import lint_test
+    from .stateful import other_side
+
+    other, why = other_side(finding, subject)
+    jobs = [(subject, "failed", subject.label)]
+    if other is not None:
+        jobs.append((other, "passed", why))
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        lint = pool.submit(lint_test, code, file_name, subject, tests_root)
+        runs = [pool.submit(_run_engine_test, code, file_name, tests_root, s, must, against, expected, message)
+                for s, must, against in jobs]
+        return {"lint": lint.result(), "verified": [r.result() for r in runs],
+                "other_side": why if other is None else None}

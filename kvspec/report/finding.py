@@ -481,7 +481,7 @@ def _test_lines(f: Finding, label=lambda s: s) -> list[str]:
         return []
     from kvspec.emit.regression_test import FILE_NAME
 
-    if f.compared.get("differential") == "stateful":
+    if f.compared.get("differential") in ("stateful", "engine"):
         return _stateful_test_lines(f, label)
     where = f"tests/v1/core/{FILE_NAME}"
     if not proposes_test(f):
@@ -601,6 +601,12 @@ def _reproduce(f: Finding, path=lambda p: p) -> list[str]:
     caught = caught_by(f)
     if caught:
         out.append(f"pytest '{caught[0]}'   # vLLM's own test, failing on the subject's tree")
+    elif f.source == "fuzz" and f.compared.get("differential") == "engine":
+        from kvspec.emit.engine_test import engine_test_name
+
+        name = engine_test_name(f.category)  # from the category, never the finding's text
+        if name and proposes_test(f):
+            out.append(f"pytest tests/v1/core/{name}.py::{name}   # in a vLLM checkout, with the test added")
     elif f.source == "fuzz" and f.regression_test:
         from kvspec.emit.regression_test import pytest_command
 
@@ -740,6 +746,28 @@ def _stateful_test_fold(f: Finding) -> list[str]:
     return _fold(f"Regression test for {where}", body)
 
 
+def _engine_test_fold(f: Finding) -> list[str]:
+    """An engine finding's test, emitted anew from its engine program and
+    settings (validated by the emitter: known model, numbers, plain ids)."""
+    from kvspec.emit.engine_test import rendered_engine_test
+
+    version = (f.compared.get("subject") or {}).get("version")
+    code = rendered_engine_test(f, version if isinstance(version, str) else "")
+    if code is None:
+        return []
+    from kvspec.emit.engine_test import engine_test_name
+
+    module = (f.regression_test or {}).get("module")
+    if isinstance(module, str) and _TEST_FILE.fullmatch(module):
+        where, how = module, f"Add to `{module}`"
+    else:
+        where = f"tests/v1/core/{engine_test_name(f.category)}.py"
+        how = f"Add as `{where}`"
+    body = [f"{how} of vLLM (it imports vLLM and torch only and builds its scheduler from the settings vLLM "
+            "derived):", "", *_fence(code, "python")]
+    return _fold(f"Regression test for {where}", body)
+
+
 def _regression_test_code(f: Finding, xfail: bool = False) -> str | None:
     """The test, emitted anew from the finding's (validated) inputs: code is
     never copied from a finding into a report."""
@@ -821,7 +849,11 @@ def render_markdown(f: Finding, heading: str = "###", plot_path: str | None = No
     stateful = f.compared.get("differential") == "stateful"
     if stateful and f.source == "fuzz" and proposes_test(f):
         out += _stateful_test_fold(f)
-    code = _regression_test_code(f) if f.source == "fuzz" and proposes_test(f) and not stateful else None
+    engine = f.compared.get("differential") == "engine"
+    if engine and f.source == "fuzz" and proposes_test(f):
+        out += _engine_test_fold(f)
+    code = (_regression_test_code(f) if f.source == "fuzz" and proposes_test(f) and not stateful and not engine
+            else None)
     if code is not None:
         t = f.regression_test or {}
         from kvspec.emit.regression_test import FILE_NAME, xfail_decorator

@@ -368,7 +368,7 @@ def _complete(proc, result, differential: str, findings_dir: Path, versions: dic
     if differential == "engine":
         from kvspec.findings.engine import complete_engine_finding
 
-        return complete_engine_finding(proc, result, findings_dir, versions)
+        return complete_engine_finding(proc, result, findings_dir, versions, verify=verify)
     if differential == "stateful":
         from kvspec.findings.stateful import complete_stateful_finding
 

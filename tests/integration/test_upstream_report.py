@@ -6,10 +6,12 @@ report offers exactly that script."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 from kvspec.model.outcome import Outcome
+from kvspec.subjects.subject import mutant_subject, release
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "finding_engine_mamba_estimate_0.34.0.json"
 
@@ -28,14 +30,46 @@ def test_the_upstream_report_of_the_mamba_estimate_finding_reproduces_on_0_34_0(
     (script,) = re.findall(r"(?ms)^```python\n(.*?)^```$", text)
     assert "pip install vllm==0.34.0 && python repro.py" in script
     assert not re.search(r"^\s*(import|from) kvspec", script, re.M)
+    # The finding's test in vLLM's idiom, from the same engine code: it lints
+    # clean under the release's ruff configuration and fails on 0.34.0 on its
+    # assertion; no release without the bug is known, and that is said.
+    test = _engine_test(tmp_path, FIXTURE, release("0.34.0"))
+    assert test["test_name"] == "test_block_estimate_covers_allocate_slots" and test["proposed"], test
+    (run,) = test["verified"]
+    assert run["outcome"] == "failed" and run["failure"] == "the test's assertion" and run["as_expected"], run
+    assert test["other_side"] == "no release without this bug is known to kvspec (model/known.py)"
+
+
+WINDOW = FIXTURE.parent / "finding_engine_window_frees_early_0.34.0.json"
+
+
+def _engine_test(tmp_path, fixture: Path, subject) -> dict:
+    from kvspec.findings.engine import with_engine_test
+    from kvspec.model.finding import Finding
+
+    finding = with_engine_test(Finding.from_dict(json.loads(fixture.read_text())), tmp_path / fixture.name, subject)
+    test = finding.regression_test
+    assert test["lint"]["outcome"] == "passed", test["lint"]["output"]
+    assert "kvspec" not in test["code"] and Path(finding.artifacts["regression_test"]).read_text() == test["code"]
+    return test
+
+
+def test_an_engine_findings_test_fails_on_the_mutant_and_passes_on_its_release(tmp_path):
+    """``kvspec fuzz --vllm 0.34.0 --mutant window_frees_early --engine
+    --seed 0``'s finding: the test asserts the window the step attends to is
+    held, fails on the mutant on that assertion and passes on 0.34.0."""
+    test = _engine_test(tmp_path, WINDOW, mutant_subject("0.34.0", "window_frees_early"))
+    assert test["test_name"] == "test_sliding_window_keeps_the_blocks_its_next_step_reads" and test["proposed"]
+    subject, release_side = test["verified"]
+    assert subject["outcome"] == "failed" and subject["failure"] == "the test's assertion", subject
+    assert "must hold real blocks for the window of tokens its next step attends to" in subject["output"]
+    assert release_side["outcome"] == "passed" and release_side["against"] == "unmutated vllm 0.34.0", release_side
 
 
 def test_a_script_that_does_not_reproduce_is_not_offered(tmp_path, capsys):
     """The same program read as a crash of schedule(): with the finding's
     22-block pool the allocation fits, so the script runs to its end; the
     report says it did not reproduce, offers no script, and exits 4."""
-    import json
-
     from kvspec.cli import main
 
     doc = json.loads(FIXTURE.read_text())

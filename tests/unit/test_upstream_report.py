@@ -48,7 +48,7 @@ def test_the_script_carries_the_findings_settings_and_inputs_and_nothing_of_kvsp
     assert '    # add_request: 65 prompt tokens, max_tokens 1\n    ("arrive", "r0", list(range(0, 65)), 1),' \
         in script.code
     assert '    # one engine step, as EngineCore.step / step_with_batch_queue\n    ("step",),' in script.code
-    assert "# The finding's engine flags: vllm serve MODEL --num-gpu-blocks-override 22 --max-model-len 256" \
+    assert "# The engine flags: vllm serve MODEL --num-gpu-blocks-override 22 --max-model-len 256" \
         in script.code
     assert "pip install vllm==0.34.0 && python repro.py" in script.code
     assert "engine's KV-cache planning" in script.code  # the hand-built KVCacheConfig is said
