@@ -17,7 +17,7 @@ import os
 import re
 from typing import Any
 
-from kvspec.model.finding import Category, Finding, GroupRow
+from kvspec.model.finding import VLLM_TESTS_NOT_ASKED, Category, Finding, GroupRow
 
 from .escape import code_span, fence, md_inline, path_safe, terminal
 
@@ -457,6 +457,9 @@ def vllm_tests_lines(f: Finding, label=lambda s: s) -> list[str]:
     asked = f.vllm_tests
     if not isinstance(asked, dict):
         return []
+    if asked.get("asked") is False:  # the reason is kvspec's own text, chosen by a known key
+        why = VLLM_TESTS_NOT_ASKED.get(asked.get("why_not"))  # type: ignore[arg-type]
+        return [f"vLLM's own tests not asked: {why}"] if why else []
     files = [n for n in asked.get("files") or () if isinstance(n, str) and _TEST_FILE.fullmatch(n)]
     subject, baseline = asked.get("subject"), asked.get("baseline")
     line = (f"asked first, vLLM's own tests ({', '.join(files)}): on "
@@ -475,6 +478,11 @@ def vllm_tests_lines(f: Finding, label=lambda s: s) -> list[str]:
     return [line]
 
 
+def _caught_already(which: str) -> str:
+    return (f"the test kvspec emitted {which}: not proposed (vLLM's own test above already catches the finding); "
+            "stored with the finding as an artifact only, not run")
+
+
 def _test_lines(f: Finding, label=lambda s: s) -> list[str]:
     t = f.regression_test
     if not t:
@@ -485,8 +493,7 @@ def _test_lines(f: Finding, label=lambda s: s) -> list[str]:
         return _stateful_test_lines(f, label)
     where = f"tests/v1/core/{FILE_NAME}"
     if not proposes_test(f):
-        return [f"the test kvspec emitted for {where}: not proposed (vLLM's own test above already catches "
-                "the finding); stored with the finding as an artifact only, not run"]
+        return [_caught_already(f"for {where}")]
     module = t.get("module")
     if isinstance(module, str) and _TEST_FILE.fullmatch(module):
         where += f", to merge into {module} (the release's module that already covers this)"
@@ -524,6 +531,8 @@ def _stateful_test_lines(f: Finding, label) -> list[str]:
     module = t.get("module")
     where = (f"{name}, to add to {module} (the release's test module that covers this)"
              if isinstance(module, str) and _TEST_FILE.fullmatch(module) else f"{name}, for tests/v1/core")
+    if caught_by(f):
+        return [_caught_already(f"({where})")]
     checks = [_check_words(c, label) for c in t.get("verified", ()) if isinstance(c, dict)]
     if t.get("other_side"):
         checks.append(f"not run where the bug is absent: {t['other_side']}")
