@@ -121,12 +121,13 @@ def complete_stateful_finding(proc, result, findings_dir: Path,
     from kvspec.diff_tests.reproduce import reproduce_through_engine
     from kvspec.diff_tests.stateful import replay_program
 
-    from .completion import tests_root_or_none, vllm_tests_stage
+    from .completion import _timed, tests_root_or_none, vllm_tests_stage
 
     finding, path = store_new(stateful_finding(result, versions), findings_dir)
     tests_root = tests_root_or_none(proc.subject)
+    seconds: dict[str, float] = {}
     with ThreadPoolExecutor(max_workers=1) as pool:
-        asked = pool.submit(vllm_tests_stage, proc.subject, tests_root)
+        asked = pool.submit(_timed, seconds, "vLLM's own tests", vllm_tests_stage, proc.subject, tests_root)
         program = result.failure.case
         found, _ = replay_program(proc, program)
         reproduced = any(d.category is finding.category for d in found)
@@ -142,7 +143,8 @@ def complete_stateful_finding(proc, result, findings_dir: Path,
         store_finding(finding, path)
         finding = with_engine_impact(proc, finding)
         store_finding(finding, path)
-        finding = attrs.evolve(finding, vllm_tests=asked.result())
+        finding = attrs.evolve(finding, vllm_tests=asked.result(),
+                               run={**finding.run, "completion_seconds": seconds})
         store_finding(finding, path)
     if trace.get("ok"):
         finding = with_regression_test(finding, path, trace.get("trace"), proc.capabilities, proc.subject,

@@ -468,7 +468,8 @@ def vllm_tests_lines(f: Finding, label=lambda s: s) -> list[str]:
         line += f"; on {label(str((baseline or {}).get('against', 'the release')))} {_side(baseline)}"
     caught = caught_by(f)
     if caught:
-        more = f" (and {len(caught) - 1} more: {', '.join(caught[1:])})" if len(caught) > 1 else ""
+        shown = ", ".join(caught[1:4]) + (", ..." if len(caught) > 4 else "")
+        more = f" (and {len(caught) - 1} more: {shown})" if len(caught) > 1 else ""
         return [line, f"already caught by {caught[0]}{more}: it fails on the subject"
                 + (" and passes on the release" if baseline is not None else "")
                 + "; kvspec proposes no test of its own"]
@@ -528,11 +529,11 @@ def _stateful_test_lines(f: Finding, label) -> list[str]:
     t = f.regression_test
     name = t.get("test_name")
     name = name if isinstance(name, str) and name.isidentifier() else "the test"
+    if caught_by(f):
+        return [_caught_already(f"({name})")]
     module = t.get("module")
     where = (f"{name}, to add to {module} (the release's test module that covers this)"
              if isinstance(module, str) and _TEST_FILE.fullmatch(module) else f"{name}, for tests/v1/core")
-    if caught_by(f):
-        return [_caught_already(f"({where})")]
     checks = [_check_words(c, label) for c in t.get("verified", ()) if isinstance(c, dict)]
     if t.get("other_side"):
         checks.append(f"not run where the bug is absent: {t['other_side']}")
