@@ -7,7 +7,9 @@ invariant and what vLLM's manager looked like after it.  It is stored as
 soon as it exists, then completed: the program rerun once more on the live
 subject (a finding that does not reproduce is marked flaky) and a
 regression test emitted from the manager calls the program made
-(``kvspec.emit.stateful_test``).
+(``kvspec.emit.stateful_test``), proposed only when none of vLLM's own
+tests, asked first as for a registration finding (``vllm_suite``), already
+catches the finding.
 """
 
 from __future__ import annotations

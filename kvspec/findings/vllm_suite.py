@@ -10,6 +10,10 @@ release's own run depends only on its tree, its tests and the runtime, so it
 is recorded under the test cache and reused, said so with its date.  A
 source tree's tests run on the tree alone: there is no release to compare
 with, so every failure is reported, as a failure of the tree's own tests.
+Registration and stateful findings ask through the one stage
+(``completion.vllm_tests_stage``).  A published release is not asked, and
+its finding records why (``model.finding.VLLM_TESTS_NOT_ASKED``): its own
+tests are the baseline a failure would be compared with.
 """
 
 from __future__ import annotations

@@ -20,26 +20,14 @@ from kvspec.findings.vllm_suite import caught_by, covering_module
 from kvspec.emit.vllm_tests import SUITE
 from kvspec.subjects.testrun import junit_outcomes
 
-from tests.support import FIXTURES
+from tests.support import FIXTURES, VLLM_CATCHER, asked_vllm_tests as _asked
 
-CATCHER = ("tests/v1/core/prefix_cache/test_partial_prefix_cache_hits.py::"
-           "test_eagle_group_registers_unaligned_tail_under_partial_hash_hits")
-FILES = list(SUITE)
+CATCHER = VLLM_CATCHER
 
 
 @pytest.fixture
 def finding() -> Finding:
     return Finding.from_dict(json.loads((FIXTURES / "finding_refloor_50062.json").read_text()))
-
-
-def _asked(caught: list[str], failed_here: list[str] | None = None, reused: bool = True) -> dict:
-    failed = failed_here if failed_here is not None else caught
-    return {"files": FILES, "caught_by": caught, "command": "pytest " + " ".join(FILES),
-            "subject": {"against": "vllm 0.33.0 + refloor_50062", "outcome": "failed" if failed else "passed",
-                        "passed": 313 - len(failed), "tests": 313, "failed": failed, "errors": [],
-                        "seconds": 17.0},
-            "baseline": {"against": "unmutated vllm 0.33.0", "outcome": "passed", "passed": 313, "tests": 313,
-                         "failed": [], "errors": [], "reused": reused, "recorded": "2026-12-06 17:27 UTC"}}
 
 
 def test_a_failure_counts_only_when_the_release_passes_it():
@@ -120,67 +108,6 @@ def testjunit_outcomes_give_pytest_node_ids(tmp_path):
         "tests/v1/core/test_a.py::test_ok[1-2]": "passed",
         "tests/v1/core/test_a.py::TestK::test_bad": "failed",
         "tests/v1/core/test_a.py::test_err": "error"}
-
-
-# -- stateful findings ask the same way ------------------------------------------
-
-def _stateful(**more) -> Finding:
-    from tests.unit.test_stateful_test import _finding
-    from kvspec.model.finding import Category
-
-    return _finding(Category.STATE_LEAK, **more)
-
-
-def test_a_stateful_finding_vllm_already_catches_keeps_its_test_unproposed_and_unrun(tmp_path, monkeypatch):
-    from tests.unit.test_stateful_test import TRACE
-    from kvspec.findings import stateful
-
-    def must_not_run(*args, **kwargs):
-        raise AssertionError("a test vLLM's own already catches was run")
-
-    monkeypatch.setattr(stateful, "verify_stateful_test", must_not_run)
-    caught = _stateful(vllm_tests=_asked([CATCHER]))
-    done = stateful.with_regression_test(caught, tmp_path / "f.json", TRACE, caught.subject_capabilities(),
-                                         None, tests_root=None)
-    test = done.regression_test
-    assert (test["proposed"], test["verified"], test["lint"]) == (False, [], None)
-    assert test["why_not_proposed"] == f"vLLM's own {CATCHER} already catches it"
-    assert (tmp_path / "f" / test["file_name"]).read_text() == test["code"]  # kept as an artifact
-    text, markdown = render_text(done), render_markdown(done)
-    assert f"already caught by {CATCHER}: it fails on the subject and passes on the release" in text
-    assert "not proposed (vLLM's own test above already catches the finding)" in text
-    assert "ruff not run" not in text and "```python" not in markdown
-    assert f"Already caught by {CATCHER}" in markdown and done.verdict in markdown  # the finding stays
-    many = _stateful(vllm_tests=_asked([CATCHER, *(f"tests/v1/core/t.py::t{i}" for i in range(9))]))
-    assert "(and 9 more: tests/v1/core/t.py::t0, tests/v1/core/t.py::t1, tests/v1/core/t.py::t2, ...)" \
-        in render_text(many)
-    # Not caught: the suite's pass is said, and the test is verified and proposed.
-    monkeypatch.setattr(stateful, "verify_stateful_test", lambda *a: {
-        "lint": {"outcome": "passed"}, "verified": [{"outcome": "failed", "must": "failed", "as_expected": True,
-                                                     "against": "s", "failure": "the test's assertion"}],
-        "other_side": None})
-    missed = stateful.with_regression_test(_stateful(vllm_tests=_asked([])), tmp_path / "g.json", TRACE,
-                                           caught.subject_capabilities(), None, tests_root=None)
-    assert missed.regression_test["proposed"] is True
-    assert "not caught by vLLM's tests: its 313 CPU tests of these files pass on it" in render_text(missed)
-    assert "```python" in render_markdown(missed)
-
-
-def test_a_release_is_not_asked_and_the_report_says_why():
-    from types import SimpleNamespace
-
-    from kvspec.findings.vllm_suite import ask_vllm_tests
-
-    for kind, words in (("release", "on the release they pass by definition"),
-                        ("current", "no release tests kvspec knows"), ("source", "not available")):
-        asked = ask_vllm_tests(SimpleNamespace(kind=kind), None)
-        assert asked["asked"] is False and asked["caught_by"] == [], asked
-        finding = _stateful(vllm_tests=asked)
-        assert Finding.from_dict(json.loads(json.dumps(finding.to_dict()))).vllm_tests == asked
-        assert "vLLM's own tests not asked: " in render_text(finding) and words in render_markdown(finding)
-    # The words are kvspec's own, chosen by a known key: a file's text is never shown.
-    odd = _stateful(vllm_tests={"asked": False, "why_not": "elsewhere", "reason": "<script>"})
-    assert "not asked" not in render_markdown(odd) and "<script>" not in render_markdown(odd)
 
 
 # -- stated bounds --------------------------------------------------------------
