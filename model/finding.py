@@ -21,6 +21,7 @@ from .about import SCHEMAS
 __all__ = [
     "FINDING_SCHEMA",
     "hand_built_impact",
+    "VLLM_TESTS_NOT_ASKED",
     "Category",
     "Blame",
     "Ledger",
@@ -36,6 +37,17 @@ __all__ = [
 
 FINDING_SCHEMA = SCHEMAS["finding"]
 PREVIOUS_SCHEMA = "kvspec.finding/1"  # still read: findings are kept as CI artifacts
+
+# Why vLLM's own tests were not asked about a finding, by the key a finding
+# records (``vllm_tests = {"asked": False, "why_not": KEY, ...}``): the
+# producer (kvspec.findings.vllm_suite) and the renderers read one text.
+VLLM_TESTS_NOT_ASKED = {
+    "release": "a published release's own tests are the baseline they would be compared with: they passed in "
+               "vLLM's CI before it shipped, so on the release they pass by definition and cannot tell this bug "
+               "apart (they are asked about a mutant, against its unmutated release, and about a source tree)",
+    "current": "the vLLM of the current environment has no release tests kvspec knows to run",
+    "no_tests": "the release's test files were not available (no source distribution: offline?)",
+}
 
 
 class Category(str, enum.Enum):
@@ -351,7 +363,8 @@ class Finding:
     replay: str | None = None
     regression_test: dict[str, Any] | None = None  # code, file name, verification, whether proposed
     # The release's own tests run on the subject first (kvspec.findings.vllm_suite):
-    # files, each side's outcome, the tests that catch the finding (None: not asked).
+    # files, each side's outcome, the tests that catch the finding; or why they were
+    # not asked (VLLM_TESTS_NOT_ASKED); None: a finding stored before kvspec said.
     vllm_tests: dict[str, Any] | None = None
     sweep: dict[str, Any] | None = None  # registered vs n over a range (for the plot)
     observations: dict[str, Any] | None = None  # the subject's raw record (or its traceback)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from kvspec.model.capabilities import Capabilities, known_capabilities
 from kvspec.model.spec import BoundaryInputs
 
-__all__ = ["capabilities", "assert_snapshot", "boundary_inputs", "z3_value", "planted_tree", "mutant_tree",
+__all__ = ["asked_vllm_tests", "VLLM_CATCHER", "capabilities", "assert_snapshot", "boundary_inputs", "z3_value", "planted_tree", "mutant_tree",
            "check_command", "SNAPSHOTS", "FIXTURES"]
 
 SNAPSHOTS = Path(__file__).with_name("snapshots")
@@ -109,3 +109,21 @@ def interruptible() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+# vLLM 0.33.0's own test that catches #50062 (kvspec.findings.vllm_suite).
+VLLM_CATCHER = ("tests/v1/core/prefix_cache/test_partial_prefix_cache_hits.py::"
+                "test_eagle_group_registers_unaligned_tail_under_partial_hash_hits")
+
+
+def asked_vllm_tests(caught: list[str], failed_here: list[str] | None = None, reused: bool = True) -> dict:
+    """A finding's record of vLLM's 313 tests asked about it on a mutant of 0.33.0."""
+    from kvspec.emit.vllm_tests import SUITE
+
+    files, failed = list(SUITE), failed_here if failed_here is not None else caught
+    return {"asked": True, "files": files, "caught_by": caught, "command": "pytest " + " ".join(files),
+            "subject": {"against": "vllm 0.33.0 + refloor_50062", "outcome": "failed" if failed else "passed",
+                        "passed": 313 - len(failed), "tests": 313, "failed": failed, "errors": [],
+                        "seconds": 17.0},
+            "baseline": {"against": "unmutated vllm 0.33.0", "outcome": "passed", "passed": 313, "tests": 313,
+                         "failed": [], "errors": [], "reused": reused, "recorded": "2026-12-06 17:27 UTC"}}

@@ -30,7 +30,7 @@ from kvspec.model.finding import Category, Finding
 
 __all__ = ["complete_finding", "store_finding", "store_raw_finding", "verify_test", "lint_test",
            "explain_stage", "sweep_stage", "plot_stage", "real_code_stage", "emit_stage", "vllm_tests_stage",
-           "STAGES", "offered_test"]
+           "tests_root_or_none", "STAGES", "offered_test"]
 
 _SWEPT = (Category.UNDER_REGISTRATION, Category.OVER_REGISTRATION, Category.BLOCK_MISMATCH)
 # The stages of completion, in order (``bench_report.py`` times each).
@@ -166,11 +166,26 @@ def emit_stage(finding: Finding, capabilities, idiom) -> tuple[str | None, str |
     return code, (emit_test(finding, capabilities, idiom, xfail=True) if code else None)
 
 
-def vllm_tests_stage(subject, tests_root: Path | None) -> dict[str, Any] | None:
-    """The release's own tests on the subject (and its release), first."""
+def vllm_tests_stage(subject, tests_root: Path | None) -> dict[str, Any]:
+    """The release's own tests on the subject (and its release), first;
+    every finding kind asks them here (registration and stateful)."""
     from kvspec.findings.vllm_suite import ask_vllm_tests
 
     return ask_vllm_tests(subject, tests_root)
+
+
+def tests_root_or_none(subject) -> Path | None:
+    """The release's tests for ``subject`` (``emit.vllm_tests.tests_root_of``),
+    or None, said on the console, when they cannot be had."""
+    from kvspec.emit.vllm_tests import tests_root_of
+
+    try:
+        return tests_root_of(subject)
+    except Exception as exc:  # no network, no sdist: the test builds its own manager
+        from kvspec.subjects.provision import report
+
+        report(f"vLLM's test helpers are not available ({exc}); the emitted test builds its own manager")
+        return None
 
 
 def _timed(seconds: dict[str, float], stage: str, fn: Callable, *args) -> Any:
@@ -189,19 +204,13 @@ def complete_finding(proc, result, findings_dir: Path, versions: dict[str, str],
     rest and one another; the finding is stored after each step."""
     from kvspec.findings.assemble import fuzz_finding
     from kvspec.emit.regression_test import pytest_command, test_file_name, test_name
-    from kvspec.findings.vllm_suite import covering_module
-    from kvspec.emit.vllm_tests import idiom_of, tests_root_of
+    from kvspec.findings.vllm_suite import already_caught, covering_module
+    from kvspec.emit.vllm_tests import idiom_of
 
     seconds: dict[str, float] = {}
     with ThreadPoolExecutor(max_workers=5) as pool:
         explained = pool.submit(_timed, seconds, "explain", explain_stage, result, versions)
-        tests_root = None
-        try:
-            tests_root = tests_root_of(proc.subject)
-        except Exception as exc:  # no network, no sdist: the test builds its own manager
-            from kvspec.subjects.provision import report
-
-            report(f"vLLM's test helpers are not available ({exc}); the emitted test builds its own manager")
+        tests_root = tests_root_or_none(proc.subject)
         # vLLM's own tests first, beside everything else: if one already
         # fails on the subject, kvspec proposes no test of its own.
         asked = pool.submit(_timed, seconds, "vLLM's own tests", vllm_tests_stage, proc.subject, tests_root) \
@@ -234,7 +243,7 @@ def complete_finding(proc, result, findings_dir: Path, versions: dict[str, str],
         if vllm_tests is not None:
             finding = save(attrs.evolve(finding, vllm_tests=vllm_tests))
         # Already caught by a test of vLLM's own: kvspec's would duplicate it.
-        proposed = not (vllm_tests and vllm_tests["caught_by"])
+        proposed = not already_caught(vllm_tests)
         if code is not None:
             file_name = test_file_name(finding)
             test_dir = findings_dir / stem

@@ -7,7 +7,9 @@ invariant and what vLLM's manager looked like after it.  It is stored as
 soon as it exists, then completed: the program rerun once more on the live
 subject (a finding that does not reproduce is marked flaky) and a
 regression test emitted from the manager calls the program made
-(``kvspec.emit.stateful_test``).
+(``kvspec.emit.stateful_test``), proposed only when none of vLLM's own
+tests, asked first as for a registration finding (``vllm_suite``), already
+catches the finding.
 """
 
 from __future__ import annotations
@@ -111,45 +113,64 @@ def store_new(finding: Finding, findings_dir: Path, stopped: str | None = None) 
 
 def complete_stateful_finding(proc, result, findings_dir: Path,
                               versions: dict[str, str]) -> tuple[Finding, Path]:
+    """Store the finding, then complete it: replayed, its machine trace
+    taken, looked for through the engine and measured there, while vLLM's
+    own tests run on the subject (processes of their own, as for a
+    registration finding: ``completion.vllm_tests_stage``); then its test,
+    proposed only when none of vLLM's catches it."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from kvspec.diff_tests.reproduce import reproduce_through_engine
     from kvspec.diff_tests.stateful import replay_program
 
+    from .completion import _timed, tests_root_or_none, vllm_tests_stage
+
     finding, path = store_new(stateful_finding(result, versions), findings_dir)
-    program = result.failure.case
-    found, _ = replay_program(proc, program)
-    reproduced = any(d.category is finding.category for d in found)
-    finding = attrs.evolve(finding, run={**finding.run, "reproduced_on_replay": reproduced})
-    if not reproduced and finding.category is Category.SUBJECT_CRASH:
-        finding = unconfirmed_crash(finding)
-    store_finding(finding, path)
-    trace = proc.session(MachineTrace()) if reproduced else {}
-    if trace.get("ok"):
-        finding = with_regression_test(finding, path, trace.get("trace"), proc.capabilities, proc.subject)
+    tests_root = tests_root_or_none(proc.subject)
+    seconds: dict[str, float] = {}
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        asked = pool.submit(_timed, seconds, "vLLM's own tests", vllm_tests_stage, proc.subject, tests_root)
+        program = result.failure.case
+        found, _ = replay_program(proc, program)
+        reproduced = any(d.category is finding.category for d in found)
+        finding = attrs.evolve(finding, run={**finding.run, "reproduced_on_replay": reproduced})
+        if not reproduced and finding.category is Category.SUBJECT_CRASH:
+            finding = unconfirmed_crash(finding)
         store_finding(finding, path)
-    # Last (the worker's machine trace above is the program's): reachable
-    # through vLLM's scheduler, or hand-built only (hardening).
-    finding = with_engine_reproduction(finding, reproduce_through_engine(
-        proc, program, result.failure.discrepancies[0], result.failure.reply))
-    store_finding(finding, path)
-    finding = with_engine_impact(proc, finding)
-    store_finding(finding, path)
+        trace = proc.session(MachineTrace()) if reproduced else {}
+        # Then (the worker's machine trace above is the program's): reachable
+        # through vLLM's scheduler, or hand-built only (hardening).
+        finding = with_engine_reproduction(finding, reproduce_through_engine(
+            proc, program, result.failure.discrepancies[0], result.failure.reply))
+        store_finding(finding, path)
+        finding = with_engine_impact(proc, finding)
+        store_finding(finding, path)
+        finding = attrs.evolve(finding, vllm_tests=asked.result(),
+                               run={**finding.run, "completion_seconds": seconds})
+        store_finding(finding, path)
+    if trace.get("ok"):
+        finding = with_regression_test(finding, path, trace.get("trace"), proc.capabilities, proc.subject,
+                                       tests_root=tests_root)
+        store_finding(finding, path)
     return finding, path
 
 
-def with_regression_test(finding: Finding, path: Path, trace, capabilities, subject) -> Finding:
+def with_regression_test(finding: Finding, path: Path, trace, capabilities, subject, *,
+                         tests_root: Path | None | str = "find") -> Finding:
     """The finding with its regression test (``kvspec.emit.stateful_test``):
     written beside it, linted with the release's ruff configuration and run
-    on both sides (failing on the subject, passing where the bug is not)."""
+    on both sides (failing on the subject, passing where the bug is not).
+    When a test of vLLM's own already catches the finding
+    (``finding.vllm_tests``), the test is kept as an artifact only: not
+    proposed, not run (it would duplicate vLLM's)."""
     from kvspec.emit.stateful_test import emit_stateful_test, expected_failure, stateful_test_name
-    from kvspec.emit.vllm_tests import idiom_of, tests_root_of
+    from kvspec.emit.vllm_tests import idiom_of
 
-    tests_root = None
-    try:
-        tests_root = tests_root_of(subject)
-    except Exception as exc:  # no network, no sdist: the test builds its own manager
-        from kvspec.subjects.provision import report
+    from .completion import tests_root_or_none
+    from .vllm_suite import already_caught
 
-        report(f"vLLM's test helpers are not available ({exc}); the emitted test builds its own manager")
+    if tests_root == "find":
+        tests_root = tests_root_or_none(subject)
     idiom = idiom_of(tests_root)
     code = emit_stateful_test(finding, trace, capabilities, idiom)
     if code is None:
@@ -160,18 +181,23 @@ def with_regression_test(finding: Finding, path: Path, trace, capabilities, subj
     test_dir.mkdir(exist_ok=True)
     test_path = test_dir / file_name
     test_path.write_text(code)
-    checked = verify_stateful_test(code, file_name, subject, tests_root, expected_failure(finding), finding)
     module = proposed_module(tests_root, finding.category)
-    # Offered only when it lints clean and fails on the subject as the finding did.
-    lint, runs = checked["lint"], checked["verified"]
-    why_not = None
-    if lint is not None and lint.get("outcome") != "passed":
-        why_not = "it does not pass ruff with the release's configuration"
-    elif not runs[0].get("as_expected"):
-        why_not = f"it did not fail on {subject.label} as the finding did"
     record = {"file_name": file_name, "path": str(test_path), "code": code, "test_name": name, "trace": trace,
-              "idiom": idiom.as_dict(), "module": module, "proposed": why_not is None, "why_not_proposed": why_not,
-              "command": f"pytest {module or 'tests/v1/core/' + file_name}::{name}", **checked}
+              "idiom": idiom.as_dict(), "module": module,
+              "command": f"pytest {module or 'tests/v1/core/' + file_name}::{name}"}
+    if already_caught(finding.vllm_tests):
+        record.update(proposed=False, verified=[], lint=None, other_side=None,
+                      why_not_proposed=f"vLLM's own {finding.vllm_tests['caught_by'][0]} already catches it")
+    else:
+        checked = verify_stateful_test(code, file_name, subject, tests_root, expected_failure(finding), finding)
+        # Offered only when it lints clean and fails on the subject as the finding did.
+        lint, runs = checked["lint"], checked["verified"]
+        why_not = None
+        if lint is not None and lint.get("outcome") != "passed":
+            why_not = "it does not pass ruff with the release's configuration"
+        elif not runs[0].get("as_expected"):
+            why_not = f"it did not fail on {subject.label} as the finding did"
+        record.update(proposed=why_not is None, why_not_proposed=why_not, **checked)
     return attrs.evolve(finding, artifacts={**finding.artifacts, "regression_test": str(test_path)},
                         regression_test=record)
 

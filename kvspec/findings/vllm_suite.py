@@ -10,6 +10,10 @@ release's own run depends only on its tree, its tests and the runtime, so it
 is recorded under the test cache and reused, said so with its date.  A
 source tree's tests run on the tree alone: there is no release to compare
 with, so every failure is reported, as a failure of the tree's own tests.
+Registration and stateful findings ask through the one stage
+(``completion.vllm_tests_stage``).  A published release is not asked, and
+its finding records why (``model.finding.VLLM_TESTS_NOT_ASKED``): its own
+tests are the baseline a failure would be compared with.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from kvspec.emit.vllm_tests import KEPT, SUITE
+from kvspec.model.finding import VLLM_TESTS_NOT_ASKED
 
-__all__ = ["ask_vllm_tests", "suite_files", "covering_module", "caught_by"]
+__all__ = ["ask_vllm_tests", "suite_files", "covering_module", "caught_by", "not_asked", "already_caught"]
 
 # No model hub, no accelerator: the suite's tests build their managers by hand.
 _OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}
@@ -133,15 +138,28 @@ def caught_by(subject_run: dict[str, Any], baseline: dict[str, Any] | None) -> l
     return [n for n in failing if n not in broken_there]
 
 
-def ask_vllm_tests(subject, tests_root: Path | None) -> dict[str, Any] | None:
+def not_asked(why: str) -> dict[str, Any]:
+    """The record of a finding vLLM's tests were not asked about, and why
+    (a key of ``VLLM_TESTS_NOT_ASKED``: the report says it, never silence)."""
+    return {"asked": False, "why_not": why, "reason": VLLM_TESTS_NOT_ASKED[why], "caught_by": []}
+
+
+def already_caught(asked: dict[str, Any] | None) -> bool:
+    """Whether a test of vLLM's own catches the finding (then kvspec proposes none)."""
+    return bool(asked and asked.get("caught_by"))
+
+
+def ask_vllm_tests(subject, tests_root: Path | None) -> dict[str, Any]:
     """The suite on the subject (and, for a mutant, on its release): what
-    fails, what catches the finding.  None when there are no tests to run
-    (a release or the current environment, or a tree without them)."""
+    fails, what catches the finding.  A release, the current environment or
+    a tree without the tests is not asked, and the record says why."""
     from kvspec.subjects.subject import release
 
+    if subject.kind not in ("mutant", "source"):
+        return not_asked("release" if subject.kind == "release" else "current")
     files = suite_files(tests_root)
-    if subject.kind not in ("mutant", "source") or not files:
-        return None
+    if not files:
+        return not_asked("no_tests")
     started = time.perf_counter()
     base = release(subject.version) if subject.kind == "mutant" else None
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -150,5 +168,5 @@ def ask_vllm_tests(subject, tests_root: Path | None) -> dict[str, Any] | None:
         there = baseline.result() if baseline is not None else None
     if there is not None:
         there = {**there, "against": f"unmutated {base.label}"}
-    return {"files": files, "subject": here, "baseline": there, "caught_by": caught_by(here, there),
+    return {"asked": True, "files": files, "subject": here, "baseline": there, "caught_by": caught_by(here, there),
             "command": "pytest " + " ".join(files), "seconds": round(time.perf_counter() - started, 2)}

@@ -17,7 +17,7 @@ import os
 import re
 from typing import Any
 
-from kvspec.model.finding import Category, Finding, GroupRow
+from kvspec.model.finding import VLLM_TESTS_NOT_ASKED, Category, Finding, GroupRow
 
 from .escape import code_span, fence, md_inline, path_safe, terminal
 
@@ -457,6 +457,9 @@ def vllm_tests_lines(f: Finding, label=lambda s: s) -> list[str]:
     asked = f.vllm_tests
     if not isinstance(asked, dict):
         return []
+    if asked.get("asked") is False:  # the reason is kvspec's own text, chosen by a known key
+        why = VLLM_TESTS_NOT_ASKED.get(asked.get("why_not"))  # type: ignore[arg-type]
+        return [f"vLLM's own tests not asked: {why}"] if why else []
     files = [n for n in asked.get("files") or () if isinstance(n, str) and _TEST_FILE.fullmatch(n)]
     subject, baseline = asked.get("subject"), asked.get("baseline")
     line = (f"asked first, vLLM's own tests ({', '.join(files)}): on "
@@ -465,7 +468,8 @@ def vllm_tests_lines(f: Finding, label=lambda s: s) -> list[str]:
         line += f"; on {label(str((baseline or {}).get('against', 'the release')))} {_side(baseline)}"
     caught = caught_by(f)
     if caught:
-        more = f" (and {len(caught) - 1} more: {', '.join(caught[1:])})" if len(caught) > 1 else ""
+        shown = ", ".join(caught[1:4]) + (", ..." if len(caught) > 4 else "")
+        more = f" (and {len(caught) - 1} more: {shown})" if len(caught) > 1 else ""
         return [line, f"already caught by {caught[0]}{more}: it fails on the subject"
                 + (" and passes on the release" if baseline is not None else "")
                 + "; kvspec proposes no test of its own"]
@@ -473,6 +477,11 @@ def vllm_tests_lines(f: Finding, label=lambda s: s) -> list[str]:
         return [line, f"not caught by vLLM's tests: its {subject.get('tests', '?')} CPU tests of these files "
                       "pass on it"]
     return [line]
+
+
+def _caught_already(which: str) -> str:
+    return (f"the test kvspec emitted {which}: not proposed (vLLM's own test above already catches the finding); "
+            "stored with the finding as an artifact only, not run")
 
 
 def _test_lines(f: Finding, label=lambda s: s) -> list[str]:
@@ -485,8 +494,7 @@ def _test_lines(f: Finding, label=lambda s: s) -> list[str]:
         return _stateful_test_lines(f, label)
     where = f"tests/v1/core/{FILE_NAME}"
     if not proposes_test(f):
-        return [f"the test kvspec emitted for {where}: not proposed (vLLM's own test above already catches "
-                "the finding); stored with the finding as an artifact only, not run"]
+        return [_caught_already(f"for {where}")]
     module = t.get("module")
     if isinstance(module, str) and _TEST_FILE.fullmatch(module):
         where += f", to merge into {module} (the release's module that already covers this)"
@@ -521,6 +529,8 @@ def _stateful_test_lines(f: Finding, label) -> list[str]:
     t = f.regression_test
     name = t.get("test_name")
     name = name if isinstance(name, str) and name.isidentifier() else "the test"
+    if caught_by(f):
+        return [_caught_already(f"({name})")]
     module = t.get("module")
     where = (f"{name}, to add to {module} (the release's test module that covers this)"
              if isinstance(module, str) and _TEST_FILE.fullmatch(module) else f"{name}, for tests/v1/core")

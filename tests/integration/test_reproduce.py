@@ -53,6 +53,12 @@ def test_a_mutants_stateful_finding_is_reachable_through_the_scheduler_with_its_
     assert found and found[0].category is Category.STATE_WINDOW
     with SubjectProcess(release(NEWEST)) as proc:
         assert replay_engine_program(proc, program)[0] == []
+    # vLLM's own tests were asked first, as for a registration finding: one
+    # fails on the mutant and passes on 0.34.0, so kvspec proposes no test of its own.
+    catcher = "tests/v1/core/test_single_type_kv_cache_manager.py::test_sliding_window_remove_skipped_blocks"
+    assert finding["vllm_tests"]["caught_by"] == [catcher], finding["vllm_tests"]["caught_by"]
+    assert not (finding["regression_test"] or {}).get("proposed") and "```python" not in markdown
+    assert f"Already caught by {catcher}: it fails on the subject and passes on the release" in markdown
 
 
 def test_a_finding_on_a_geometry_no_engine_builds_is_hand_built_only_and_exits_hardening(tmp_path):
@@ -74,6 +80,11 @@ def test_a_finding_on_a_geometry_no_engine_builds_is_hand_built_only_and_exits_h
     assert "Hardening, not a regression: hand-built only: not reproduced through the engine" in markdown
     document = json.loads((tmp_path / "fuzz.json").read_text())
     assert document["outcome"] == "HARDENING"
+    # None of vLLM's own tests catches it: that is said, and kvspec's test is proposed.
+    asked = finding["vllm_tests"]
+    assert asked["caught_by"] == [] and asked["subject"]["outcome"] == "passed" and asked["subject"]["tests"] > 300
+    assert f"Not caught by vLLM's tests: its {asked['subject']['tests']} CPU tests of these files pass" in markdown
+    assert finding["regression_test"]["proposed"] is True, finding["regression_test"]["why_not_proposed"]
 
 
 # free_keeps_cached_count's minimal program as the stateful differential

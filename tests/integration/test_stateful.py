@@ -59,6 +59,9 @@ def test_the_real_second_group_defect_is_found_on_0_28_and_fixed_in_0_34(kvspec_
     assert len(program.ops) <= 6
     assert sum(g.kind.value == "full_attention" for g in program.config.groups) >= 2
     assert finding["run"]["reproduced_on_replay"] is True
+    # A published release's own tests are not asked (they pass on it by definition), and the finding says so.
+    assert finding["vllm_tests"] == {"asked": False, "why_not": "release", "caught_by": [],
+                                     "reason": finding["vllm_tests"]["reason"]}
     found, _ = replay_program(kvspec_release(BUGGY), program)
     assert [d.category for d in found][:1] == [Category.STATE_HIT_GROUPS]
     assert replay_program(kvspec_release(NEWEST), program)[0] == []

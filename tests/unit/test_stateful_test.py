@@ -1,11 +1,13 @@
 """The test a stateful finding carries reads like one of vLLM's own
 (tests/v1/core): the release's helpers, a behaviour's name, vLLM's words,
-nothing of kvspec, ruff-clean under vLLM's configuration; and the report says
-which module it extends and what failed on each side."""
+nothing of kvspec, ruff-clean under vLLM's configuration; the report says
+which module it extends and what failed on each side; and it is proposed only
+when none of vLLM's own tests, asked first, already catches the finding."""
 
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 from pathlib import Path
 
@@ -18,7 +20,9 @@ from kvspec.model.capabilities import Capabilities
 from kvspec.model.finding import Category, Finding
 from kvspec.model.domain import CoordinatorConfig, GroupKind, KVCacheGroup
 from kvspec.model.program import Program
-from kvspec.report.finding import render_markdown
+from kvspec.report.finding import render_markdown, render_text
+
+from tests.support import VLLM_CATCHER as CATCHER, asked_vllm_tests as _asked
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 HEADER = ("# SPDX-License-Identifier: Apache-2.0",
@@ -210,3 +214,61 @@ def test_a_lookup_rule_is_checked_at_the_lookup_that_broke_it():
     lookup = code.index("manager.get_computed_blocks(r1)")
     assert code.index("block_sizes = ") > lookup > code.index("manager.get_computed_blocks(r0)")
     assert "r2" not in code  # looked up after the check: not needed, not made
+
+
+# -- vLLM's own tests asked first, as for a registration finding ---------------
+
+def _stateful(**more) -> Finding:
+    return _finding(Category.STATE_LEAK, **more)
+
+
+def test_a_stateful_finding_vllm_already_catches_keeps_its_test_unproposed_and_unrun(tmp_path, monkeypatch):
+    from kvspec.findings import stateful
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a test vLLM's own already catches was run")
+
+    monkeypatch.setattr(stateful, "verify_stateful_test", must_not_run)
+    caught = _stateful(vllm_tests=_asked([CATCHER]))
+    done = stateful.with_regression_test(caught, tmp_path / "f.json", TRACE, caught.subject_capabilities(),
+                                         None, tests_root=None)
+    test = done.regression_test
+    assert (test["proposed"], test["verified"], test["lint"]) == (False, [], None)
+    assert test["why_not_proposed"] == f"vLLM's own {CATCHER} already catches it"
+    assert (tmp_path / "f" / test["file_name"]).read_text() == test["code"]  # kept as an artifact
+    text, markdown = render_text(done), render_markdown(done)
+    assert f"already caught by {CATCHER}: it fails on the subject and passes on the release" in text
+    assert "not proposed (vLLM's own test above already catches the finding)" in text
+    assert "ruff not run" not in text and "```python" not in markdown
+    assert f"Already caught by {CATCHER}" in markdown and done.verdict in markdown  # the finding stays
+    many = _stateful(vllm_tests=_asked([CATCHER, *(f"tests/v1/core/t.py::t{i}" for i in range(9))]))
+    assert "(and 9 more: tests/v1/core/t.py::t0, tests/v1/core/t.py::t1, tests/v1/core/t.py::t2, ...)" \
+        in render_text(many)
+    # Not caught: the suite's pass is said, and the test is verified and proposed.
+    monkeypatch.setattr(stateful, "verify_stateful_test", lambda *a: {
+        "lint": {"outcome": "passed"}, "verified": [{"outcome": "failed", "must": "failed", "as_expected": True,
+                                                     "against": "s", "failure": "the test's assertion"}],
+        "other_side": None})
+    missed = stateful.with_regression_test(_stateful(vllm_tests=_asked([])), tmp_path / "g.json", TRACE,
+                                           caught.subject_capabilities(), None, tests_root=None)
+    assert missed.regression_test["proposed"] is True
+    assert "not caught by vLLM's tests: its 313 CPU tests of these files pass on it" in render_text(missed)
+    assert "```python" in render_markdown(missed)
+
+
+def test_a_release_is_not_asked_and_the_report_says_why():
+    from types import SimpleNamespace
+
+    from kvspec.findings.vllm_suite import ask_vllm_tests
+
+    for kind, words in (("release", "on the release they pass by definition"),
+                        ("current", "no release tests kvspec knows"), ("source", "not available")):
+        asked = ask_vllm_tests(SimpleNamespace(kind=kind), None)
+        assert asked["asked"] is False and asked["caught_by"] == [], asked
+        finding = _stateful(vllm_tests=asked)
+        assert Finding.from_dict(json.loads(json.dumps(finding.to_dict()))).vllm_tests == asked
+        assert "vLLM's own tests not asked: " in render_text(finding) and words in render_markdown(finding)
+    # The words are kvspec's own, chosen by a known key: a file's text is never shown.
+    odd = _stateful(vllm_tests={"asked": False, "why_not": "elsewhere", "reason": "<script>"})
+    assert "not asked" not in render_markdown(odd) and "<script>" not in render_markdown(odd)
+

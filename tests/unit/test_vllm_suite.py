@@ -20,26 +20,14 @@ from kvspec.findings.vllm_suite import caught_by, covering_module
 from kvspec.emit.vllm_tests import SUITE
 from kvspec.subjects.testrun import junit_outcomes
 
-from tests.support import FIXTURES
+from tests.support import FIXTURES, VLLM_CATCHER, asked_vllm_tests as _asked
 
-CATCHER = ("tests/v1/core/prefix_cache/test_partial_prefix_cache_hits.py::"
-           "test_eagle_group_registers_unaligned_tail_under_partial_hash_hits")
-FILES = list(SUITE)
+CATCHER = VLLM_CATCHER
 
 
 @pytest.fixture
 def finding() -> Finding:
     return Finding.from_dict(json.loads((FIXTURES / "finding_refloor_50062.json").read_text()))
-
-
-def _asked(caught: list[str], failed_here: list[str] | None = None, reused: bool = True) -> dict:
-    failed = failed_here if failed_here is not None else caught
-    return {"files": FILES, "caught_by": caught, "command": "pytest " + " ".join(FILES),
-            "subject": {"against": "vllm 0.33.0 + refloor_50062", "outcome": "failed" if failed else "passed",
-                        "passed": 313 - len(failed), "tests": 313, "failed": failed, "errors": [],
-                        "seconds": 17.0},
-            "baseline": {"against": "unmutated vllm 0.33.0", "outcome": "passed", "passed": 313, "tests": 313,
-                         "failed": [], "errors": [], "reused": reused, "recorded": "2026-12-06 17:27 UTC"}}
 
 
 def test_a_failure_counts_only_when_the_release_passes_it():
