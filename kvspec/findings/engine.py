@@ -144,38 +144,16 @@ def _run_engine_test(code: str, file_name: str, tests_root, subject, must: str, 
     kvspec's CPU runtime has no triton-cpu for vLLM's CPU platform) and the
     subject's tree handed to the subprocess vLLM inspects a model class in."""
     import os
-    import tempfile
-    import time
 
-    from kvspec.emit.vllm_tests import verification_tree
     from kvspec.subjects.subject import resolve_subject
-    from kvspec.subjects.testrun import run_pytest
 
-    from .stateful import _first_error
+    from .stateful import run_emitted_test
 
     tree = resolve_subject(subject)[1]
     env = {"VLLM_TARGET_DEVICE": "empty", "HF_HUB_OFFLINE": "1"}
     if tree and os.pathsep not in tree:  # a path holding the separator would be split: not handed on
         env["PYTHONPATH"] = tree
-    with tempfile.TemporaryDirectory(prefix="kvspec-test-") as scratch:
-        test = verification_tree(Path(scratch), tests_root, file_name, code)
-        started = time.perf_counter()
-        check = {**run_pytest(subject, str(test), env=env), "must": must, "against": against,
-                 "seconds": round(time.perf_counter() - started, 2)}
-    output = check.pop("output", "")
-    error = _first_error(output) or ""
-    if check["outcome"] == "failed":
-        own = bool(message) and error.startswith("AssertionError") and message in error
-        check["failure"] = ("the test's assertion" if own else f"vLLM's own assert ({error[:300]})"
-                            if error.startswith("AssertionError") else f"vLLM raised {(error or 'an error')[:300]}")
-        # On the subject: the test's assertion, or for a crash the exception the finding recorded.
-        check["as_expected"] = must == "failed" and (own if message else bool(error) and error.startswith(expected))
-        if must == "passed" and not error.startswith("AssertionError"):
-            check["cannot_run"] = f"the test cannot run on {against}: {(error or 'an error')[:300]}"
-    else:
-        check["as_expected"] = check["outcome"] == must
-    check["output"] = output[-4000:]
-    return check
+    return run_emitted_test(code, file_name, tests_root, subject, must, against, expected, message, env=env)
 
 
 def verify_engine_test(code: str, file_name: str, subject, tests_root, expected: str, message: str | None,

@@ -166,7 +166,7 @@ def with_regression_test(finding: Finding, path: Path, trace, capabilities, subj
     from kvspec.emit.stateful_test import emit_stateful_test, expected_failure, stateful_test_name
     from kvspec.emit.vllm_tests import idiom_of
 
-    from .completion import tests_root_or_none
+    from .completion import offered_test, tests_root_or_none
     from .vllm_suite import already_caught
 
     if tests_root == "find":
@@ -182,22 +182,15 @@ def with_regression_test(finding: Finding, path: Path, trace, capabilities, subj
     test_path = test_dir / file_name
     test_path.write_text(code)
     module = proposed_module(tests_root, finding.category)
-    record = {"file_name": file_name, "path": str(test_path), "code": code, "test_name": name, "trace": trace,
-              "idiom": idiom.as_dict(), "module": module,
-              "command": f"pytest {module or 'tests/v1/core/' + file_name}::{name}"}
     if already_caught(finding.vllm_tests):
-        record.update(proposed=False, verified=[], lint=None, other_side=None,
-                      why_not_proposed=f"vLLM's own {finding.vllm_tests['caught_by'][0]} already catches it")
+        record = {"file_name": file_name, "path": str(test_path), "code": code, "test_name": name, "trace": trace,
+                  "idiom": idiom.as_dict(), "module": module,
+                  "command": f"pytest {module or 'tests/v1/core/' + file_name}::{name}",
+                  "proposed": False, "verified": [], "lint": None, "other_side": None,
+                  "why_not_proposed": f"vLLM's own {finding.vllm_tests['caught_by'][0]} already catches it"}
     else:
         checked = verify_stateful_test(code, file_name, subject, tests_root, expected_failure(finding), finding)
-        # Offered only when it lints clean and fails on the subject as the finding did.
-        lint, runs = checked["lint"], checked["verified"]
-        why_not = None
-        if lint is not None and lint.get("outcome") != "passed":
-            why_not = "it does not pass ruff with the release's configuration"
-        elif not runs[0].get("as_expected"):
-            why_not = f"it did not fail on {subject.label} as the finding did"
-        record.update(proposed=why_not is None, why_not_proposed=why_not, **checked)
+        record = offered_test(code, test_path, name, module, checked, subject, trace=trace, idiom=idiom.as_dict())
     return attrs.evolve(finding, artifacts={**finding.artifacts, "regression_test": str(test_path)},
                         regression_test=record)
 
@@ -304,11 +297,12 @@ def _first_error(output: str) -> str | None:
     return None
 
 
-def _run(code: str, file_name: str, tests_root: Path | None, subject, must: str, against: str,
-         expected: str, message: str | None) -> dict[str, Any]:
-    """The test laid out as in vLLM's repository, run on ``subject``: did it
-    do what it ``must``, and how it failed (the test's assertion, ``message``;
-    vLLM's own assert; another exception)."""
+def run_emitted_test(code: str, file_name: str, tests_root: Path | None, subject, must: str, against: str,
+                     expected: str, message: str | None, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The test laid out as in vLLM's repository, run on ``subject`` (with
+    ``env`` added to its environment): did it do what it ``must``, and how it
+    failed (the test's assertion, ``message``; vLLM's own assert; another
+    exception)."""
     from kvspec.subjects.testrun import run_pytest
 
     from kvspec.emit.vllm_tests import verification_tree
@@ -316,7 +310,7 @@ def _run(code: str, file_name: str, tests_root: Path | None, subject, must: str,
     with tempfile.TemporaryDirectory(prefix="kvspec-test-") as scratch:
         path = verification_tree(Path(scratch), tests_root, file_name, code)
         started = time.perf_counter()
-        check = {**run_pytest(subject, str(path)), "must": must, "against": against,
+        check = {**run_pytest(subject, str(path), env=env), "must": must, "against": against,
                  "seconds": round(time.perf_counter() - started, 2)}
     output = check.pop("output", "")
     error = _first_error(output)
@@ -362,7 +356,7 @@ def verify_stateful_test(code: str, file_name: str, subject, tests_root: Path | 
     with ThreadPoolExecutor(max_workers=3) as pool:
         lint = pool.submit(lint_test, code, file_name, subject, tests_root)
         message = assertion_message(finding.category)
-        runs = [pool.submit(_run, code, file_name, root, s, must, against, expected, message)
+        runs = [pool.submit(run_emitted_test, code, file_name, root, s, must, against, expected, message)
                 for s, must, against, root in jobs]
         return {"lint": lint.result(), "verified": [r.result() for r in runs],
                 "other_side": why if other is None else None}
