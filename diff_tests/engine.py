@@ -25,7 +25,7 @@ from hypothesis import Phase, reject, strategies as st
 from hypothesis.database import ExampleDatabase
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from kvspec.model.engine import (MODELLED_STEPS, OWN_CONNECTOR, TOY_MODELS, EngineProgram, EngineSetup,
+from kvspec.model.engine import (MODELLED_STEPS, MTP_TOY, OWN_CONNECTOR, TOY_MODELS, EngineProgram, EngineSetup,
                                  derived_config, describe_engine_op, retention_layout)
 from kvspec.model.errors import InfrastructureError, KvspecError, SetupError
 from kvspec.model.finding import Category
@@ -67,8 +67,21 @@ def engine_draw_scope() -> str:
             f"kv_load_failure_policy 'fail' (the release's default: vLLM evicts the failed blocks and fails the "
             f"requests) or 'recompute'; not drawn: failed_recving (request-level failures, 0.34), the connector's "
             f"lookahead block hashes and partial-tail offloads, connectors that send (request_finished delays no "
-            f"free); EAGLE3 speculative decoding with the toy Llama's drafter in one Llama program in three (drafts proposed and accepted drawn per step), under the release's default hashes or legacy ones; no structured output "
-            f"(not drawn yet); at most {STEPS_PER_PROGRAM} rules a program. Modelled: " + "; ".join(MODELLED_STEPS))
+            f"free); EAGLE3 speculative decoding with the toy Llama's drafter in one Llama program in three, and MTP "
+            f"(vLLM's method 'mtp', the model's own module: num_nextn_predict_layers 1) on the toy Qwen3-Next in "
+            f"two of its programs in three, 1-3 speculative tokens (each step's drafts, up to that many, proposed "
+            f"and accepted drawn per step, as the drafter proposes them), under the release's default hashes or "
+            f"legacy ones (disable_lookahead_block_hashes, where the release takes it); on the toy Qwen3-Next, "
+            f"--prefix-match-unit 8 or 16 in one program in two (partial hash hits; where the release takes it); "
+            f"not drawn: multi-module MTP, --prefix-match-unit on other toys, EAGLE3 on the hybrids; no structured "
+            f"output (not drawn yet); at most {STEPS_PER_PROGRAM} rules a program. Modelled: " + "; ".join(MODELLED_STEPS))
+
+
+_OPTION_WORDS = {
+    "mtp": f"the toy Qwen3-Next ({MTP_TOY}) with MTP speculative decoding: the toy itself",
+    "legacy_hashes": "legacy block hashes (--speculative-config disable_lookahead_block_hashes)",
+    "match_unit": "--prefix-match-unit (partial hash hits on the toy Qwen3-Next)",
+}
 
 
 @attrs.define
@@ -80,6 +93,9 @@ class EngineResult(StatefulResult):
     owed_lookups: int = 0  # lookups retention owed a hit (model.retention): how often retention_hit bit
     # Why no retention interval was drawn ("": it was): the release's EngineArgs takes none.
     retention_not_drawn: str = ""
+    # What of the toy Qwen3-Next's draw the release's engine does not take, and
+    # its answer (engine_options_not_drawn): not drawn there.
+    options_not_drawn: dict[str, str] = attrs.Factory(dict)
     differential = "engine"
 
     def note_settings(self, derived: dict[str, Any]) -> None:
@@ -107,6 +123,8 @@ class EngineResult(StatefulResult):
         if self.retention_not_drawn:
             parts.append(f"the prefix-cache retention interval is not expressible on this release "
                          f"({self.retention_not_drawn}): not drawn, every engine ran the release's own retention")
+        for option, why in sorted(self.options_not_drawn.items()):
+            parts.append(f"{_OPTION_WORDS[option]} not drawn: this release's engine refused it ({why})")
         for name, first in sorted(self.known_first.items()):
             parts.append(f"known vLLM bug {name} met in {self.known_met[name]} program(s), each ended there (the "
                          f"state after it is not checked; the search went on with the next program); first: {first}")
@@ -128,20 +146,22 @@ class EngineResult(StatefulResult):
         out["engine_settings"] = self.settings
         out["retention_owed_lookups"] = self.owed_lookups
         out["retention_not_drawn"] = self.retention_not_drawn or None
+        out["options_not_drawn"] = dict(self.options_not_drawn)
         return out
 
 
-_MODEL = st.sampled_from([m.name for m in TOY_MODELS])
 _MAYBE_BOOL = st.sampled_from((None, None, True, False))
-
-
 @st.composite
-def engine_setups(draw, retention: bool = True) -> EngineSetup:
+def engine_setups(draw, retention: bool = True, mtp: bool = True, legacy_hashes: bool = True,
+                  match_unit: bool = True) -> EngineSetup:
     """Engine flags over a toy model: each setting left to the release's
-    default half the time (so defaults are what is drawn most).  ``retention``
-    off: no retention interval drawn (a release whose EngineArgs takes none,
-    before 0.29: every such setup would be refused)."""
-    model = draw(_MODEL)
+    default half the time (so defaults are what is drawn most).  Each switch
+    off leaves out what the release's engine does not take (asked per release:
+    ``EngineOptions``): ``retention``, a retention interval (before 0.29);
+    ``mtp``, the toy Qwen3-Next (its vLLM cannot build it with MTP);
+    ``legacy_hashes``, --speculative-config's disable_lookahead_block_hashes
+    (before 0.33); ``match_unit``, --prefix-match-unit (before 0.28)."""
+    model = draw(st.sampled_from([m.name for m in TOY_MODELS if mtp or m.name != MTP_TOY]))
     toy = next(m for m in TOY_MODELS if m.name == model)
     block = draw(st.sampled_from((None, 16, 32))) if toy.attention_block else None
     max_model_len = 256
@@ -154,6 +174,10 @@ def engine_setups(draw, retention: bool = True) -> EngineSetup:
     # counted and said.
     attention_groups = 1 + any(kind.startswith("sliding") for kind in toy.layers)
     need = attention_groups * -(-max_model_len // unit) + 2 + 2 * sum(kind == "mamba" for kind in toy.layers)
+    # A hash block finer than the GDN hybrid's block (partial hash hits, where
+    # the EAGLE branch of the registration bound reads it): 8 and 16 divide
+    # every block a release chose for it (32 on 0.33, 64 on 0.34).
+    unit_drawn = draw(st.sampled_from((None, None, 8, 16))) if match_unit and model == MTP_TOY else None
     return EngineSetup(
         model=model, num_gpu_blocks=draw(st.integers(need, 2 * need)), max_model_len=max_model_len,
         max_num_batched_tokens=draw(st.sampled_from((None, 64, 128, 256))),
@@ -161,8 +185,8 @@ def engine_setups(draw, retention: bool = True) -> EngineSetup:
         prefix_caching=draw(st.sampled_from((None, None, None, False))) if not toy.hybrid else None,
         retention_interval=draw(st.sampled_from((None, None, None, 0, 64))) if retention and (
             toy.hybrid or "sliding" in "".join(toy.layers)) else None,
-        async_scheduling=draw(_MAYBE_BOOL), reserve_full_isl=draw(_MAYBE_BOOL),
-        **_connector(draw), **_speculative(draw, toy))
+        async_scheduling=draw(_MAYBE_BOOL), reserve_full_isl=draw(_MAYBE_BOOL), prefix_match_unit=unit_drawn,
+        **_connector(draw), **_speculative(draw, toy, legacy_hashes))
 
 
 def _connector(draw) -> dict[str, Any]:
@@ -186,12 +210,16 @@ _LOAD = st.one_of(st.none(), st.tuples(st.integers(0, 4), st.sampled_from((0, 1,
                                        st.integers(0, 3), st.sampled_from((None, None, 0, 1, 2))))
 
 
-def _speculative(draw, toy) -> dict[str, Any]:
-    """EAGLE3 with the toy's drafter in one program in three where it has one,
-    under the release's default hashes or legacy ones (the EAGLE drop live)."""
-    if toy.drafter is None or not draw(st.sampled_from((False, False, True))):
+def _speculative(draw, toy, legacy_hashes: bool = True) -> dict[str, Any]:
+    """Speculative decoding with the toy's drafter (EAGLE3 on the Llama, the
+    model's own MTP module on Qwen3-Next) in one program in three, two in three
+    on Qwen3-Next (the MTP toy is there for it), under the release's default
+    hashes or, where the release takes them, legacy ones (the EAGLE drop live)."""
+    odds = (False, True, True) if toy.spec_method == "mtp" else (False, False, True)
+    if toy.spec_method is None or not draw(st.sampled_from(odds)):
         return {}
-    return {"num_speculative_tokens": draw(st.integers(1, 3)), "legacy_hashes": draw(st.sampled_from((None, True)))}
+    legacy = draw(st.sampled_from((None, True))) if legacy_hashes else None
+    return {"num_speculative_tokens": draw(st.integers(1, 3)), "legacy_hashes": legacy}
 
 
 # An arrival: family, whole blocks of its shared prefix, extra tokens, a suffix
@@ -488,8 +516,10 @@ def fuzz_engine(proc: SubjectProcess, max_examples: int, seed: int, database: Ex
 
     known = () if include_known else tuple(known_bugs(result.subject.get("vllm_version")))
     result.retention_not_drawn = retention_not_expressible(proc)
+    result.options_not_drawn = engine_options_not_drawn(proc)
+    drawn = {option: option not in result.options_not_drawn for option in ("mtp", "legacy_hashes", "match_unit")}
     machine_class = engine_machine(proc, on_program, on_violation, known, on_known,
-                                   setups=engine_setups(retention=not result.retention_not_drawn))
+                                   setups=engine_setups(retention=not result.retention_not_drawn, **drawn))
 
     class Counted(machine_class):  # type: ignore[valid-type, misc]
         def teardown(self) -> None:
@@ -526,12 +556,46 @@ def retention_not_expressible(proc: SubjectProcess) -> str:
     opened (before 0.29 EngineArgs has no such flag, and every setup drawn
     with one would be refused)."""
     probe = EngineSetup(model="toy-gpt-oss", num_gpu_blocks=64, retention_interval=0)
+    return _refusal(proc, probe, lambda opened: opened.failed_as(ErrorKind.UNSUPPORTED)
+                    and "prefix_cache_retention_interval" in opened.error.message)
+
+
+def engine_options_not_drawn(proc: SubjectProcess) -> dict[str, str]:
+    """What of the toy Qwen3-Next's draw this release's engine does not take,
+    each with the release's own answer (asked once, as the retention interval
+    is): ``mtp``, the toy built with MTP speculative decoding (vLLM's method
+    "mtp", the model's own num_nextn_predict_layers module); ``legacy_hashes``,
+    --speculative-config's disable_lookahead_block_hashes (0.33+); and
+    ``match_unit``, --prefix-match-unit (0.28+).  A refusal made in kvspec's
+    own code is not one: the option stays drawn and the run meets it."""
+    def refused(opened) -> bool:
+        return not opened.ok and not opened.error.in_kvspecs_code and not opened.failed_as(ErrorKind.ENVIRONMENT)
+
+    out = {}
+    mtp = EngineSetup(model=MTP_TOY, num_gpu_blocks=64, num_speculative_tokens=1)
+    why = _refusal(proc, mtp, refused)
+    if why:
+        out["mtp"] = why
+    legacy = EngineSetup(model=MTP_TOY if not why else "toy-llama", num_gpu_blocks=64, num_speculative_tokens=1,
+                         legacy_hashes=True)
+    why = _refusal(proc, legacy, lambda opened: refused(opened)
+                   and "disable_lookahead_block_hashes" in opened.error.message)
+    if why:
+        out["legacy_hashes"] = why
+    unit = EngineSetup(model=MTP_TOY, num_gpu_blocks=64, prefix_match_unit=16)
+    why = _refusal(proc, unit, lambda opened: refused(opened) and "prefix_match_unit" in opened.error.message)
+    if why:
+        out["match_unit"] = why
+    return out
+
+
+def _refusal(proc: SubjectProcess, probe: EngineSetup, refused: Callable[[Any], bool]) -> str:
     try:
         opened = proc.session(OpenEngine(probe.message()))
     except KvspecError:
         return ""  # undecided: the run's own first engine meets the same error and stops as it should
-    if opened.failed_as(ErrorKind.UNSUPPORTED) and "prefix_cache_retention_interval" in opened.error.message:
-        return opened.error.message
+    if refused(opened):
+        return opened.error.message.split("\n")[0][:300]
     return ""
 
 

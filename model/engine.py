@@ -28,7 +28,7 @@ from .program import validated_ops
 from .retention import RetentionLayout
 
 __all__ = ["HAND_BUILT", "ENGINE_BUILT", "OWN_CONNECTOR", "LOAD_FIELDS", "FAILURE_POLICIES", "ToyModel", "TOY_MODELS",
-           "toy_model", "EngineSetup", "EngineProgram", "ENGINE_OPERATIONS", "describe_engine_op", "derived_config",
+           "MTP_TOY", "toy_model", "EngineSetup", "EngineProgram", "ENGINE_OPERATIONS", "describe_engine_op", "derived_config",
            "retention_layout", "MODELLED_STEPS"]
 
 ENGINE_OPERATIONS = ("arrive", "step", "abort", "reset")
@@ -75,12 +75,23 @@ class ToyModel:
     layers: tuple[str, ...]  # "full", "sliding:W", "mamba" per KV-cache layer
     mixer: str | None = None  # the Mamba layer class family ("mamba2", "gdn"), if any
     attention_block: bool = True  # whether --block-size is the user's to choose (attention-only models)
-    # An EAGLE3 drafter's config.json for this model (None: no drafter drawn).
+    # An EAGLE3 drafter's config.json for this model (None: no EAGLE3 drafter).
     drafter: dict[str, Any] | None = attrs.field(default=None, eq=False, repr=False)
+    # vLLM's speculative method drawn on this model (None: no speculative
+    # decoding): "eagle3" with ``drafter``, "mtp" with the model's own
+    # num_nextn_predict_layers modules (no config.json of their own).
+    spec_method: str | None = None
 
     @property
     def hybrid(self) -> bool:
         return "mamba" in self.layers
+
+    @property
+    def draft_layers(self) -> int:
+        """The drafter's attention layers (each holds KV): an MTP module has one."""
+        if self.spec_method == "mtp":
+            return int(self.hf_config.get("num_nextn_predict_layers") or 1)
+        return int((self.drafter or {}).get("num_hidden_layers", 1))
 
     def as_setup_part(self) -> dict[str, Any]:
         return {"hf_config": self.hf_config, "layers": list(self.layers), "mixer": self.mixer}
@@ -94,7 +105,8 @@ def _llama() -> ToyModel:
                    num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, vocab_size=1000,
                    draft_vocab_size=1000, max_position_embeddings=4096, rms_norm_eps=1e-5, torch_dtype="bfloat16",
                    tie_word_embeddings=False)
-    return ToyModel("toy-llama", "Llama (full attention)", config, ("full", "full"), drafter=drafter)
+    return ToyModel("toy-llama", "Llama (full attention)", config, ("full", "full"), drafter=drafter,
+                    spec_method="eagle3")
 
 
 def _gpt_oss() -> ToyModel:
@@ -119,7 +131,27 @@ def _nemotron_h() -> ToyModel:
                     mixer="mamba2", attention_block=False)
 
 
-TOY_MODELS: tuple[ToyModel, ...] = (_llama(), _gpt_oss(), _nemotron_h())
+def _qwen3_next() -> ToyModel:
+    # Qwen3-Next's fields (model/deployments.py's Qwen3-Next-80B-A3B shape) at
+    # toy sizes: three GDN layers then one full-attention layer
+    # (full_attention_interval 4), a few small experts, one MTP module.
+    config = dict(architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next", num_hidden_layers=4,
+                  full_attention_interval=4, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                  linear_value_head_dim=16, linear_conv_kernel_dim=4, intermediate_size=128,
+                  moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4,
+                  num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
+                  partial_rotary_factor=0.25, rms_norm_eps=1e-6, rope_theta=10000000, vocab_size=1000,
+                  max_position_embeddings=4096, torch_dtype="bfloat16", tie_word_embeddings=False,
+                  num_nextn_predict_layers=1)
+    layers = tuple("full" if (i + 1) % config["full_attention_interval"] == 0 else "mamba"
+                   for i in range(config["num_hidden_layers"]))
+    return ToyModel("toy-qwen3-next", "Qwen3-Next (GDN hybrid, MTP)", config, layers, mixer="gdn",
+                    attention_block=False, spec_method="mtp")
+
+
+TOY_MODELS: tuple[ToyModel, ...] = (_llama(), _gpt_oss(), _nemotron_h(), _qwen3_next())
+MTP_TOY = "toy-qwen3-next"  # the GDN hybrid with MTP speculative decoding
 
 
 def toy_model(name: str) -> ToyModel:
@@ -163,13 +195,16 @@ class EngineSetup:
     # --kv-transfer-config's kv_load_failure_policy, for kvspec's own connector (None: the release's default).
     kv_load_failure_policy: str | None = attrs.field(default=None, validator=attrs.validators.optional(
         attrs.validators.in_(FAILURE_POLICIES)))
-    # EAGLE3 speculative decoding with the toy's drafter: the drafts per step (None: none).
+    # Speculative decoding with the toy's drafter (EAGLE3, or the model's own
+    # MTP modules): the drafts per step (None: none).
     num_speculative_tokens: int | None = attrs.field(default=None, validator=_optional_count(1, 8))
     # --speculative-config's disable_lookahead_block_hashes (0.33+): legacy hashes, the EAGLE drop live.
     legacy_hashes: bool | None = attrs.field(default=None, validator=_optional_bool)
+    # --prefix-match-unit (0.28+): the hash block, finer than a hybrid's block (partial hash hits).
+    prefix_match_unit: int | None = attrs.field(default=None, validator=_optional_count(1, 1 << 12))
 
     def __attrs_post_init__(self) -> None:
-        if self.num_speculative_tokens is not None and self.toy.drafter is None:
+        if self.num_speculative_tokens is not None and self.toy.spec_method is None:
             raise InvalidCase(f"{self.model} has no drafter: no speculative decoding on it")
         if self.legacy_hashes is not None and self.num_speculative_tokens is None:
             raise InvalidCase("legacy_hashes is a speculative-config setting: it needs num_speculative_tokens")
@@ -186,7 +221,7 @@ class EngineSetup:
                  "max_num_batched_tokens": "max_num_batched_tokens", "max_num_seqs": "max_num_seqs",
                  "block_size": "block_size", "prefix_caching": "enable_prefix_caching",
                  "retention_interval": "prefix_cache_retention_interval", "async_scheduling": "async_scheduling",
-                 "reserve_full_isl": "scheduler_reserve_full_isl"}
+                 "reserve_full_isl": "scheduler_reserve_full_isl", "prefix_match_unit": "prefix_match_unit"}
         args = {flag: getattr(self, field) for field, flag in names.items() if getattr(self, field) is not None}
         if self.kv_connector is not None:
             transfer = {"kv_connector": self.kv_connector, "kv_role": "kv_both"}
@@ -196,18 +231,20 @@ class EngineSetup:
                 transfer["kv_load_failure_policy"] = self.kv_load_failure_policy
             args["kv_transfer_config"] = transfer
         if self.num_speculative_tokens is not None:
-            spec: dict[str, Any] = {"method": "eagle3", "num_speculative_tokens": self.num_speculative_tokens}
+            spec: dict[str, Any] = {"method": self.toy.spec_method,
+                                    "num_speculative_tokens": self.num_speculative_tokens}
             if self.legacy_hashes:
                 spec["disable_lookahead_block_hashes"] = True
             args["speculative_config"] = spec
         return args
 
     def message(self) -> dict[str, Any]:
-        """The worker's ``open_engine`` setup (the drafter's config.json goes in
-        its own directory, which the worker names in the speculative config)."""
+        """The worker's ``open_engine`` setup (an EAGLE3 drafter's config.json
+        goes in its own directory, which the worker names in the speculative
+        config; MTP modules are the target's own, so none is named)."""
         message = {**self.toy.as_setup_part(), "engine_args": self.engine_args()}
         if self.num_speculative_tokens is not None:
-            message["drafter"] = {"hf_config": self.toy.drafter, "draft_layers": 1}
+            message["drafter"] = {"hf_config": self.toy.drafter, "draft_layers": self.toy.draft_layers}
         return message
 
     def cli_flags(self) -> str:

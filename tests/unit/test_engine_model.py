@@ -151,3 +151,41 @@ def test_no_retention_interval_is_drawn_where_the_release_takes_none():
 
     draw()
     assert any(v is not None for v in seen)  # drawn by default
+
+
+def test_the_toy_qwen3_next_drafts_with_its_own_mtp_module():
+    """MTP speculative decoding is vLLM's method "mtp" on the target itself:
+    no drafter config.json, one draft attention layer per MTP module."""
+    setup = EngineSetup(model="toy-qwen3-next", num_gpu_blocks=40, num_speculative_tokens=2, legacy_hashes=True,
+                        prefix_match_unit=16)
+    assert setup.engine_args()["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 2,
+                                                         "disable_lookahead_block_hashes": True}
+    assert setup.engine_args()["prefix_match_unit"] == 16
+    message = setup.message()
+    assert message["drafter"] == {"hf_config": None, "draft_layers": 1}
+    assert message["layers"] == ["mamba", "mamba", "mamba", "full"] and message["mixer"] == "gdn"
+    assert EngineSetup(model="toy-llama", num_gpu_blocks=40, num_speculative_tokens=1).message()["drafter"][
+        "hf_config"]["architectures"] == ["LlamaForCausalLMEagle3"]
+    with pytest.raises(InvalidCase):
+        EngineSetup(model="toy-nemotron-h", num_gpu_blocks=40, num_speculative_tokens=1)
+
+
+def test_what_a_release_does_not_take_is_not_drawn():
+    """The toy Qwen3-Next, legacy hashes and --prefix-match-unit are each
+    left out of the draw where the release's engine refused them."""
+    from hypothesis import HealthCheck, given, settings
+
+    from kvspec.diff_tests.engine import engine_setups
+
+    seen = []
+
+    @settings(max_examples=300, database=None, suppress_health_check=list(HealthCheck))
+    @given(engine_setups(mtp=False, legacy_hashes=False, match_unit=False), engine_setups())
+    def draw(without, with_all):
+        assert without.model != "toy-qwen3-next" and not without.legacy_hashes
+        assert without.prefix_match_unit is None
+        seen.append(with_all)
+
+    draw()
+    mtp = [s for s in seen if s.model == "toy-qwen3-next" and s.num_speculative_tokens]
+    assert mtp and any(s.legacy_hashes for s in mtp) and any(s.prefix_match_unit for s in mtp)
