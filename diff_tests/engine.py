@@ -25,7 +25,7 @@ from hypothesis import Phase, reject, strategies as st
 from hypothesis.database import ExampleDatabase
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from kvspec.model.engine import (MODELLED_STEPS, MTP_TOY, OWN_CONNECTOR, TOY_MODELS, EngineProgram, EngineSetup,
+from kvspec.model.engine import (MODELLED_STEPS, MTP_TOY, OWN_CONNECTOR, QWEN3_NEXT_TOYS, TOY_MODELS, EngineProgram, EngineSetup,
                                  derived_config, describe_engine_op, retention_layout)
 from kvspec.model.errors import InfrastructureError, KvspecError, SetupError
 from kvspec.model.finding import Category
@@ -68,17 +68,18 @@ def engine_draw_scope() -> str:
             f"requests) or 'recompute'; not drawn: failed_recving (request-level failures, 0.34), the connector's "
             f"lookahead block hashes and partial-tail offloads, connectors that send (request_finished delays no "
             f"free); EAGLE3 speculative decoding with the toy Llama's drafter in one Llama program in three, and MTP "
-            f"(vLLM's method 'mtp', the model's own module: num_nextn_predict_layers 1) on the toy Qwen3-Next in "
-            f"two of its programs in three, 1-3 speculative tokens (each step's drafts, up to that many, proposed "
+            f"(vLLM's method 'mtp', the model's own module: num_nextn_predict_layers 1) on the toy Qwen3-Next, and "
+            f"EAGLE3 on the same toy with a drafter of twice its KV page (hypothetical drafter geometry: its group's "
+            f"block is half the scheduler block), each in two of its programs in three, 1-3 speculative tokens (each step's drafts, up to that many, proposed "
             f"and accepted drawn per step, as the drafter proposes them), under the release's default hashes or "
-            f"legacy ones (disable_lookahead_block_hashes, where the release takes it); on the toy Qwen3-Next, "
+            f"legacy ones (disable_lookahead_block_hashes, where the release takes it); on the Qwen3-Next toys, "
             f"--prefix-match-unit 8 or 16 in one program in two (partial hash hits; where the release takes it); "
-            f"not drawn: multi-module MTP, --prefix-match-unit on other toys, EAGLE3 on the hybrids; no structured "
+            f"not drawn: multi-module MTP, --prefix-match-unit on other toys, EAGLE3 on the Nemotron-H toy; no structured "
             f"output (not drawn yet); at most {STEPS_PER_PROGRAM} rules a program. Modelled: " + "; ".join(MODELLED_STEPS))
 
 
 _OPTION_WORDS = {
-    "mtp": f"the toy Qwen3-Next ({MTP_TOY}) with MTP speculative decoding: the toy itself",
+    "mtp": f"the toy Qwen3-Next ({', '.join(QWEN3_NEXT_TOYS)}; asked with MTP speculative decoding): the toys",
     "legacy_hashes": "legacy block hashes (--speculative-config disable_lookahead_block_hashes)",
     "match_unit": "--prefix-match-unit (partial hash hits on the toy Qwen3-Next)",
 }
@@ -161,7 +162,7 @@ def engine_setups(draw, retention: bool = True, mtp: bool = True, legacy_hashes:
     ``mtp``, the toy Qwen3-Next (its vLLM cannot build it with MTP);
     ``legacy_hashes``, --speculative-config's disable_lookahead_block_hashes
     (before 0.33); ``match_unit``, --prefix-match-unit (before 0.28)."""
-    model = draw(st.sampled_from([m.name for m in TOY_MODELS if mtp or m.name != MTP_TOY]))
+    model = draw(st.sampled_from([m.name for m in TOY_MODELS if mtp or m.name not in QWEN3_NEXT_TOYS]))
     toy = next(m for m in TOY_MODELS if m.name == model)
     block = draw(st.sampled_from((None, 16, 32))) if toy.attention_block else None
     max_model_len = 256
@@ -177,7 +178,7 @@ def engine_setups(draw, retention: bool = True, mtp: bool = True, legacy_hashes:
     # A hash block finer than the GDN hybrid's block (partial hash hits, where
     # the EAGLE branch of the registration bound reads it): 8 and 16 divide
     # every block a release chose for it (32 on 0.33, 64 on 0.34).
-    unit_drawn = draw(st.sampled_from((None, None, 8, 16))) if match_unit and model == MTP_TOY else None
+    unit_drawn = draw(st.sampled_from((None, None, 8, 16))) if match_unit and model in QWEN3_NEXT_TOYS else None
     return EngineSetup(
         model=model, num_gpu_blocks=draw(st.integers(need, 2 * need)), max_model_len=max_model_len,
         max_num_batched_tokens=draw(st.sampled_from((None, 64, 128, 256))),
@@ -212,10 +213,11 @@ _LOAD = st.one_of(st.none(), st.tuples(st.integers(0, 4), st.sampled_from((0, 1,
 
 def _speculative(draw, toy, legacy_hashes: bool = True) -> dict[str, Any]:
     """Speculative decoding with the toy's drafter (EAGLE3 on the Llama, the
-    model's own MTP module on Qwen3-Next) in one program in three, two in three
-    on Qwen3-Next (the MTP toy is there for it), under the release's default
+    model's own MTP module on Qwen3-Next, or an EAGLE3 drafter of twice its KV
+    page) in one program in three, two in three on the Qwen3-Next toys (they
+    are there for it), under the release's default
     hashes or, where the release takes them, legacy ones (the EAGLE drop live)."""
-    odds = (False, True, True) if toy.spec_method == "mtp" else (False, False, True)
+    odds = (False, True, True) if toy.name in QWEN3_NEXT_TOYS else (False, False, True)
     if toy.spec_method is None or not draw(st.sampled_from(odds)):
         return {}
     legacy = draw(st.sampled_from((None, True))) if legacy_hashes else None
@@ -364,6 +366,11 @@ def engine_machine(subject: SubjectProcess | Callable[[], SubjectProcess], on_pr
                                          self.oracle.config.groups)], reply)
 
         def _arrive(self, tokens: list[int], max_tokens: int, load: Any = None) -> None:
+            # vLLM's input processing refuses a prompt of max_model_len tokens
+            # or more before the scheduler sees it (a toy whose scheduler block
+            # is 128, as the Qwen3-Next toy with an EAGLE3 drafter on 0.34, can
+            # draw 3 blocks of shared prefix past 256).
+            tokens = tokens[:max(1, int(self.derived.get("max_model_len") or len(tokens) + 1) - 1)]
             name = f"r{self.serial}"
             self.serial += 1
             self.prompts.append(tokens)
@@ -595,7 +602,7 @@ def _refusal(proc: SubjectProcess, probe: EngineSetup, refused: Callable[[Any], 
     except KvspecError:
         return ""  # undecided: the run's own first engine meets the same error and stops as it should
     if refused(opened):
-        return opened.error.message.split("\n")[0][:300]
+        return " ".join(opened.error.message.split())[:300]  # a validation error names the field on a later line
     return ""
 
 

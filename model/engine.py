@@ -23,12 +23,13 @@ from typing import Any
 import attrs
 
 from .case import InvalidCase
+from .deployments import MODELS
 from .domain import CoordinatorConfig, GroupKind, HashScheme, KVCacheGroup
 from .program import validated_ops
 from .retention import RetentionLayout
 
 __all__ = ["HAND_BUILT", "ENGINE_BUILT", "OWN_CONNECTOR", "LOAD_FIELDS", "FAILURE_POLICIES", "ToyModel", "TOY_MODELS",
-           "MTP_TOY", "toy_model", "EngineSetup", "EngineProgram", "ENGINE_OPERATIONS", "describe_engine_op", "derived_config",
+           "MTP_TOY", "QWEN3_NEXT_TOYS", "toy_model", "EngineSetup", "EngineProgram", "ENGINE_OPERATIONS", "describe_engine_op", "derived_config",
            "retention_layout", "MODELLED_STEPS"]
 
 ENGINE_OPERATIONS = ("arrive", "step", "abort", "reset")
@@ -86,6 +87,17 @@ class ToyModel:
     def hybrid(self) -> bool:
         return "mamba" in self.layers
 
+    def drafter_message(self) -> dict[str, Any]:
+        """The worker's ``drafter`` part: an EAGLE3 drafter's config.json and
+        attention geometry (its own KV heads and head size), or the MTP
+        modules' count (their geometry is the target's)."""
+        message: dict[str, Any] = {"hf_config": self.drafter, "draft_layers": self.draft_layers}
+        if self.drafter is not None:
+            c = self.drafter
+            message.update(num_kv_heads=c["num_key_value_heads"],
+                           head_dim=c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
+        return message
+
     @property
     def draft_layers(self) -> int:
         """The drafter's attention layers (each holds KV): an MTP module has one."""
@@ -131,27 +143,47 @@ def _nemotron_h() -> ToyModel:
                     mixer="mamba2", attention_block=False)
 
 
+def _qwen3_next_shape():
+    """The deployment catalog's Qwen3-Next-80B-A3B shape (its published
+    fields, one MTP module) at toy sizes: four layers, so three GDN layers and
+    one full-attention layer (full_attention_interval 4 kept), tiny heads and
+    dims, four small experts, a small vocabulary."""
+    shape = MODELS["Qwen3-Next-80B-A3B-Instruct"]
+    toy = {**shape.hf_config, **dict(
+        num_hidden_layers=4, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        intermediate_size=128, moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4,
+        num_experts_per_tok=2, vocab_size=1000, max_position_embeddings=4096)}
+    return attrs.evolve(shape, fields=toy)
+
+
 def _qwen3_next() -> ToyModel:
-    # Qwen3-Next's fields (model/deployments.py's Qwen3-Next-80B-A3B shape) at
-    # toy sizes: three GDN layers then one full-attention layer
-    # (full_attention_interval 4), a few small experts, one MTP module.
-    config = dict(architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next", num_hidden_layers=4,
-                  full_attention_interval=4, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                  head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-                  linear_value_head_dim=16, linear_conv_kernel_dim=4, intermediate_size=128,
-                  moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4,
-                  num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
-                  partial_rotary_factor=0.25, rms_norm_eps=1e-6, rope_theta=10000000, vocab_size=1000,
-                  max_position_embeddings=4096, torch_dtype="bfloat16", tie_word_embeddings=False,
-                  num_nextn_predict_layers=1)
-    layers = tuple("full" if (i + 1) % config["full_attention_interval"] == 0 else "mamba"
-                   for i in range(config["num_hidden_layers"]))
-    return ToyModel("toy-qwen3-next", "Qwen3-Next (GDN hybrid, MTP)", config, layers, mixer="gdn",
-                    attention_block=False, spec_method="mtp")
+    shape = _qwen3_next_shape()
+    return ToyModel("toy-qwen3-next", "Qwen3-Next (GDN hybrid, MTP)", shape.hf_config, shape.layers(),
+                    mixer=shape.mixer, attention_block=False, spec_method="mtp")
 
 
-TOY_MODELS: tuple[ToyModel, ...] = (_llama(), _gpt_oss(), _nemotron_h(), _qwen3_next())
+def _qwen3_next_eagle3() -> ToyModel:
+    """The same toy with an EAGLE3 drafter whose KV page per token is twice
+    the target's (4 KV heads to the target's 2): vLLM's page unification gives
+    its group half the target's block, so an EAGLE group's block is below the
+    scheduler block -- where the registration bound's EAGLE branch (#50062)
+    decides what a resend hits.  Hypothetical geometry, as the deployment
+    catalog's "eagle3 qwen3-next kv8x128" drafter (no published drafter's
+    attention geometry was read); MTP modules share the target's page."""
+    shape = _qwen3_next_shape()
+    drafter = dict(architectures=["LlamaForCausalLMEagle3"], model_type="llama", num_hidden_layers=1, hidden_size=64,
+                   num_attention_heads=4, num_key_value_heads=4, head_dim=16, intermediate_size=128,
+                   vocab_size=1000, draft_vocab_size=1000, max_position_embeddings=4096, rms_norm_eps=1e-5,
+                   torch_dtype="bfloat16", tie_word_embeddings=False)
+    return ToyModel("toy-qwen3-next-eagle3", "Qwen3-Next (GDN hybrid) with an EAGLE3 drafter of twice its KV page "
+                    "(hypothetical drafter geometry)", shape.hf_config, shape.layers(), mixer=shape.mixer,
+                    attention_block=False, drafter=drafter, spec_method="eagle3")
+
+
+TOY_MODELS: tuple[ToyModel, ...] = (_llama(), _gpt_oss(), _nemotron_h(), _qwen3_next(), _qwen3_next_eagle3())
 MTP_TOY = "toy-qwen3-next"  # the GDN hybrid with MTP speculative decoding
+QWEN3_NEXT_TOYS = (MTP_TOY, "toy-qwen3-next-eagle3")  # the toys --prefix-match-unit is drawn on
 
 
 def toy_model(name: str) -> ToyModel:
@@ -244,7 +276,7 @@ class EngineSetup:
         config; MTP modules are the target's own, so none is named)."""
         message = {**self.toy.as_setup_part(), "engine_args": self.engine_args()}
         if self.num_speculative_tokens is not None:
-            message["drafter"] = {"hf_config": self.toy.drafter, "draft_layers": self.toy.draft_layers}
+            message["drafter"] = self.toy.drafter_message()
         return message
 
     def cli_flags(self) -> str:

@@ -163,6 +163,10 @@ def test_the_toy_qwen3_next_drafts_with_its_own_mtp_module():
     assert setup.engine_args()["prefix_match_unit"] == 16
     message = setup.message()
     assert message["drafter"] == {"hf_config": None, "draft_layers": 1}
+    # The EAGLE3 variant's drafter has twice the target's KV heads: its own geometry goes to the worker.
+    eagle = EngineSetup(model="toy-qwen3-next-eagle3", num_gpu_blocks=40, num_speculative_tokens=1).message()
+    assert (eagle["drafter"]["num_kv_heads"], eagle["drafter"]["head_dim"]) == (4, 16)
+    assert eagle["hf_config"] == message["hf_config"]
     assert message["layers"] == ["mamba", "mamba", "mamba", "full"] and message["mixer"] == "gdn"
     assert EngineSetup(model="toy-llama", num_gpu_blocks=40, num_speculative_tokens=1).message()["drafter"][
         "hf_config"]["architectures"] == ["LlamaForCausalLMEagle3"]
@@ -182,10 +186,10 @@ def test_what_a_release_does_not_take_is_not_drawn():
     @settings(max_examples=300, database=None, suppress_health_check=list(HealthCheck))
     @given(engine_setups(mtp=False, legacy_hashes=False, match_unit=False), engine_setups())
     def draw(without, with_all):
-        assert without.model != "toy-qwen3-next" and not without.legacy_hashes
+        assert not without.model.startswith("toy-qwen3-next") and not without.legacy_hashes
         assert without.prefix_match_unit is None
         seen.append(with_all)
 
     draw()
-    mtp = [s for s in seen if s.model == "toy-qwen3-next" and s.num_speculative_tokens]
+    mtp = [s for s in seen if s.model.startswith("toy-qwen3-next") and s.num_speculative_tokens]
     assert mtp and any(s.legacy_hashes for s in mtp) and any(s.prefix_match_unit for s in mtp)
