@@ -25,7 +25,7 @@ from hypothesis import Phase, reject, strategies as st
 from hypothesis.database import ExampleDatabase
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from kvspec.model.engine import (MODELLED_STEPS, OWN_CONNECTOR, TOY_MODELS, EngineProgram, EngineSetup,
+from kvspec.model.engine import (MODELLED_STEPS, MTP_TOY, OWN_CONNECTOR, QWEN3_NEXT_TOYS, TOY_MODELS, EngineProgram, EngineSetup,
                                  derived_config, describe_engine_op, retention_layout)
 from kvspec.model.errors import InfrastructureError, KvspecError, SetupError
 from kvspec.model.finding import Category
@@ -67,8 +67,21 @@ def engine_draw_scope() -> str:
             f"kv_load_failure_policy 'fail' (the release's default: vLLM evicts the failed blocks and fails the "
             f"requests) or 'recompute'; not drawn: failed_recving (request-level failures, 0.34), the connector's "
             f"lookahead block hashes and partial-tail offloads, connectors that send (request_finished delays no "
-            f"free); EAGLE3 speculative decoding with the toy Llama's drafter in one Llama program in three (drafts proposed and accepted drawn per step), under the release's default hashes or legacy ones; no structured output "
-            f"(not drawn yet); at most {STEPS_PER_PROGRAM} rules a program. Modelled: " + "; ".join(MODELLED_STEPS))
+            f"free); EAGLE3 speculative decoding with the toy Llama's drafter in one Llama program in three, and MTP "
+            f"(vLLM's method 'mtp', the model's own module: num_nextn_predict_layers 1) on the toy Qwen3-Next, and "
+            f"EAGLE3 on the same toy with a drafter of twice its KV page (hypothetical drafter geometry: its group's "
+            f"block is half the scheduler block), each in two of its programs in three, 1-3 speculative tokens (each step's drafts, up to that many, proposed "
+            f"and accepted drawn per step, as the drafter proposes them), under the release's default hashes or "
+            f"legacy ones (disable_lookahead_block_hashes, where the release takes it); on the Qwen3-Next toys, "
+            f"--prefix-match-unit 8 or 16 in one program in two (partial hash hits; where the release takes it); "
+            f"not drawn: multi-module MTP, --prefix-match-unit on other toys, EAGLE3 on the Nemotron-H toy; no structured "
+            f"output (not drawn yet); at most {STEPS_PER_PROGRAM} rules a program. Modelled: " + "; ".join(MODELLED_STEPS))
+
+
+_OPTION_WORDS = {
+    "legacy_hashes": "legacy block hashes (--speculative-config disable_lookahead_block_hashes)",
+    "match_unit": "--prefix-match-unit (partial hash hits on the toy Qwen3-Next)",
+}
 
 
 @attrs.define
@@ -80,7 +93,8 @@ class EngineResult(StatefulResult):
     owed_lookups: int = 0  # lookups retention owed a hit (model.retention): how often retention_hit bit
     # Why no retention interval was drawn ("": it was): the release's EngineArgs takes none.
     retention_not_drawn: str = ""
-    # What else was not drawn, and why (``not_drawn``): legacy hashes, a toy model.
+    # What the release's engine does not take, asked once (``not_drawn``), and
+    # why: legacy hashes, --prefix-match-unit, a toy model; none of it drawn.
     not_drawn: dict[str, str] = attrs.Factory(dict)
     differential = "engine"
 
@@ -110,9 +124,7 @@ class EngineResult(StatefulResult):
             parts.append(f"the prefix-cache retention interval is not expressible on this release "
                          f"({self.retention_not_drawn}): not drawn, every engine ran the release's own retention")
         for key, why in sorted(self.not_drawn.items()):
-            what = ("legacy block hashes (--speculative-config disable_lookahead_block_hashes)"
-                    if key == "legacy_hashes" else f"the toy model {key}")
-            parts.append(f"{what} not drawn on this release: {why}")
+            parts.append(f"{_OPTION_WORDS.get(key, f'the toy model {key}')} not drawn on this release: {why}")
         for name, first in sorted(self.known_first.items()):
             parts.append(f"known vLLM bug {name} met in {self.known_met[name]} program(s), each ended there (the "
                          f"state after it is not checked; the search went on with the next program); first: {first}")
@@ -138,21 +150,20 @@ class EngineResult(StatefulResult):
         return out
 
 
-_MODEL = st.sampled_from([m.name for m in TOY_MODELS])
 _MAYBE_BOOL = st.sampled_from((None, None, True, False))
-
-
 @st.composite
-def engine_setups(draw, retention: bool = True, legacy_hashes: bool = True,
+def engine_setups(draw, retention: bool = True, legacy_hashes: bool = True, match_unit: bool = True,
                   models: tuple[str, ...] | None = None) -> EngineSetup:
     """Engine flags over a toy model: each setting left to the release's
-    default half the time (so defaults are what is drawn most).  ``retention``
-    off: no retention interval drawn (a release whose EngineArgs takes none,
-    before 0.29: every such setup would be refused); ``legacy_hashes`` off:
-    no ``disable_lookahead_block_hashes`` (before 0.33 the speculative config
-    has none); ``models``: the toy models drawn (default: all; a release whose
-    engine builds a layout kvspec cannot model is drawn without that toy)."""
-    model = draw(_MODEL if models is None else st.sampled_from(models))
+    default half the time (so defaults are what is drawn most).  Each switch
+    off leaves out what the release's engine does not take (asked once per
+    release: ``not_drawn``): ``retention``, a retention interval (before
+    0.29); ``legacy_hashes``, --speculative-config's
+    disable_lookahead_block_hashes (before 0.33); ``match_unit``,
+    --prefix-match-unit (before 0.28); ``models``, the toy models drawn
+    (default: all; a toy the release cannot build, or whose layout kvspec
+    cannot model, is left out)."""
+    model = draw(st.sampled_from(models if models is not None else [m.name for m in TOY_MODELS]))
     toy = next(m for m in TOY_MODELS if m.name == model)
     block = draw(st.sampled_from((None, 16, 32))) if toy.attention_block else None
     max_model_len = 256
@@ -165,6 +176,10 @@ def engine_setups(draw, retention: bool = True, legacy_hashes: bool = True,
     # counted and said.
     attention_groups = 1 + any(kind.startswith("sliding") for kind in toy.layers)
     need = attention_groups * -(-max_model_len // unit) + 2 + 2 * sum(kind == "mamba" for kind in toy.layers)
+    # A hash block finer than the GDN hybrid's block (partial hash hits, where
+    # the EAGLE branch of the registration bound reads it): 8 and 16 divide
+    # every block a release chose for it (32 on 0.33, 64 on 0.34).
+    unit_drawn = draw(st.sampled_from((None, None, 8, 16))) if match_unit and model in QWEN3_NEXT_TOYS else None
     return EngineSetup(
         model=model, num_gpu_blocks=draw(st.integers(need, 2 * need)), max_model_len=max_model_len,
         max_num_batched_tokens=draw(st.sampled_from((None, 64, 128, 256))),
@@ -172,7 +187,7 @@ def engine_setups(draw, retention: bool = True, legacy_hashes: bool = True,
         prefix_caching=draw(st.sampled_from((None, None, None, False))) if not toy.hybrid else None,
         retention_interval=draw(st.sampled_from((None, None, None, 0, 64))) if retention and (
             toy.hybrid or "sliding" in "".join(toy.layers)) else None,
-        async_scheduling=draw(_MAYBE_BOOL), reserve_full_isl=draw(_MAYBE_BOOL),
+        async_scheduling=draw(_MAYBE_BOOL), reserve_full_isl=draw(_MAYBE_BOOL), prefix_match_unit=unit_drawn,
         **_connector(draw), **_speculative(draw, toy, legacy_hashes))
 
 
@@ -197,14 +212,17 @@ _LOAD = st.one_of(st.none(), st.tuples(st.integers(0, 4), st.sampled_from((0, 1,
                                        st.integers(0, 3), st.sampled_from((None, None, 0, 1, 2))))
 
 
-def _speculative(draw, toy, legacy: bool = True) -> dict[str, Any]:
-    """EAGLE3 with the toy's drafter in one program in three where it has one,
-    under the release's default hashes or legacy ones (the EAGLE drop live;
-    ``legacy`` off: the release's only)."""
-    if toy.drafter is None or not draw(st.sampled_from((False, False, True))):
+def _speculative(draw, toy, legacy_hashes: bool = True) -> dict[str, Any]:
+    """Speculative decoding with the toy's drafter (EAGLE3 on the Llama, the
+    model's own MTP module on Qwen3-Next, or an EAGLE3 drafter of twice its KV
+    page) in one program in three, two in three on the Qwen3-Next toys (they
+    are there for it), under the release's default
+    hashes or, where the release takes them, legacy ones (the EAGLE drop live)."""
+    odds = (False, True, True) if toy.name in QWEN3_NEXT_TOYS else (False, False, True)
+    if toy.spec_method is None or not draw(st.sampled_from(odds)):
         return {}
-    return {"num_speculative_tokens": draw(st.integers(1, 3)),
-            "legacy_hashes": draw(st.sampled_from((None, True))) if legacy else None}
+    legacy = draw(st.sampled_from((None, True))) if legacy_hashes else None
+    return {"num_speculative_tokens": draw(st.integers(1, 3)), "legacy_hashes": legacy}
 
 
 # An arrival: family, whole blocks of its shared prefix, extra tokens, a suffix
@@ -354,6 +372,11 @@ def engine_machine(subject: SubjectProcess | Callable[[], SubjectProcess], on_pr
                                          self.oracle.config.groups)], reply)
 
         def _arrive(self, tokens: list[int], max_tokens: int, load: Any = None) -> None:
+            # vLLM's input processing refuses a prompt of max_model_len tokens
+            # or more before the scheduler sees it (a toy whose scheduler block
+            # is 128, as the Qwen3-Next toy with an EAGLE3 drafter on 0.34, can
+            # draw 3 blocks of shared prefix past 256).
+            tokens = tokens[:max(1, int(self.derived.get("max_model_len") or len(tokens) + 1) - 1)]
             name = f"r{self.serial}"
             self.serial += 1
             self.prompts.append(tokens)
@@ -511,6 +534,7 @@ def fuzz_engine(proc: SubjectProcess, max_examples: int, seed: int, database: Ex
     machine_class = engine_machine(proc, on_program, on_violation, known, on_known,
                                    setups=engine_setups(retention=not result.retention_not_drawn,
                                                         legacy_hashes="legacy_hashes" not in result.not_drawn,
+                                                        match_unit="match_unit" not in result.not_drawn,
                                                         models=models or None))
 
     class Counted(machine_class):  # type: ignore[valid-type, misc]
@@ -548,42 +572,61 @@ def retention_not_expressible(proc: SubjectProcess) -> str:
     opened (before 0.29 EngineArgs has no such flag, and every setup drawn
     with one would be refused)."""
     probe = EngineSetup(model="toy-gpt-oss", num_gpu_blocks=64, retention_interval=0)
+    return _refusal(proc, probe, lambda opened: opened.failed_as(ErrorKind.UNSUPPORTED)
+                    and "prefix_cache_retention_interval" in opened.error.message)
+
+
+def _refusal(proc: SubjectProcess, probe: EngineSetup, refused: Callable[[Any], bool]) -> str:
     try:
         opened = proc.session(OpenEngine(probe.message()))
     except KvspecError:
         return ""  # undecided: the run's own first engine meets the same error and stops as it should
-    if opened.failed_as(ErrorKind.UNSUPPORTED) and "prefix_cache_retention_interval" in opened.error.message:
-        return opened.error.message
+    if refused(opened):
+        return " ".join(opened.error.message.split())[:300]  # a validation error names the field on a later line
     return ""
 
 
 def not_drawn(proc: SubjectProcess) -> dict[str, str]:
-    """What else this release's engine cannot take, asked once, each with
-    why: ``legacy_hashes`` when its speculative config has no
-    ``disable_lookahead_block_hashes`` (before 0.33; vLLM refuses the
-    keyword), and each toy model whose default engine builds a layout
+    """What this release's engine does not take, asked once (as the retention
+    interval is), each with why: ``legacy_hashes``, --speculative-config's
+    disable_lookahead_block_hashes (0.33+); each toy model its engine refuses
+    to build (the Qwen3-Next toys asked with their speculative decoding: the
+    model's own MTP module, an EAGLE3 drafter) or builds with a layout
     kvspec's state model does not know (0.25's Nemotron-H: Mamba groups
-    without prefix caching, ``mamba_none``).  An answer that is not one of
-    these (the worker failed) decides nothing: the run's own engines meet it."""
+    without prefix caching, ``mamba_none``); ``match_unit``,
+    --prefix-match-unit (0.28+), asked on the toy Qwen3-Next where it is
+    drawn.  A refusal in kvspec's own code, or an environment's, is not the
+    release's answer: the option stays drawn and the run meets it."""
+    def refused(opened) -> bool:
+        return not opened.ok and not opened.error.in_kvspecs_code and not opened.failed_as(ErrorKind.ENVIRONMENT)
+
     out: dict[str, str] = {}
-    probes = [("legacy_hashes", EngineSetup(model="toy-llama", num_gpu_blocks=64, num_speculative_tokens=1,
-                                            legacy_hashes=True))]
-    probes += [(m.name, EngineSetup(model=m.name, num_gpu_blocks=64)) for m in TOY_MODELS if m.hybrid]
-    for key, probe in probes:
+    legacy = EngineSetup(model="toy-llama", num_gpu_blocks=64, num_speculative_tokens=1, legacy_hashes=True)
+    why = _refusal(proc, legacy, lambda opened: refused(opened)
+                   and "disable_lookahead_block_hashes" in opened.error.message)
+    if why:
+        out["legacy_hashes"] = why
+    for toy in TOY_MODELS:
+        if not toy.hybrid:
+            continue
+        probe = EngineSetup(model=toy.name, num_gpu_blocks=64,
+                            num_speculative_tokens=1 if toy.name in QWEN3_NEXT_TOYS else None)
         try:
             opened = proc.session(OpenEngine(probe.message()))
         except KvspecError:
-            return out
-        if key == "legacy_hashes":
-            if not opened.ok and "disable_lookahead_block_hashes" in opened.error.message:
-                out[key] = f"the release's speculative config refuses disable_lookahead_block_hashes " \
-                           f"({opened.error.message.splitlines()[0][:120]})"
-            continue
-        if opened.ok:
+            return out  # undecided: the run's own first engine meets the same error and stops as it should
+        if refused(opened):
+            out[toy.name] = "vLLM refused to build it: " + " ".join(opened.error.message.split())[:300]
+        elif opened.ok:
             try:
                 derived_config(opened.payload.derived)
             except KvspecError as error:
-                out[key] = f"its default engine builds a layout kvspec cannot model ({error})"
+                out[toy.name] = f"its default engine builds a layout kvspec cannot model ({error})"
+    if MTP_TOY not in out:
+        unit = EngineSetup(model=MTP_TOY, num_gpu_blocks=64, prefix_match_unit=16)
+        why = _refusal(proc, unit, lambda opened: refused(opened) and "prefix_match_unit" in opened.error.message)
+        if why:
+            out["match_unit"] = why
     return out
 
 

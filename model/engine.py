@@ -23,12 +23,13 @@ from typing import Any
 import attrs
 
 from .case import InvalidCase
+from .deployments import MODELS
 from .domain import CoordinatorConfig, GroupKind, HashScheme, KVCacheGroup
 from .program import validated_ops
 from .retention import RetentionLayout
 
 __all__ = ["HAND_BUILT", "ENGINE_BUILT", "OWN_CONNECTOR", "LOAD_FIELDS", "FAILURE_POLICIES", "ToyModel", "TOY_MODELS",
-           "toy_model", "EngineSetup", "EngineProgram", "ENGINE_OPERATIONS", "describe_engine_op", "derived_config",
+           "MTP_TOY", "QWEN3_NEXT_TOYS", "toy_model", "EngineSetup", "EngineProgram", "ENGINE_OPERATIONS", "describe_engine_op", "derived_config",
            "retention_layout", "MODELLED_STEPS"]
 
 ENGINE_OPERATIONS = ("arrive", "step", "abort", "reset")
@@ -75,12 +76,34 @@ class ToyModel:
     layers: tuple[str, ...]  # "full", "sliding:W", "mamba" per KV-cache layer
     mixer: str | None = None  # the Mamba layer class family ("mamba2", "gdn"), if any
     attention_block: bool = True  # whether --block-size is the user's to choose (attention-only models)
-    # An EAGLE3 drafter's config.json for this model (None: no drafter drawn).
+    # An EAGLE3 drafter's config.json for this model (None: no EAGLE3 drafter).
     drafter: dict[str, Any] | None = attrs.field(default=None, eq=False, repr=False)
+    # vLLM's speculative method drawn on this model (None: no speculative
+    # decoding): "eagle3" with ``drafter``, "mtp" with the model's own
+    # num_nextn_predict_layers modules (no config.json of their own).
+    spec_method: str | None = None
 
     @property
     def hybrid(self) -> bool:
         return "mamba" in self.layers
+
+    def drafter_message(self) -> dict[str, Any]:
+        """The worker's ``drafter`` part: an EAGLE3 drafter's config.json and
+        attention geometry (its own KV heads and head size), or the MTP
+        modules' count (their geometry is the target's)."""
+        message: dict[str, Any] = {"hf_config": self.drafter, "draft_layers": self.draft_layers}
+        if self.drafter is not None:
+            c = self.drafter
+            message.update(num_kv_heads=c["num_key_value_heads"],
+                           head_dim=c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
+        return message
+
+    @property
+    def draft_layers(self) -> int:
+        """The drafter's attention layers (each holds KV): an MTP module has one."""
+        if self.spec_method == "mtp":
+            return int(self.hf_config.get("num_nextn_predict_layers") or 1)
+        return int((self.drafter or {}).get("num_hidden_layers", 1))
 
     def as_setup_part(self) -> dict[str, Any]:
         return {"hf_config": self.hf_config, "layers": list(self.layers), "mixer": self.mixer}
@@ -94,7 +117,8 @@ def _llama() -> ToyModel:
                    num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, vocab_size=1000,
                    draft_vocab_size=1000, max_position_embeddings=4096, rms_norm_eps=1e-5, torch_dtype="bfloat16",
                    tie_word_embeddings=False)
-    return ToyModel("toy-llama", "Llama (full attention)", config, ("full", "full"), drafter=drafter)
+    return ToyModel("toy-llama", "Llama (full attention)", config, ("full", "full"), drafter=drafter,
+                    spec_method="eagle3")
 
 
 def _gpt_oss() -> ToyModel:
@@ -119,7 +143,47 @@ def _nemotron_h() -> ToyModel:
                     mixer="mamba2", attention_block=False)
 
 
-TOY_MODELS: tuple[ToyModel, ...] = (_llama(), _gpt_oss(), _nemotron_h())
+def _qwen3_next_shape():
+    """The deployment catalog's Qwen3-Next-80B-A3B shape (its published
+    fields, one MTP module) at toy sizes: four layers, so three GDN layers and
+    one full-attention layer (full_attention_interval 4 kept), tiny heads and
+    dims, four small experts, a small vocabulary."""
+    shape = MODELS["Qwen3-Next-80B-A3B-Instruct"]
+    toy = {**shape.hf_config, **dict(
+        num_hidden_layers=4, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        intermediate_size=128, moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4,
+        num_experts_per_tok=2, vocab_size=1000, max_position_embeddings=4096)}
+    return attrs.evolve(shape, fields=toy)
+
+
+def _qwen3_next() -> ToyModel:
+    shape = _qwen3_next_shape()
+    return ToyModel("toy-qwen3-next", "Qwen3-Next (GDN hybrid, MTP)", shape.hf_config, shape.layers(),
+                    mixer=shape.mixer, attention_block=False, spec_method="mtp")
+
+
+def _qwen3_next_eagle3() -> ToyModel:
+    """The same toy with an EAGLE3 drafter whose KV page per token is twice
+    the target's (4 KV heads to the target's 2): vLLM's page unification gives
+    its group half the target's block, so an EAGLE group's block is below the
+    scheduler block -- where the registration bound's EAGLE branch (#50062)
+    decides what a resend hits.  Hypothetical geometry, as the deployment
+    catalog's "eagle3 qwen3-next kv8x128" drafter (no published drafter's
+    attention geometry was read); MTP modules share the target's page."""
+    shape = _qwen3_next_shape()
+    drafter = dict(architectures=["LlamaForCausalLMEagle3"], model_type="llama", num_hidden_layers=1, hidden_size=64,
+                   num_attention_heads=4, num_key_value_heads=4, head_dim=16, intermediate_size=128,
+                   vocab_size=1000, draft_vocab_size=1000, max_position_embeddings=4096, rms_norm_eps=1e-5,
+                   torch_dtype="bfloat16", tie_word_embeddings=False)
+    return ToyModel("toy-qwen3-next-eagle3", "Qwen3-Next (GDN hybrid) with an EAGLE3 drafter of twice its KV page "
+                    "(hypothetical drafter geometry)", shape.hf_config, shape.layers(), mixer=shape.mixer,
+                    attention_block=False, drafter=drafter, spec_method="eagle3")
+
+
+TOY_MODELS: tuple[ToyModel, ...] = (_llama(), _gpt_oss(), _nemotron_h(), _qwen3_next(), _qwen3_next_eagle3())
+MTP_TOY = "toy-qwen3-next"  # the GDN hybrid with MTP speculative decoding
+QWEN3_NEXT_TOYS = (MTP_TOY, "toy-qwen3-next-eagle3")  # the toys --prefix-match-unit is drawn on
 
 
 def toy_model(name: str) -> ToyModel:
@@ -163,13 +227,16 @@ class EngineSetup:
     # --kv-transfer-config's kv_load_failure_policy, for kvspec's own connector (None: the release's default).
     kv_load_failure_policy: str | None = attrs.field(default=None, validator=attrs.validators.optional(
         attrs.validators.in_(FAILURE_POLICIES)))
-    # EAGLE3 speculative decoding with the toy's drafter: the drafts per step (None: none).
+    # Speculative decoding with the toy's drafter (EAGLE3, or the model's own
+    # MTP modules): the drafts per step (None: none).
     num_speculative_tokens: int | None = attrs.field(default=None, validator=_optional_count(1, 8))
     # --speculative-config's disable_lookahead_block_hashes (0.33+): legacy hashes, the EAGLE drop live.
     legacy_hashes: bool | None = attrs.field(default=None, validator=_optional_bool)
+    # --prefix-match-unit (0.28+): the hash block, finer than a hybrid's block (partial hash hits).
+    prefix_match_unit: int | None = attrs.field(default=None, validator=_optional_count(1, 1 << 12))
 
     def __attrs_post_init__(self) -> None:
-        if self.num_speculative_tokens is not None and self.toy.drafter is None:
+        if self.num_speculative_tokens is not None and self.toy.spec_method is None:
             raise InvalidCase(f"{self.model} has no drafter: no speculative decoding on it")
         if self.legacy_hashes is not None and self.num_speculative_tokens is None:
             raise InvalidCase("legacy_hashes is a speculative-config setting: it needs num_speculative_tokens")
@@ -186,7 +253,7 @@ class EngineSetup:
                  "max_num_batched_tokens": "max_num_batched_tokens", "max_num_seqs": "max_num_seqs",
                  "block_size": "block_size", "prefix_caching": "enable_prefix_caching",
                  "retention_interval": "prefix_cache_retention_interval", "async_scheduling": "async_scheduling",
-                 "reserve_full_isl": "scheduler_reserve_full_isl"}
+                 "reserve_full_isl": "scheduler_reserve_full_isl", "prefix_match_unit": "prefix_match_unit"}
         args = {flag: getattr(self, field) for field, flag in names.items() if getattr(self, field) is not None}
         if self.kv_connector is not None:
             transfer = {"kv_connector": self.kv_connector, "kv_role": "kv_both"}
@@ -196,18 +263,20 @@ class EngineSetup:
                 transfer["kv_load_failure_policy"] = self.kv_load_failure_policy
             args["kv_transfer_config"] = transfer
         if self.num_speculative_tokens is not None:
-            spec: dict[str, Any] = {"method": "eagle3", "num_speculative_tokens": self.num_speculative_tokens}
+            spec: dict[str, Any] = {"method": self.toy.spec_method,
+                                    "num_speculative_tokens": self.num_speculative_tokens}
             if self.legacy_hashes:
                 spec["disable_lookahead_block_hashes"] = True
             args["speculative_config"] = spec
         return args
 
     def message(self) -> dict[str, Any]:
-        """The worker's ``open_engine`` setup (the drafter's config.json goes in
-        its own directory, which the worker names in the speculative config)."""
+        """The worker's ``open_engine`` setup (an EAGLE3 drafter's config.json
+        goes in its own directory, which the worker names in the speculative
+        config; MTP modules are the target's own, so none is named)."""
         message = {**self.toy.as_setup_part(), "engine_args": self.engine_args()}
         if self.num_speculative_tokens is not None:
-            message["drafter"] = {"hf_config": self.toy.drafter, "draft_layers": 1}
+            message["drafter"] = self.toy.drafter_message()
         return message
 
     def cli_flags(self) -> str:

@@ -135,9 +135,12 @@ def build_engine(setup):
             specs[f"model.layers.{index}.self_attn.attn"] = attention_spec(
                 vc, backend, num_kv_heads, head_size, sliding_window=window)
     if drafter:
+        # The drafter's attention geometry where its config.json says one
+        # (an EAGLE3 drafter's own heads), else the target's (MTP modules).
+        d_heads = drafter.get("num_kv_heads") or num_kv_heads
+        d_head = drafter.get("head_dim") or head_size
         for j in range(drafter.get("draft_layers", 1)):
-            specs[f"drafter.layers.{j}.self_attn.attn"] = attention_spec(
-                vc, backend, num_kv_heads, head_size, draft=True)
+            specs[f"drafter.layers.{j}.self_attn.attn"] = attention_spec(vc, backend, d_heads, d_head, draft=True)
     _, config = scheduler_groups(vc, specs, backend)
     # EngineCore._initialize_kv_caches, after planning.
     cc.num_gpu_blocks = config.num_blocks

@@ -111,3 +111,30 @@ def test_replaying_the_open_mamba_estimate_bug_measures_the_crash_a_user_meets(c
     assert ("schedule() raises ValueError: Cannot get 1 free blocks from the pool after 2 engine steps: the engine "
             "process dies (every request in flight fails)") in line
     assert "At the finding's own pool: a resend of r0's 65-token prompt still hits 64 of 65 tokens" in line
+
+
+def test_the_50062_mutant_costs_a_resend_hit_through_the_scheduler_only_where_an_eagle_block_is_below_s():
+    """#50062 (``refloor_50062``) on 0.33.0 through vLLM's real Scheduler on
+    the toy Qwen3-Next with legacy hashes and --prefix-match-unit 16: with its
+    own MTP module every group's block is the scheduler block, so the re-floor
+    changes nothing (the resend hits the same); with an EAGLE3 drafter of
+    twice its KV page (its group's block half of S) a resend of a 50-token
+    prompt loses the hit the release gives."""
+    from kvspec.diff_tests.engine import drive_engine_program
+
+    def resend_hit(proc, model):
+        setup = EngineSetup(model=model, num_gpu_blocks=80, num_speculative_tokens=1, legacy_hashes=True,
+                            prefix_match_unit=16, async_scheduling=False)
+        prompt = list(range(1000, 1050))
+        ops = ([{"do": "arrive", "id": "a", "tokens": prompt, "max_tokens": 2}] + [{"do": "step"}] * 6
+               + [{"do": "arrive", "id": "b", "tokens": prompt, "max_tokens": 2}, {"do": "step"}])
+        records = list(drive_engine_program(proc, EngineProgram(setup, ops), through=True))
+        return [lk["hit"] for r in records for part in (r.answer.get("scheduled") or {}, r.answer)
+                for lk in (part.get("result") or {}).get("lookups", ()) if lk["request"] == "b"]
+
+    hits = {}
+    for label, subject in (("release", release("0.33.0")), ("mutant", mutant_subject("0.33.0", "refloor_50062"))):
+        with SubjectProcess(subject) as proc:
+            hits[label] = {model: resend_hit(proc, model) for model in ("toy-qwen3-next", "toy-qwen3-next-eagle3")}
+    assert hits["release"]["toy-qwen3-next"] == hits["mutant"]["toy-qwen3-next"] == [32]
+    assert hits["release"]["toy-qwen3-next-eagle3"] == [32] and hits["mutant"]["toy-qwen3-next-eagle3"] == [0]

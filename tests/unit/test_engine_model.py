@@ -153,10 +153,31 @@ def test_no_retention_interval_is_drawn_where_the_release_takes_none():
     assert any(v is not None for v in seen)  # drawn by default
 
 
-def test_the_engine_draw_leaves_out_what_the_release_cannot_take():
-    """Before 0.33 the speculative config has no disable_lookahead_block_hashes,
-    and 0.25's Nemotron-H builds Mamba groups kvspec cannot model: asked once
-    (diff_tests.engine.not_drawn), neither is drawn there."""
+def test_the_toy_qwen3_next_drafts_with_its_own_mtp_module():
+    """MTP speculative decoding is vLLM's method "mtp" on the target itself:
+    no drafter config.json, one draft attention layer per MTP module."""
+    setup = EngineSetup(model="toy-qwen3-next", num_gpu_blocks=40, num_speculative_tokens=2, legacy_hashes=True,
+                        prefix_match_unit=16)
+    assert setup.engine_args()["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 2,
+                                                         "disable_lookahead_block_hashes": True}
+    assert setup.engine_args()["prefix_match_unit"] == 16
+    message = setup.message()
+    assert message["drafter"] == {"hf_config": None, "draft_layers": 1}
+    # The EAGLE3 variant's drafter has twice the target's KV heads: its own geometry goes to the worker.
+    eagle = EngineSetup(model="toy-qwen3-next-eagle3", num_gpu_blocks=40, num_speculative_tokens=1).message()
+    assert (eagle["drafter"]["num_kv_heads"], eagle["drafter"]["head_dim"]) == (4, 16)
+    assert eagle["hf_config"] == message["hf_config"]
+    assert message["layers"] == ["mamba", "mamba", "mamba", "full"] and message["mixer"] == "gdn"
+    assert EngineSetup(model="toy-llama", num_gpu_blocks=40, num_speculative_tokens=1).message()["drafter"][
+        "hf_config"]["architectures"] == ["LlamaForCausalLMEagle3"]
+    with pytest.raises(InvalidCase):
+        EngineSetup(model="toy-nemotron-h", num_gpu_blocks=40, num_speculative_tokens=1)
+
+
+def test_what_a_release_does_not_take_is_not_drawn():
+    """Legacy hashes, --prefix-match-unit and a toy model are each left out of
+    the draw where the release's engine refused them or built a layout kvspec
+    cannot model (asked once: diff_tests.engine.not_drawn)."""
     from hypothesis import HealthCheck, given, settings
 
     from kvspec.diff_tests.engine import engine_setups
@@ -164,10 +185,14 @@ def test_the_engine_draw_leaves_out_what_the_release_cannot_take():
     seen = []
 
     @settings(max_examples=300, database=None, suppress_health_check=list(HealthCheck))
-    @given(engine_setups(legacy_hashes=False, models=("toy-llama", "toy-gpt-oss")), engine_setups())
-    def draw(limited, default):
-        assert limited.legacy_hashes is None and limited.model != "toy-nemotron-h"
-        seen.append((default.legacy_hashes, default.model))
+    @given(engine_setups(legacy_hashes=False, match_unit=False, models=("toy-llama", "toy-gpt-oss")),
+           engine_setups())
+    def draw(without, with_all):
+        assert without.model in ("toy-llama", "toy-gpt-oss") and not without.legacy_hashes
+        assert without.prefix_match_unit is None
+        seen.append(with_all)
 
     draw()
-    assert any(legacy for legacy, _ in seen) and any(m == "toy-nemotron-h" for _, m in seen)  # drawn by default
+    mtp = [s for s in seen if s.model.startswith("toy-qwen3-next") and s.num_speculative_tokens]
+    assert mtp and any(s.legacy_hashes for s in mtp) and any(s.prefix_match_unit for s in mtp)
+    assert any(s.model == "toy-nemotron-h" for s in seen)  # drawn by default
