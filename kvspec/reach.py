@@ -412,16 +412,20 @@ def attach(finding: Finding, *, proc=None, hitrate: bool = True, say: Say = _qui
         reach, knobs = _assess(finding, proc=proc, hitrate=hitrate, say=say)
     except Exception as exc:  # never lose a finding to its assessment
         return attrs.evolve(finding, reach=Reach(f"Not assessed: {type(exc).__name__}: {exc}"))
-    inputs, configuration = finding.inputs, {}
+    inputs, configuration, impact = finding.inputs, {}, finding.impact
     reproduction = _engine_reproduction(finding, proc, say)
     if reproduction is not None:
         # Recorded and said in the configuration as a stateful finding's is
         # (one writer); the reach keeps the profiles' verdict beside it.
-        from kvspec.findings.stateful import with_engine_reproduction
+        from kvspec.findings.stateful import with_engine_impact, with_engine_reproduction
 
         shown = with_engine_reproduction(finding, reproduction)
         inputs, configuration = shown.inputs, {"configuration": shown.compared["configuration"]}
         reach = with_engine_reach(reach, inputs["engine_reproduction"])
+        if reproduction.status == "reproduced":
+            # What a user loses, measured on the engine program that reproduced it.
+            say("measuring its impact on the engine program that reproduced it")
+            impact = with_engine_impact(proc, shown).impact or impact
     explanation = finding.explanation
     if explanation is not None:
         explanation = attrs.evolve(explanation, knobs=knobs)
@@ -430,7 +434,8 @@ def attach(finding: Finding, *, proc=None, hitrate: bool = True, say: Say = _qui
     scheme = ((finding.inputs or {}).get("config") or {}).get("hash_scheme", "legacy")
     compared = {**finding.compared, "not_covered": list(finding.subject_capabilities().not_covered()),
                 "hash_scheme": scheme, **configuration}
-    return attrs.evolve(finding, reach=reach, explanation=explanation, compared=compared, inputs=inputs)
+    return attrs.evolve(finding, reach=reach, explanation=explanation, compared=compared, inputs=inputs,
+                        impact=impact)
 
 
 def _engine_reproduction(finding: Finding, proc, say: Say):

@@ -204,8 +204,10 @@ def with_engine_impact(proc, finding: Finding) -> Finding:
         return finding
     from .impact import attach_engine_impact
 
-    measured = attach_engine_impact(proc, attrs.evolve(finding, inputs={**finding.inputs,
-                                                                          "engine_program": record["engine_program"]}))
+    # Measured and said at the engine program's configuration, not the hand-built one.
+    engine_inputs = {**finding.inputs, "engine_program": record["engine_program"],
+                     "describe": record.get("describe") or ""}
+    measured = attach_engine_impact(proc, attrs.evolve(finding, inputs=engine_inputs))
     impact = measured.impact
     if impact is not None:
         impact = attrs.evolve(impact, how_measured=f"on the engine program that reproduced it "

@@ -150,6 +150,8 @@ def impact_sentence(f: Finding) -> str:
     A finding whose impact was measured on the subject (``Finding.impact``,
     ``kvspec.findings.impact``) leads with that measurement."""
     if f.impact is not None and (f.impact.kind != "not_measured" or f.reach is None):
+        if f.reach is not None and f.reach.profiles:  # measured here; who else is affected, after it
+            return f"{f.impact.summary} Deployments: {f.reach.summary}"
         return f.impact.summary
     if "program" in (f.inputs or {}):  # a stateful finding: what the engine showed of it, then the impact
         from kvspec.model.finding import hand_built_impact

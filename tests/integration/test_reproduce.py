@@ -132,7 +132,7 @@ def test_a_registration_finding_is_looked_for_through_the_engine_and_reachable()
     from kvspec.diff_tests.reproduce import reproduce_case_through_engine
     from kvspec.model.case import Case
     from kvspec.oracles.lookup import check_case
-    from kvspec.subjects.protocol import case_message
+    from kvspec.model.requests import Run
 
     case = Case.from_dict({"config": {"groups": [
         {"block_size": 576, "eagle": False, "kind": "mamba_align", "sliding_window": 0},
@@ -141,7 +141,7 @@ def test_a_registration_finding_is_looked_for_through_the_engine_and_reachable()
         "dcp_world_size": 1, "allow_partial_hash_hits": True},
         "prompt_len": 1578, "steps": [{"kind": "prefill", "tokens": 1578, "drafts": 0, "accepted": 0}]})
     with SubjectProcess(mutant_subject(NEWEST, "eagle_rule_everywhere")) as proc:
-        (found, *_) = check_case(case, proc.capabilities, proc.run(case_message(case)))
+        (found, *_) = check_case(case, proc.capabilities, proc.run(Run.of(case)))
         assert found.category is Category.OVER_REGISTRATION
         reproduction = reproduce_case_through_engine(proc, case, found)
         assert reproduction.status == "reproduced", reproduction.summary
