@@ -26,7 +26,7 @@ from typing import Any
 import attrs
 
 from .domain import GroupKind, HashScheme
-from .engine import OWN_CONNECTOR, TOY_MODELS, EngineProgram, EngineSetup
+from .engine import OWN_CONNECTOR, QWEN3_NEXT_TOYS, TOY_MODELS, EngineProgram, EngineSetup
 from .case import MAX_TOKENS
 from .program import Program
 
@@ -125,6 +125,11 @@ def _models_for(program: Program) -> list[str]:
     """The toy models whose layouts carry the program's group kinds, nearest first."""
     kinds = {g.kind for g in program.config.groups}
     models = []
+    if GroupKind.MAMBA_ALIGN in kinds and any(g.eagle for g in program.config.groups):
+        # Drafts over Mamba groups: the toy Qwen3-Next, with an EAGLE3 drafter
+        # of its own KV page (the drafter's group a block unlike the others)
+        # and with its own MTP module.
+        models += ["toy-qwen3-next-eagle3", "toy-qwen3-next"]
     if GroupKind.MAMBA_ALIGN in kinds:
         models.append("toy-nemotron-h")
     if GroupKind.SLIDING_WINDOW in kinds:
@@ -172,10 +177,12 @@ def nearest_setups(program: Program, plain: bool = False) -> tuple[list[EngineSe
             flags["retention_interval"] = -(-program.retention_interval // unit) * unit
         if not program.reserve_full_sequence:
             flags["reserve_full_isl"] = False
-        if eagle and toy.drafter is not None:
+        if eagle and toy.spec_method is not None:
             flags["num_speculative_tokens"] = max([op.get("drafts", 0) for op in program.ops] + [1])
             if config.hash_scheme is not HashScheme.LOOKAHEAD:
                 flags["legacy_hashes"] = True  # the EAGLE drop live, as on the hand-built manager
+        if name in QWEN3_NEXT_TOYS and config.hash_block_size < config.scheduler_block_size:
+            flags["prefix_match_unit"] = 16  # partial hash hits, as the program's finer hash block gives
         if external:
             flags["kv_connector"] = OWN_CONNECTOR
         pool = _pool(program, toy, unit)
@@ -198,7 +205,7 @@ def nearest_setups(program: Program, plain: bool = False) -> tuple[list[EngineSe
     if GroupKind.MAMBA_ALIGN in kinds and GroupKind.SLIDING_WINDOW in kinds:
         notes.append("no toy model has both a sliding-window and a Mamba group: each searched apart")
     if eagle and not any(s.num_speculative_tokens for s in setups):
-        notes.append("EAGLE groups: only the toy Llama has a drafter, and this layout is not Llama's")
+        notes.append("EAGLE groups: no toy model with a drafter has this layout")
     blocks = sorted({g.block_size for g in config.groups})
     notes.append(f"the program's blocks {blocks} (S={config.scheduler_block_size}) become the engine's own "
                  f"(vLLM chooses them: {', '.join(sorted({s.model + ' ' + str(s.block_size or 'release default') for s in setups}))})")
