@@ -54,8 +54,13 @@ def verdict_line(run) -> str:
     else:
         verdict = "no discrepancy found so far"
     if run.status is not RunStatus.COMPLETE:
-        done = len(run.subjects) + len(run.errors)
-        verdict = f"{run.status.value} ({run.why}; {done} of {len(run.planned)} subjects covered): " + verdict
+        # Covered: run to the end of its budget (or to its finding); a run the
+        # stop cut short is said apart, never counted as covered.
+        cut = sum(1 for s in run.subjects if getattr(s.result, "stopped", None) is not None)
+        done = len(run.subjects) - cut + len(run.errors)
+        also = f", {cut} stopped part-way" if cut else ""
+        verdict = (f"{run.status.value} ({run.why}; {done} of {len(run.planned)} subjects covered{also}): "
+                   + verdict)
     return verdict
 
 

@@ -112,8 +112,14 @@ def test_an_interrupt_during_a_second_subject_keeps_the_first_and_says_interrupt
     assert run.returncode == Outcome.INTERRUPTED.exit_code, run.stdout[-2000:]
     assert doc["status"] == "INTERRUPTED" and doc["subjects"][0]["verdict"] == "no discrepancy", run.stdout[-3000:]
     first = markdown.splitlines()[0]
-    assert first.startswith("## kvspec fuzz: INTERRUPTED") and "1 of 2 subjects" in first
-    assert "| vllm 0.34.0 | | | not run | | | | |" in markdown
+    assert first.startswith("## kvspec fuzz: INTERRUPTED") and "1 of 2 subjects covered" in first, first
+    # The interrupt lands as the second subject starts: before its worker
+    # answered (not run), or, where Python dropped it inside a finalizer, at
+    # the next request to the worker (stopped part-way, said so); never a
+    # second "no discrepancy".
+    (row,) = [line for line in markdown.splitlines() if line.startswith("| vllm 0.34.0 |")]
+    assert "| not run |" in row or ("incomplete (interrupted" in row and "1 stopped part-way" in first), row
+    assert "no discrepancy" not in row
 
 
 def test_an_interrupt_while_shrinking_keeps_the_counterexample(tmp_path):

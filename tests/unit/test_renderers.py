@@ -193,6 +193,11 @@ def test_an_interrupted_run_never_reads_as_clean(finding):
     first = text.splitlines()[0]
     assert first.startswith("## kvspec fuzz: INTERRUPTED (interrupted while fuzzing vllm 0.34.0; 1 of 2")
     assert "no discrepancy found so far" in first and "| vllm 0.34.0 | | | not run | | | | |" in text
+    # A subject the stop cut short is not counted as covered: said apart.
+    run.subjects[0].result.stopped = Outcome.INTERRUPTED
+    run.subjects[0].result.stopped_why = "interrupted"
+    first = render_fuzz_markdown(run).splitlines()[0]
+    assert "; 0 of 2 subjects covered, 1 stopped part-way)" in first, first
 
 
 def test_a_run_status_is_one_enum_serialised_to_the_same_strings(finding):
