@@ -1,12 +1,13 @@
 """Every place kvspec reaches into Hypothesis beyond its public API, in one module.
 
-kvspec needs four things Hypothesis has no public way to say: the example
+kvspec needs five things Hypothesis has no public way to say: the example
 database key of a test (so each subject and differential keeps its own saved
 failures), a test's seed without ``@seed`` at definition time, a state
-machine's ``TestCase`` marked as a Hypothesis test for HypoFuzz, and a pool of
+machine's ``TestCase`` marked as a Hypothesis test for HypoFuzz, a pool of
 local constants pinned empty (so a seed draws the same examples whatever was
-imported).  Each is written once here and tested in
-``tests/unit/test_hypothesis_compat.py`` against the Hypothesis installed, the
+imported), and a shrinking budget counted in test runs (Hypothesis's own is
+five minutes of the clock, so what it reports would depend on the machine).
+Each is written once here and tested in ``tests/unit/test_hypothesis_compat.py`` against the Hypothesis installed, the
 one ``pyproject.toml`` declares and CI installs: a Hypothesis that moves one of
 these fails that test, not a user's run.
 """
@@ -17,7 +18,10 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["set_database_key", "set_seed", "mark_state_machine_test", "settings_of", "empty_local_constants"]
+import attrs
+
+__all__ = ["set_database_key", "set_seed", "mark_state_machine_test", "settings_of", "empty_local_constants",
+           "shrink_budget", "ShrinkBudget"]
 
 
 def set_database_key(test: Any, key: bytes) -> None:
@@ -68,3 +72,42 @@ def empty_local_constants() -> Iterator[bool]:
     finally:
         providers._get_local_constants = current
         cache.clear()
+
+
+@attrs.define
+class ShrinkBudget:
+    """The test runs Hypothesis may spend shrinking (``runs``), and how many it spent."""
+
+    runs: int
+    spent: int = 0
+
+    @property
+    def exhausted(self) -> bool:
+        return self.spent >= self.runs
+
+
+@contextlib.contextmanager
+def shrink_budget(runs: int) -> Iterator[ShrinkBudget]:
+    """Within this block Hypothesis stops shrinking after ``runs`` test runs
+    (counted over every failure it shrinks) and reports the smallest failing
+    example found by then, as its five-minute limit would."""
+    from hypothesis.internal.conjecture import engine
+
+    budget = ShrinkBudget(runs)
+    original = engine.ConjectureRunner.test_function
+
+    def test_function(runner: Any, data: Any) -> Any:
+        # The deadline is set only while shrinking, and checked after each run:
+        # passed before the budget's last run, it ends shrinking there (quietly
+        # at kvspec's verbosity; Hypothesis's own warning speaks of minutes).
+        if runner.finish_shrinking_deadline is not None:
+            budget.spent += 1
+            if budget.exhausted:
+                runner.finish_shrinking_deadline = 0.0
+        return original(runner, data)
+
+    engine.ConjectureRunner.test_function = test_function
+    try:
+        yield budget
+    finally:
+        engine.ConjectureRunner.test_function = original

@@ -59,7 +59,8 @@ def program_run(result) -> dict[str, Any]:
     return {"seed": result.seed, "programs": result.tally.programs, "operations": result.tally.operations,
             "seconds": round(result.seconds, 3), "programs_to_first_failure": result.programs_to_first_failure,
             "seconds_to_first_failure": None if result.seconds_to_first_failure is None
-            else round(result.seconds_to_first_failure, 3), "flaky": result.failure.flaky}
+            else round(result.seconds_to_first_failure, 3), "flaky": result.failure.flaky,
+            **({"shrink_budget": result.shrink_budget} if result.shrink_budget else {})}
 
 
 def stateful_finding(result, versions: dict[str, str]) -> Finding:

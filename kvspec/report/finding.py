@@ -568,6 +568,9 @@ def run_line(f: Finding) -> str | None:
                      if f.source == "fuzz" else f"solver {float(r['seconds']):.2f} s")
     if "flaky" in r:
         parts.append("flaky" if r["flaky"] else "not flaky")
+    if r.get("shrink_budget"):
+        parts.append(f"shrinking stopped at its budget of {r['shrink_budget']} programs "
+                     "(the program shown is the smallest failing one found within it)")
     stages = r.get("completion_seconds")
     if isinstance(stages, dict) and stages:
         parts.append("completing the finding: " + ", ".join(

@@ -4,7 +4,7 @@ and CI installs."""
 
 from __future__ import annotations
 
-from hypothesis import Phase, given, settings, strategies as st
+from hypothesis import Phase, Verbosity, given, settings, strategies as st
 from hypothesis.database import InMemoryExampleDatabase
 from hypothesis.internal.detection import is_hypothesis_test
 from hypothesis.stateful import RuleBasedStateMachine, rule
@@ -94,3 +94,49 @@ def test_settings_of_reads_a_tests_budget():
 def test_this_hypothesis_has_a_local_constant_pool_to_pin():
     with empty_local_constants() as pinned:
         assert pinned
+
+
+def _shrunk(runs: int | None) -> tuple[list[int], int]:
+    """A test failing once its list sums past 1000, shrunk within ``runs``
+    test runs (None: Hypothesis's own limits); the failing list reported
+    and the number of runs."""
+    from kvspec.diff_tests.hypothesis_compat import shrink_budget
+
+    calls: list[list[int]] = []
+
+    @settings(database=None, max_examples=200, derandomize=True, phases=[Phase.generate, Phase.shrink],
+              verbosity=Verbosity.quiet)
+    @given(st.lists(st.integers(0, 1000), max_size=20))
+    def test(values):
+        calls.append(values)
+        if sum(values) > 1000:
+            raise AssertionError(values)
+
+    budget = None
+    try:
+        if runs is None:
+            test()
+        else:
+            with shrink_budget(runs) as budget:
+                test()
+    except AssertionError as error:
+        reported = error.args[0]
+    else:
+        raise AssertionError("the test never failed")
+    if budget is not None:
+        assert budget.exhausted and budget.spent == runs
+    return reported, len(calls)
+
+
+def test_a_shrink_budget_counts_runs_and_reports_the_smallest_failure_found_within_it():
+    minimal, all_runs = _shrunk(None)
+    assert len(minimal) == 2 and sum(minimal) == 1001  # Hypothesis's own shrink: [1, 1000]
+    cut, cut_runs = _shrunk(5)
+    assert sum(cut) > 1000  # the failure is reported (its final replay ran) ...
+    assert cut_runs < all_runs  # ... after fewer runs ...
+    again, again_runs = _shrunk(5)
+    assert (again, again_runs) == (cut, cut_runs)  # ... the same ones every time (a count, not a clock)
+    from hypothesis.internal.conjecture import engine
+
+    assert engine.ConjectureRunner.test_function.__name__ == "test_function"  # restored on exit
+    assert engine.ConjectureRunner.test_function.__module__ == engine.__name__

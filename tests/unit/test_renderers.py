@@ -533,3 +533,13 @@ def test_the_subject_line_names_a_mutants_side(finding):
     # Stored before the side was recorded: a mutant without a variant was on the lookup side.
     assert line({"operator": "hit_off_by_one", "models_variant": ""}).endswith("(lookup side)")
     assert line({"operator": "refloor_50062", "models_variant": "floored"}).endswith("(models floored)")
+
+
+def test_a_shrink_cut_short_by_its_budget_is_said_in_the_run_line(finding):
+    from kvspec.report.finding import run_line
+
+    assert "budget" not in (run_line(finding) or "")
+    cut = attrs.evolve(finding, run={**finding.run, "shrink_budget": 400})
+    line = run_line(cut)
+    assert "shrinking stopped at its budget of 400 programs" in line
+    assert "budget of 400 programs" in render_text(cut) and "budget of 400 programs" in render_markdown(cut)
