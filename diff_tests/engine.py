@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Collection
 from typing import Any, Callable, Iterator
 
 import attrs
@@ -79,6 +80,7 @@ def engine_draw_scope() -> str:
 
 
 _OPTION_WORDS = {
+    "retention": "the prefix-cache retention interval (every engine ran the release's own retention)",
     "legacy_hashes": "legacy block hashes (--speculative-config disable_lookahead_block_hashes)",
     "match_unit": "--prefix-match-unit (partial hash hits on the toy Qwen3-Next)",
 }
@@ -91,10 +93,9 @@ class EngineResult(StatefulResult):
 
     settings: dict[str, dict[str, int]] = attrs.Factory(dict)
     owed_lookups: int = 0  # lookups retention owed a hit (model.retention): how often retention_hit bit
-    # Why no retention interval was drawn ("": it was): the release's EngineArgs takes none.
-    retention_not_drawn: str = ""
     # What the release's engine does not take, asked once (``not_drawn``), and
-    # why: legacy hashes, --prefix-match-unit, a toy model; none of it drawn.
+    # why: a retention interval, legacy hashes, --prefix-match-unit, a toy
+    # model; none of it drawn.
     not_drawn: dict[str, str] = attrs.Factory(dict)
     differential = "engine"
 
@@ -120,9 +121,6 @@ class EngineResult(StatefulResult):
                  f"retention (the interval above, as vLLM's planning set it): {self.owed_lookups} of "
                  f"{self.tally.lookups} lookups were owed a hit by an earlier request's kept boundaries and held to "
                  f"it (retention_hit)", scope_text()]
-        if self.retention_not_drawn:
-            parts.append(f"the prefix-cache retention interval is not expressible on this release "
-                         f"({self.retention_not_drawn}): not drawn, every engine ran the release's own retention")
         for key, why in sorted(self.not_drawn.items()):
             parts.append(f"{_OPTION_WORDS.get(key, f'the toy model {key}')} not drawn on this release: {why}")
         for name, first in sorted(self.known_first.items()):
@@ -145,25 +143,25 @@ class EngineResult(StatefulResult):
         out["differential"] = "engine"
         out["engine_settings"] = self.settings
         out["retention_owed_lookups"] = self.owed_lookups
-        out["retention_not_drawn"] = self.retention_not_drawn or None
         out["not_drawn"] = dict(self.not_drawn)
         return out
 
 
 _MAYBE_BOOL = st.sampled_from((None, None, True, False))
 @st.composite
-def engine_setups(draw, retention: bool = True, legacy_hashes: bool = True, match_unit: bool = True,
-                  models: tuple[str, ...] | None = None) -> EngineSetup:
+def engine_setups(draw, leaving_out: Collection[str] = ()) -> EngineSetup:
     """Engine flags over a toy model: each setting left to the release's
-    default half the time (so defaults are what is drawn most).  Each switch
-    off leaves out what the release's engine does not take (asked once per
-    release: ``not_drawn``): ``retention``, a retention interval (before
-    0.29); ``legacy_hashes``, --speculative-config's
+    default half the time (so defaults are what is drawn most).
+    ``leaving_out``: what the release's engine does not take, the keys of
+    ``not_drawn`` (asked once per release): ``retention``, a retention interval
+    (before 0.29); ``legacy_hashes``, --speculative-config's
     disable_lookahead_block_hashes (before 0.33); ``match_unit``,
-    --prefix-match-unit (before 0.28); ``models``, the toy models drawn
-    (default: all; a toy the release cannot build, or whose layout kvspec
-    cannot model, is left out)."""
-    model = draw(st.sampled_from(models if models is not None else [m.name for m in TOY_MODELS]))
+    --prefix-match-unit (before 0.28); a toy model's name, a toy the release
+    cannot build or whose layout kvspec cannot model."""
+    retention, legacy_hashes, match_unit = (key not in leaving_out for key in ("retention", "legacy_hashes",
+                                                                               "match_unit"))
+    models = [m.name for m in TOY_MODELS if m.name not in leaving_out] or [m.name for m in TOY_MODELS]
+    model = draw(st.sampled_from(models))
     toy = next(m for m in TOY_MODELS if m.name == model)
     block = draw(st.sampled_from((None, 16, 32))) if toy.attention_block else None
     max_model_len = 256
@@ -528,14 +526,9 @@ def fuzz_engine(proc: SubjectProcess, max_examples: int, seed: int, database: Ex
         result.known_first.setdefault(bug.name, failure.case.describe())
 
     known = () if include_known else tuple(known_bugs(result.subject.get("vllm_version")))
-    result.retention_not_drawn = retention_not_expressible(proc)
     result.not_drawn = not_drawn(proc)
-    models = tuple(m.name for m in TOY_MODELS if m.name not in result.not_drawn)
     machine_class = engine_machine(proc, on_program, on_violation, known, on_known,
-                                   setups=engine_setups(retention=not result.retention_not_drawn,
-                                                        legacy_hashes="legacy_hashes" not in result.not_drawn,
-                                                        match_unit="match_unit" not in result.not_drawn,
-                                                        models=models or None))
+                                   setups=engine_setups(leaving_out=result.not_drawn))
 
     class Counted(machine_class):  # type: ignore[valid-type, misc]
         def teardown(self) -> None:
@@ -566,16 +559,6 @@ def fuzz_engine(proc: SubjectProcess, max_examples: int, seed: int, database: Ex
     return result
 
 
-def retention_not_expressible(proc: SubjectProcess) -> str:
-    """Why this release's engine takes no retention interval ("": it takes
-    one), asked once: a sliding-window toy with ``--prefix-cache-retention-interval 0``
-    opened (before 0.29 EngineArgs has no such flag, and every setup drawn
-    with one would be refused)."""
-    probe = EngineSetup(model="toy-gpt-oss", num_gpu_blocks=64, retention_interval=0)
-    return _refusal(proc, probe, lambda opened: opened.failed_as(ErrorKind.UNSUPPORTED)
-                    and "prefix_cache_retention_interval" in opened.error.message)
-
-
 def _refusal(proc: SubjectProcess, probe: EngineSetup, refused: Callable[[Any], bool]) -> str:
     try:
         opened = proc.session(OpenEngine(probe.message()))
@@ -587,8 +570,9 @@ def _refusal(proc: SubjectProcess, probe: EngineSetup, refused: Callable[[Any], 
 
 
 def not_drawn(proc: SubjectProcess) -> dict[str, str]:
-    """What this release's engine does not take, asked once (as the retention
-    interval is), each with why: ``legacy_hashes``, --speculative-config's
+    """What this release's engine does not take, asked once per run, each with
+    why: ``retention``, --prefix-cache-retention-interval (0.29+: asked with 0
+    on a sliding-window toy); ``legacy_hashes``, --speculative-config's
     disable_lookahead_block_hashes (0.33+); each toy model its engine refuses
     to build (the Qwen3-Next toys asked with their speculative decoding: the
     model's own MTP module, an EAGLE3 drafter) or builds with a layout
@@ -601,6 +585,11 @@ def not_drawn(proc: SubjectProcess) -> dict[str, str]:
         return not opened.ok and not opened.error.in_kvspecs_code and not opened.failed_as(ErrorKind.ENVIRONMENT)
 
     out: dict[str, str] = {}
+    retention = EngineSetup(model="toy-gpt-oss", num_gpu_blocks=64, retention_interval=0)
+    why = _refusal(proc, retention, lambda opened: opened.failed_as(ErrorKind.UNSUPPORTED)
+                   and "prefix_cache_retention_interval" in opened.error.message)
+    if why:
+        out["retention"] = why
     legacy = EngineSetup(model="toy-llama", num_gpu_blocks=64, num_speculative_tokens=1, legacy_hashes=True)
     why = _refusal(proc, legacy, lambda opened: refused(opened)
                    and "disable_lookahead_block_hashes" in opened.error.message)

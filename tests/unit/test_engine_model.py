@@ -8,7 +8,7 @@ import pytest
 
 from kvspec.model.case import InvalidCase
 from kvspec.model.domain import CoordinatorConfig, GroupKind, HashScheme, KVCacheGroup
-from kvspec.model.engine import EngineProgram, EngineSetup, derived_config
+from kvspec.model.engine import TOY_MODELS, EngineProgram, EngineSetup, derived_config
 from kvspec.model.state import INVARIANTS, Allocation, ManagerState, Transition
 from kvspec.model.capabilities import Capabilities, expected_regime
 
@@ -144,7 +144,7 @@ def test_no_retention_interval_is_drawn_where_the_release_takes_none():
     seen = []
 
     @settings(max_examples=200, database=None, suppress_health_check=list(HealthCheck))
-    @given(engine_setups(retention=False), engine_setups())
+    @given(engine_setups(leaving_out={"retention": "no such flag"}), engine_setups())
     def draw(without, with_retention):
         assert without.retention_interval is None
         seen.append(with_retention.retention_interval)
@@ -184,9 +184,11 @@ def test_what_a_release_does_not_take_is_not_drawn():
 
     seen = []
 
+    left_out = ["legacy_hashes", "match_unit"] + [m.name for m in TOY_MODELS
+                                                  if m.name not in ("toy-llama", "toy-gpt-oss")]
+
     @settings(max_examples=300, database=None, suppress_health_check=list(HealthCheck))
-    @given(engine_setups(legacy_hashes=False, match_unit=False, models=("toy-llama", "toy-gpt-oss")),
-           engine_setups())
+    @given(engine_setups(leaving_out=left_out), engine_setups())
     def draw(without, with_all):
         assert without.model in ("toy-llama", "toy-gpt-oss") and not without.legacy_hashes
         assert without.prefix_match_unit is None
