@@ -207,6 +207,11 @@ def _optional_bool(instance: Any, attribute: attrs.Attribute, value: Any) -> Non
         raise InvalidCase(f"{attribute.name} must be true, false or unset, got {value!r}")
 
 
+def _mamba_mode(value: Any) -> None:
+    if value not in (None, "align"):
+        raise InvalidCase(f"mamba_cache_mode must be 'align' or unset, got {value!r}")
+
+
 @attrs.frozen
 class EngineSetup:
     """``EngineArgs`` flags over a toy model; ``None`` leaves the release's default."""
@@ -234,8 +239,13 @@ class EngineSetup:
     legacy_hashes: bool | None = attrs.field(default=None, validator=_optional_bool)
     # --prefix-match-unit (0.28+): the hash block, finer than a hybrid's block (partial hash hits).
     prefix_match_unit: int | None = attrs.field(default=None, validator=_optional_count(1, 1 << 12))
+    # --mamba-cache-mode: "align" caches Mamba states at block boundaries (a
+    # hybrid's prefix caching); before 0.28 a hybrid's default is "none".
+    mamba_cache_mode: str | None = attrs.field(default=None, validator=lambda i, a, v: _mamba_mode(v))
 
     def __attrs_post_init__(self) -> None:
+        if self.mamba_cache_mode is not None and not self.toy.hybrid:
+            raise InvalidCase(f"{self.model} has no Mamba layers: --mamba-cache-mode does not apply")
         if self.num_speculative_tokens is not None and self.toy.spec_method is None:
             raise InvalidCase(f"{self.model} has no drafter: no speculative decoding on it")
         if self.legacy_hashes is not None and self.num_speculative_tokens is None:
@@ -253,7 +263,8 @@ class EngineSetup:
                  "max_num_batched_tokens": "max_num_batched_tokens", "max_num_seqs": "max_num_seqs",
                  "block_size": "block_size", "prefix_caching": "enable_prefix_caching",
                  "retention_interval": "prefix_cache_retention_interval", "async_scheduling": "async_scheduling",
-                 "reserve_full_isl": "scheduler_reserve_full_isl", "prefix_match_unit": "prefix_match_unit"}
+                 "reserve_full_isl": "scheduler_reserve_full_isl", "prefix_match_unit": "prefix_match_unit",
+                 "mamba_cache_mode": "mamba_cache_mode"}
         args = {flag: getattr(self, field) for field, flag in names.items() if getattr(self, field) is not None}
         if self.kv_connector is not None:
             transfer = {"kv_connector": self.kv_connector, "kv_role": "kv_both"}
@@ -297,13 +308,14 @@ class EngineSetup:
         return f"{self.model}{(' ' + flags) if flags else ''} (other flags: the release's defaults)"
 
     def as_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self)
+        # Unset, the Mamba cache mode is left out: setups stored before it existed read the same.
+        return attrs.asdict(self, filter=lambda a, v: not (a.name == "mamba_cache_mode" and v is None))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "EngineSetup":
         try:
             return cls(**data)
-        except TypeError as exc:
+        except (TypeError, ValueError) as exc:  # attrs' in_ validators raise ValueError
             raise InvalidCase(f"not an engine setup ({exc})") from None
 
 

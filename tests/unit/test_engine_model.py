@@ -198,3 +198,34 @@ def test_what_a_release_does_not_take_is_not_drawn():
     mtp = [s for s in seen if s.model.startswith("toy-qwen3-next") and s.num_speculative_tokens]
     assert mtp and any(s.legacy_hashes for s in mtp) and any(s.prefix_match_unit for s in mtp)
     assert any(s.model == "toy-nemotron-h" for s in seen)  # drawn by default
+
+
+def test_a_release_whose_hybrid_default_is_unmodelled_runs_its_hybrids_aligned():
+    """Before 0.28 a hybrid's Mamba groups cache nothing by default (mamba_none,
+    which kvspec's state model does not know): not_drawn then says
+    "mamba_default" and every hybrid toy gets --mamba-cache-mode align
+    --enable-prefix-caching (flags, not draws: the draw is unchanged elsewhere)."""
+    from hypothesis import HealthCheck, given, settings
+
+    from kvspec.diff_tests.engine import engine_setups
+
+    @settings(max_examples=150, database=None, suppress_health_check=list(HealthCheck))
+    @given(engine_setups(leaving_out={"mamba_default": "mamba_none"}), engine_setups())
+    def draw(aligned, default):
+        if aligned.toy.hybrid:
+            assert aligned.mamba_cache_mode == "align" and aligned.prefix_caching is True
+            assert "--enable-prefix-caching" in aligned.describe()
+            assert "--mamba-cache-mode align" in aligned.describe()
+        else:
+            assert aligned.mamba_cache_mode is None
+        assert default.mamba_cache_mode is None and "mamba_cache_mode" not in default.as_dict()
+
+    draw()
+    with pytest.raises(InvalidCase):
+        EngineSetup(model="toy-llama", num_gpu_blocks=40, mamba_cache_mode="align")
+    with pytest.raises(InvalidCase):
+        EngineSetup(model="toy-nemotron-h", num_gpu_blocks=40, mamba_cache_mode="all")
+    with pytest.raises(InvalidCase):  # an untrusted stored setup: a clear error, not attrs' ValueError
+        EngineSetup.from_dict({"model": "toy-llama", "num_gpu_blocks": 40, "kv_connector": "Nope"})
+    stored = EngineSetup(model="toy-nemotron-h", num_gpu_blocks=40, mamba_cache_mode="align").as_dict()
+    assert EngineSetup.from_dict(stored).engine_args()["mamba_cache_mode"] == "align"
