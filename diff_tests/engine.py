@@ -32,7 +32,7 @@ from kvspec.model.errors import InfrastructureError, KvspecError, SetupError
 from kvspec.model.finding import Category
 from kvspec.model.known import KnownBug, known_bugs, recognise
 from kvspec.model.domain import KVCacheGroup
-from kvspec.model.replies import ErrorKind, WorkerError, record_of
+from kvspec.model.replies import AllocationSeen, ErrorKind, OpAnswer, Reply, WorkerError, record_of
 from kvspec.model.requests import EngineOps, OpenEngine
 from kvspec.model.state import Allocation, groups_over_estimate, over_estimate_kinds, scope_text
 from kvspec.oracles.registration import Discrepancy
@@ -320,11 +320,11 @@ def engine_machine(subject: SubjectProcess | Callable[[], SubjectProcess], on_pr
             for arrival, load in first:
                 self._arrive_drawn(arrival, load)
 
-        def _fail(self, found: list[Discrepancy], reply: dict[str, Any]) -> None:
+        def _fail(self, found: list[Discrepancy], reply: OpAnswer | Reply) -> None:
             # What vLLM derived for this engine goes with the failure: the
             # finding records it (run["engine_settings"]) for the reader and
             # for an upstream reproduction's hand-built KVCacheConfig.
-            failure = Failure(self.taken(), tuple(found), {**reply, "derived": self.derived})
+            failure = Failure(self.taken(), tuple(found), {**record_of(reply), "derived": self.derived})
             bug = recognise(known_bugs_of(), found)
             if bug is not None:  # a known vLLM bug again: said, and the search goes on
                 self.inert = True
@@ -334,7 +334,7 @@ def engine_machine(subject: SubjectProcess | Callable[[], SubjectProcess], on_pr
             on_violation(failure)
             raise _violation(failure)
 
-        def check_more(self, answer: dict[str, Any]) -> list[Discrepancy]:
+        def check_more(self, answer: OpAnswer) -> list[Discrepancy]:
             """Rules beyond the state's (none here; a reproduction of a
             registration finding adds the registration bound's)."""
             return []
@@ -355,25 +355,28 @@ def engine_machine(subject: SubjectProcess | Callable[[], SubjectProcess], on_pr
                 raise _Abort(InfrastructureError(f"kvspec's engine driver failed on "
                                                  f"{describe_engine_op(ops[reply.error.index or 0])}: "
                                                  f"{reply.error.message} (a kvspec bug, not vLLM's)"))
-            for op, answer in zip(ops, reply.get("answers", ())):
+            seen = []
+            for op, answer in zip(ops, reply.payload.answers):
                 self.ops.append(op)
-                found = check_answer(self.oracle, op, answer) or self.check_more(answer)
+                answer, found = check_answer(self.oracle, op, answer)
+                seen.append(answer)
+                found = found or self.check_more(answer)
                 if found:
                     self._fail(found, answer)
                     return
-                self.live = [r for r in self.live if r in answer["running"] or r in answer["waiting"]]
-                for part in (answer.get("scheduled"), answer):
-                    result = (part or {}).get("result", {})
-                    self.lookups += len(result.get("lookups", ()))
-                    self.hits += sum(lk["hit"] > 0 for lk in result.get("lookups", ()))
-                    self.preemptions += len(result.get("preempted", ()))
-                    self.resets += bool(result.get("reset"))
-                    self.evictions += len(result.get("evicted", ()))  # blocks a failed KV load invalidated
+                self.live = [r for r in self.live if r in answer.running or r in answer.waiting]
+                for part in answer.parts():
+                    result = part.result
+                    self.lookups += len(result.lookups)
+                    self.hits += sum(lk.hit > 0 for lk in result.lookups)
+                    self.preemptions += len(result.preempted)
+                    self.resets += bool(result.reset)
+                    self.evictions += len(result.evicted)  # blocks a failed KV load invalidated
             if not reply.ok:  # vLLM raised on the operation after the last answer
                 failed = _failed_at(reply)
                 self.ops.append(ops[failed])
-                self._fail([engine_crash(ops[failed], reply.error, reply.get("allocations"),
-                                         self.oracle.config.groups)], reply)
+                self._fail([engine_crash(ops[failed], reply.error, reply.payload.allocations,
+                                         self.oracle.config.groups)], reply.with_answers(seen))
 
         def _arrive(self, tokens: list[int], max_tokens: int, load: Any = None) -> None:
             # vLLM's input processing refuses a prompt of max_model_len tokens
@@ -447,29 +450,25 @@ def engine_machine(subject: SubjectProcess | Callable[[], SubjectProcess], on_pr
     return EngineStateMachine
 
 
-def check_answer(oracle: StateOracle, op: dict[str, Any], answer: dict[str, Any]) -> list[Discrepancy]:
+def check_answer(oracle: StateOracle, op: dict[str, Any], answer: OpAnswer, *,
+                 through: bool = False) -> tuple[OpAnswer, list[Discrepancy]]:
     """An engine step is two transitions, each checked: its ``schedule()``
-    (lookups, allocations, zeroing) and the processing of an output."""
-    scheduled = answer.get("scheduled")
-    if scheduled is not None:
-        found = oracle.check(op, scheduled)
-        if found:
-            return found
-        return oracle.check({**op, "do": "update"}, answer)
-    return oracle.check(op, answer)
+    (lookups, allocations, zeroing) and the processing of an output; the
+    second only when the first held every rule, unless ``through`` (the
+    oracle then stays in step with the worker's answers, each of which sends
+    only the parts changed since the last).  The answer as checked (states
+    made whole), and its discrepancies."""
+    if answer.scheduled is None:
+        return oracle.checked(op, answer)
+    scheduled, found = oracle.checked(op, answer.scheduled)
+    answer = answer.with_scheduled(scheduled)
+    if found and not through:
+        return answer, found
+    answer, more = oracle.checked({**op, "do": "update"}, answer)
+    return answer, found + more
 
 
-def _check_both(oracle: StateOracle, op: dict[str, Any], answer: dict[str, Any]) -> list[Discrepancy]:
-    """``check_answer`` with both transitions of a step checked even when its
-    ``schedule()`` broke a rule: the oracle stays in step with the worker's
-    answers (each sends only the parts that changed since the last)."""
-    scheduled = answer.get("scheduled")
-    if scheduled is None:
-        return oracle.check(op, answer)
-    return oracle.check(op, scheduled) + oracle.check({**op, "do": "update"}, answer)
-
-
-def engine_crash(op: dict[str, Any], error: WorkerError, allocations: Any = (),
+def engine_crash(op: dict[str, Any], error: WorkerError, allocations: tuple[AllocationSeen, ...] = (),
                  groups: tuple[KVCacheGroup, ...] = ()) -> Discrepancy:
     """The finding of an engine operation vLLM raised on (``allocations``:
     the operation's allocate_slots calls as the worker observed them)."""
@@ -482,19 +481,15 @@ def engine_crash(op: dict[str, Any], error: WorkerError, allocations: Any = (),
                        group_kinds=over_estimate_kinds(groups, raised_in) if over else ())
 
 
-def _raised_in_allocation(allocations: Any) -> Allocation | None:
+def _raised_in_allocation(allocations: tuple[AllocationSeen, ...]) -> Allocation | None:
     """For a crash inside allocate_slots, the allocation that raised, with
     what each group asked the pool for: the crash's mechanism is the groups
     that asked for more than they estimated, as block_estimate names them for
     an allocation that succeeded."""
-    last = allocations[-1] if isinstance(allocations, (list, tuple)) and allocations else None
-    if not isinstance(last, dict) or last.get("free_after") is not None:
+    last = allocations[-1] if allocations else None
+    if last is None or last.free_after is not None:
         return None
-    try:
-        return Allocation(str(last["request"]), tuple(last["estimates"]), int(last["free_before"]), None,
-                          tuple(int(n) for n in last.get("taken", ())))
-    except (KeyError, TypeError, ValueError):
-        return None
+    return Allocation(last.request, last.estimates, last.free_before, None, last.taken)
 
 
 def fuzz_engine(proc: SubjectProcess, max_examples: int, seed: int, database: ExampleDatabase | None = None,
@@ -644,26 +639,35 @@ def not_drawn(proc: SubjectProcess) -> dict[str, str]:
 
 @attrs.frozen
 class EngineStepRecord:
-    """One operation of a recorded engine program as it ran: what vLLM
-    answered and what broke (nothing: every rule held)."""
+    """One operation of a recorded engine program as it ran: its answer
+    (states made whole; None where the worker's ``reply`` is all there is:
+    the engine's build, op ``open``, and the operation vLLM raised on), and
+    what broke (nothing: every rule held)."""
 
     op: dict[str, Any]
-    answer: dict[str, Any] = attrs.field(converter=record_of)  # a reply's record, or an answer of one
+    answer: OpAnswer | None = None
     found: tuple[Discrepancy, ...] = ()
+    reply: Reply | None = None
+
+    @property
+    def record(self) -> dict[str, Any]:
+        """The JSON object the worker sent for it, states made whole: what a
+        finding or a run's JSON keeps."""
+        return record_of(self.answer if self.answer is not None else self.reply)
 
 
 def drive_engine_program(proc: SubjectProcess, program: EngineProgram, *, through: bool = False,
                          oracle_out: list[StateOracle] | None = None) -> Iterator[EngineStepRecord]:
     """Run a recorded engine program on ``proc``, checking every operation:
-    first the engine's build (op ``open``, answering what vLLM derived), then
-    one record per operation up to the first that broke a rule (or vLLM
-    raised); a subject that cannot build the engine raises.  ``through``:
-    every operation's record, past broken rules (the oracle goes on; the
-    impact measurement reads what follows), up to vLLM raising.
+    first the engine's build (op ``open``, whose reply says what vLLM
+    derived), then one record per operation up to the first that broke a
+    rule (or vLLM raised); a subject that cannot build the engine raises.
+    ``through``: every operation's record, past broken rules (the oracle goes
+    on; the impact measurement reads what follows), up to vLLM raising.
     ``oracle_out`` receives the oracle (its lookups' owed hits)."""
     opened = proc.session(OpenEngine(program.setup.message()))
     if opened.ok:
-        yield EngineStepRecord({"do": "open"}, opened, ())
+        yield EngineStepRecord({"do": "open"}, reply=opened)
     else:
         if opened.failed_as(ErrorKind.ENVIRONMENT):
             raise SetupError(f"the vLLM runtime cannot import what the engine needs ({opened.error.message})")
@@ -672,7 +676,7 @@ def drive_engine_program(proc: SubjectProcess, program: EngineProgram, *, throug
                                       f"{opened.error.message} (a kvspec bug)")
         if opened.failed_as(ErrorKind.UNSUPPORTED):
             raise InfrastructureError(f"this subject cannot build the engine: {opened.error.message}")
-        yield EngineStepRecord({"do": "open"}, opened, (StateOracle.refused(opened.error),))
+        yield EngineStepRecord({"do": "open"}, found=(StateOracle.refused(opened.error),), reply=opened)
         return
     engine = opened.payload
     config = derived_config(engine.derived)
@@ -681,9 +685,11 @@ def drive_engine_program(proc: SubjectProcess, program: EngineProgram, *, throug
     if oracle_out is not None:
         oracle_out.append(oracle)
     reply = proc.session(EngineOps(dict(op) for op in program.ops))
-    for op, answer in zip(program.ops, reply.get("answers", ())):
-        found = tuple(_check_both(oracle, op, answer) if through else check_answer(oracle, op, answer))
-        yield EngineStepRecord(op, answer, found)
+    seen = []
+    for op, answer in zip(program.ops, reply.payload.answers):
+        answer, found = check_answer(oracle, op, answer, through=through)
+        seen.append(answer)
+        yield EngineStepRecord(op, answer, tuple(found))
         if found and not through:
             return
     if not reply.ok:
@@ -691,9 +697,10 @@ def drive_engine_program(proc: SubjectProcess, program: EngineProgram, *, throug
             raise InfrastructureError(f"the engine program cannot run on this subject: {reply.error.message}")
         index = reply.error.index
         op = program.ops[index] if index is not None and index < len(program.ops) else None
-        yield EngineStepRecord(op or {"do": "unknown"}, reply,
-                               (engine_crash(op, reply.error, reply.get("allocations"), config.groups) if op
-                                else StateOracle.crash(None, reply.error),))
+        yield EngineStepRecord(op or {"do": "unknown"},
+                               found=(engine_crash(op, reply.error, reply.payload.allocations, config.groups) if op
+                                      else StateOracle.crash(None, reply.error),),
+                               reply=reply.with_answers(seen))
 
 
 def replay_engine_program(proc: SubjectProcess, program: EngineProgram) -> tuple[list[Discrepancy], dict[str, Any]]:
@@ -703,7 +710,7 @@ def replay_engine_program(proc: SubjectProcess, program: EngineProgram) -> tuple
     answers = []
     for record in drive_engine_program(proc, program):
         if record.found:
-            return list(record.found), record.answer
+            return list(record.found), record.record
         if record.op["do"] != "open":
-            answers.append(record.answer)
+            answers.append(record.record)
     return [], {"ok": True, "answers": answers}

@@ -55,6 +55,7 @@ from kvspec.model.nearest_engine import (MAX_MODEL_LEN, Target, after_preemption
                                          nearest_setups, pressure_pool, pressure_trial, program_of_case, scale_for,
                                          translate)
 from kvspec.model.program import Program
+from kvspec.model.replies import OpAnswer
 from kvspec.oracles.registration import Discrepancy, check_calls
 from kvspec.subjects.process import SubjectProcess
 
@@ -175,15 +176,15 @@ class RegistrationBound:
         self.regime = expected_regime(self.config, capabilities)
         self.calls: dict[str, list[dict[str, Any]]] = {}
 
-    def __call__(self, answer: dict[str, Any]) -> list[Discrepancy]:
+    def __call__(self, answer: OpAnswer) -> list[Discrepancy]:
         if not self.config.enable_caching or len(self.config.groups) < 2:
             # Nothing is registered (the coordinator without a prefix cache),
             # or one group: vLLM's unitary coordinator hands each call's n to
             # the group as is (it registers the whole blocks of it); the bound
             # is the hybrid coordinator's, as in the registration differential.
             return []
-        for part in (answer.get("scheduled"), answer):
-            for call in ((part or {}).get("result") or {}).get("registrations", ()):
+        for part in answer.parts():
+            for call in part.result.registrations:
                 calls = self.calls.setdefault(call["request"], [])
                 calls.append(call)
                 found = check_calls(self.config, self.regime, calls)
@@ -210,7 +211,7 @@ def _replay(proc: SubjectProcess, program: EngineProgram, target: Target, known)
         if record.op["do"] == "open":
             if record.found:
                 return False, None, None  # vLLM's configuration code refused these flags: not an engine it runs
-            derived = record.answer.get("derived") or {}
+            derived = record.reply.payload.derived
             if target.category in REGISTRATION:
                 bound = RegistrationBound(derived, proc.capabilities)
             continue
@@ -219,7 +220,7 @@ def _replay(proc: SubjectProcess, program: EngineProgram, target: Target, known)
             record = attrs.evolve(record, found=found)
             if recognise(known, record.found) is not None:
                 return False, None, derived
-            return _matches(target, record.found, record.answer, derived or {}), record.found[0].category.value, derived
+            return _matches(target, record.found, record.record, derived or {}), record.found[0].category.value, derived
     return False, None, derived
 
 
@@ -233,8 +234,8 @@ def _preempted_at(proc: SubjectProcess, trial: EngineProgram, victim: str) -> in
                 return None
             continue
         index += 1
-        scheduled = (record.answer.get("scheduled") or {}).get("result") or {}
-        if victim in scheduled.get("preempted", ()):
+        scheduled = record.answer.scheduled if record.answer is not None else None
+        if scheduled is not None and victim in scheduled.result.preempted:
             return index
     return None
 

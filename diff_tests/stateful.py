@@ -380,24 +380,26 @@ def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
             if reply.failed_as(ErrorKind.UNSUPPORTED):
                 raise _Abort(InfrastructureError(f"the worker cannot drive {describe_op(ops[0])} on this vLLM: "
                                                  f"{reply.error.message}"))
-            for index, (op, answer) in enumerate(zip(ops, reply.get("answers", ()))):
+            seen = []
+            for op, answer in zip(ops, reply.payload.answers):
                 self.ops.append(op)
-                found = self.oracle.check(op, answer) if check else None
+                answer, found = self.oracle.checked(op, answer) if check else (answer, None)
+                seen.append(answer)
                 if found:
-                    self._fail(self.taken(), found, answer)
+                    self._fail(self.taken(), found, record_of(answer))
                     return
-                self.running = list(answer["running"])
-                self.waiting = list(answer["waiting"])
-                result = answer["result"]
-                self.lookups += len(result.get("lookups", ()))
-                self.hits += sum(lk["hit"] > 0 for lk in result.get("lookups", ()))
-                self.preemptions += len(result.get("preempted", ())) + (op["do"] == "preempt")
-                self.evictions += len(result.get("evicted", ()))
-                self.resets += bool(result.get("reset"))
+                self.running = list(answer.running)
+                self.waiting = list(answer.waiting)
+                result = answer.result
+                self.lookups += len(result.lookups)
+                self.hits += sum(lk.hit > 0 for lk in result.lookups)
+                self.preemptions += len(result.preempted) + (op["do"] == "preempt")
+                self.evictions += len(result.evicted)
+                self.resets += bool(result.reset)
             if not reply.ok:  # vLLM raised on the operation after the last answer
                 failed = _failed_at(reply)
                 self.ops.append(ops[failed])
-                self._fail(self.taken(), [StateOracle.crash(ops[failed], reply.error)], reply)
+                self._fail(self.taken(), [StateOracle.crash(ops[failed], reply.error)], record_of(reply.with_answers(seen)))
 
         def taken(self) -> Program:
             """The program so far: the geometry and every operation applied."""
@@ -709,7 +711,7 @@ def _failed_at(reply: Reply) -> int:
     """The operation of a batch the failed ``reply`` stopped at: the one its
     error names, else the one after the last answered."""
     index = reply.error.index
-    return index if index is not None else len(reply.get("answers", ()))
+    return index if index is not None else len(reply.payload.answers)
 
 
 def _exception(reply: dict[str, Any]) -> str | None:
@@ -730,14 +732,16 @@ def replay_program(proc: SubjectProcess, program: Program) -> tuple[list[Discrep
         return [StateOracle.refused(opened.error)], record_of(opened)
     oracle = StateOracle(program, proc.capabilities, opened.payload.state)
     reply = proc.session(MachineOps(dict(op) for op in program.ops))
-    for op, answer in zip(program.ops, reply.get("answers", ())):
-        found = oracle.check(op, answer)
+    seen = []
+    for op, answer in zip(program.ops, reply.payload.answers):
+        answer, found = oracle.checked(op, answer)
         if found:
-            return found, answer
+            return found, record_of(answer)
+        seen.append(answer)
     if not reply.ok:
         if reply.failed_as(ErrorKind.KVSPEC) or reply.failed_as(ErrorKind.UNSUPPORTED):
             raise InfrastructureError(f"the program cannot run on this subject: {reply.error.message}")
         index = reply.error.index
         op = program.ops[index] if index is not None and index < len(program.ops) else None
-        return [StateOracle.crash(op, reply.error)], record_of(reply)
-    return [], record_of(reply)
+        return [StateOracle.crash(op, reply.error)], record_of(reply.with_answers(seen))
+    return [], record_of(reply.with_answers(seen))

@@ -5,27 +5,32 @@ The worker (``subjects/vllm_side/``) runs in vLLM's runtime, without attrs,
 and answers in JSON; ``subjects/process.py`` parses every reply once, as it
 reads it, into a ``Reply`` (a malformed one is kvspec's error, never a vLLM
 finding).  A ``Reply`` is also the read-only mapping of the JSON object the
-worker sent (``record``): the payload -- a case's ``calls`` and ``regime``, a
-machine's ``answers`` and states -- is read by key, and ``record`` is what a
-finding keeps as its observations.  Where a payload is read by key in more
-than one place, it is parsed once too, by the request that asks for it
-(``Reply.parse(record, op)``, ``PAYLOADS``): the reply's ``payload`` is then
-typed (a ``MachineOpened``, an ``EngineOpened``, the ``PrefillChunking`` of
-each prompt, a hit-rate replay's ``SessionAnswer`` per action).  Here, rather than in ``subjects``, so that the oracles, which
-take replies, may import it.
+worker sent (``record``), which is what a finding keeps as its observations.
+A case's ``calls`` are read by key (by the oracles that compare them); every
+payload read in more than one place is parsed once, by the request that asks
+for it (``Reply.parse(record, op)``, ``PAYLOADS``): the reply's ``payload``
+is then typed (a ``MachineOpened``, an ``EngineOpened``, the
+``PrefillChunking`` of each prompt, a hit-rate replay's ``SessionAnswer``
+per action, and for ``machine_ops``/``engine_ops``, error replies included,
+an ``Operated``: one ``OpAnswer`` per operation, with its ``OpResult``,
+``LookupSeen`` and ``AllocationSeen``).  An ``OpAnswer`` keeps its JSON
+object too (``record_of``); where the state oracle makes an answer's state
+whole it returns a new answer (``OpAnswer.with_state``) and the record sent
+stays as it was.  Here, rather than in ``subjects``, so that the oracles,
+which take replies, may import it.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import attrs
 
-__all__ = ["PAYLOADS", "EngineOpened", "ErrorKind", "MachineOpened", "MalformedReply", "ObservedRegime",
-           "PrefillChunking", "Reply", "SessionAnswer", "Started", "Stepped", "WorkerError", "record_of",
-           "session_answers"]
+__all__ = ["PAYLOADS", "AllocationSeen", "EngineOpened", "ErrorKind", "LookupSeen", "MachineOpened", "MalformedReply",
+           "ObservedRegime", "OpAnswer", "OpResult", "Operated", "PrefillChunking", "Reply", "SessionAnswer", "Started",
+           "Stepped", "WorkerError", "record_of", "session_answers"]
 
 
 class ErrorKind(str, enum.Enum):
@@ -219,13 +224,215 @@ def session_answers(record: Mapping[str, Any]) -> tuple[SessionAnswer, ...]:
     return tuple(answers)
 
 
+# -- the answers of machine_ops and engine_ops: one per operation ----------------------------------
+
+def _ids(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _counts(value: Any) -> bool:
+    return isinstance(value, list) and all(_count(v) for v in value)
+
+
+def _per_request(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and _count(n) for k, n in value.items())
+
+
+def _optional(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda value: value is None or check(value)
+
+
+def _objects(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, dict) for v in value)
+
+
+def _checked(value: Any, what: str, required: Mapping[str, Callable[[Any], bool]],
+             optional: Mapping[str, Callable[[Any], bool]] = {}) -> Mapping[str, Any]:
+    """``value`` if it is a JSON object with every ``required`` key, no key
+    neither names, and each value of the type its check wants; else
+    ``MalformedReply`` saying ``what`` it should carry."""
+    if not isinstance(value, dict):
+        raise MalformedReply(f"{what}, this one {_short(value)}")
+    missing = [k for k in required if k not in value]
+    unknown = [k for k in value if k not in required and k not in optional]
+    if missing or unknown:
+        raise MalformedReply(f"{what}, this one {'lacks ' + ', '.join(missing) if missing else ''}"
+                             f"{'; ' if missing and unknown else ''}{'has ' + ', '.join(unknown) if unknown else ''}: "
+                             f"{_short(value)}")
+    wrong = [k for k, check in {**required, **optional}.items() if k in value and not check(value[k])]
+    if wrong:
+        raise MalformedReply(f"{what}, this one has a value of the wrong type ({', '.join(wrong)}): {_short(value)}")
+    return value
+
+
+@attrs.frozen
+class LookupSeen:
+    """One ``get_computed_blocks`` the manager answered within an operation
+    (a result's ``lookups``), as the worker observed it: the request, its hit
+    and tokens, each group's blocks, the pool's digest before and after, the
+    tokens a KV connector added, which of its block hashes the map held (one
+    group only), and the shared-prefix junction the scheduler pinned (0.30+)."""
+
+    request: str
+    hit: int
+    num_tokens: int
+    group_blocks: tuple[tuple[int, ...], ...]
+    before: tuple[Any, ...] = ()
+    after: tuple[Any, ...] = ()
+    external: int = 0
+    mapped: tuple[Any, ...] | None = None
+    junction: int | None = None
+
+    @classmethod
+    def parse(cls, value: Any) -> "LookupSeen":
+        v = _checked(value, "a lookup names its request, hit, tokens and each group's blocks",
+                     {"request": lambda x: isinstance(x, str), "hit": _count, "num_tokens": _count,
+                      "group_blocks": lambda x: isinstance(x, list) and all(_counts(g) for g in x)},
+                     {"before": _optional(lambda x: isinstance(x, list)), "after": _optional(lambda x: isinstance(x, list)),
+                      "external": _count, "mapped": _optional(lambda x: isinstance(x, list)),
+                      "junction": _optional(lambda x: isinstance(x, int))})
+        return cls(v["request"], v["hit"], v["num_tokens"], tuple(tuple(g) for g in v["group_blocks"]),
+                   _frozen(v.get("before")), _frozen(v.get("after")), v.get("external", 0),
+                   None if v.get("mapped") is None else tuple(v["mapped"]), v.get("junction"))
+
+
+@attrs.frozen
+class AllocationSeen:
+    """One ``allocate_slots`` call within an engine operation (a result's
+    ``allocations``; an engine crash's): each group's last block estimate,
+    the free blocks before and after (None: it raised), the blocks each
+    group asked the pool for, and whether it allocated."""
+
+    request: str
+    estimates: tuple[int | None, ...]
+    free_before: int
+    free_after: int | None
+    taken: tuple[int, ...] = ()
+    allocated: bool | None = None
+
+    @classmethod
+    def parse(cls, value: Any) -> "AllocationSeen":
+        v = _checked(value, "an allocation names its request, each group's estimate and the free blocks before and "
+                            "after",
+                     {"request": lambda x: isinstance(x, str),
+                      "estimates": lambda x: isinstance(x, list) and all(e is None or _count(e) for e in x),
+                      "free_before": _count, "free_after": _optional(_count)},
+                     {"taken": _counts, "allocated": lambda x: isinstance(x, bool)})
+        return cls(v["request"], tuple(v["estimates"]), v["free_before"], v["free_after"], tuple(v.get("taken", ())),
+                   v.get("allocated"))
+
+
+@attrs.frozen
+class OpResult:
+    """What one operation returned (an answer's ``result``; every field
+    empty where the operation has none): a step's requests scheduled (their
+    tokens), preempted and finished, its lookups, allocations and
+    ``cache_blocks`` calls (``registrations``, as the registration
+    differential records calls: read by ``oracles.registration``), the blocks
+    evicted, the requests whose blocks were given back (``freed``) or that
+    wait on a KV load (``loading``), and whether a reset succeeded (None: no
+    reset)."""
+
+    scheduled: Mapping[str, int] = attrs.field(factory=dict)
+    preempted: tuple[str, ...] = ()
+    finished: tuple[str, ...] = ()
+    lookups: tuple[LookupSeen, ...] = ()
+    allocations: tuple[AllocationSeen, ...] = ()
+    registrations: tuple[Mapping[str, Any], ...] = ()
+    evicted: tuple[int, ...] = ()
+    freed: tuple[str, ...] = ()
+    loading: tuple[str, ...] = ()
+    reset: bool | None = None
+
+    @classmethod
+    def parse(cls, value: Any) -> "OpResult":
+        v = _checked(value, "an operation's result holds what it scheduled, preempted, finished, looked up, "
+                            "allocated, registered, evicted, freed, left loading or reset", {},
+                     {"scheduled": _per_request, "preempted": _ids, "finished": _ids, "lookups": _objects,
+                      "allocations": _objects,
+                      "registrations": lambda x: _objects(x) and all(isinstance(c.get("request"), str) for c in x),
+                      "evicted": _counts, "freed": _ids, "loading": _ids, "reset": lambda x: isinstance(x, bool)})
+        return cls(dict(v.get("scheduled", {})), tuple(v.get("preempted", ())), tuple(v.get("finished", ())),
+                   tuple(LookupSeen.parse(lk) for lk in v.get("lookups", ())),
+                   tuple(AllocationSeen.parse(a) for a in v.get("allocations", ())),
+                   tuple(v.get("registrations", ())), tuple(v.get("evicted", ())), tuple(v.get("freed", ())),
+                   tuple(v.get("loading", ())), v.get("reset"))
+
+
+@attrs.frozen
+class OpAnswer:
+    """One operation's answer on an open machine or engine: what it
+    returned, the blocks handed out for zeroing, the running requests (their
+    computed tokens) and the waiting ones, and the manager's state after it
+    as sent (``state``: a delta whose ``same`` names the parts unchanged
+    since the answer before, None when not observed), and for an engine step
+    the answer of its ``schedule()`` alone (``scheduled``).  ``record`` is
+    the JSON object sent: what a finding keeps (``record_of``)."""
+
+    record: Mapping[str, Any] = attrs.field(repr=False, eq=False)
+    result: OpResult
+    running: Mapping[str, int]
+    waiting: tuple[str, ...]
+    state: Mapping[str, Any] | None = attrs.field(repr=False)
+    handed_for_zeroing: tuple[int, ...] = ()
+    scheduled: "OpAnswer | None" = None
+
+    @classmethod
+    def parse(cls, value: Any) -> "OpAnswer":
+        v = _checked(value, "an operation's answer carries its result, the running and waiting requests and the "
+                            "state after it",
+                     {"result": lambda x: isinstance(x, dict), "running": _per_request, "waiting": _ids,
+                      "state": _optional(lambda x: isinstance(x, dict))},
+                     {"handed_for_zeroing": _counts, "scheduled": lambda x: isinstance(x, dict)})
+        return cls(v, OpResult.parse(v["result"]), dict(v["running"]), tuple(v["waiting"]), v["state"],
+                   tuple(v.get("handed_for_zeroing", ())),
+                   None if v.get("scheduled") is None else cls.parse(v["scheduled"]))
+
+    def with_state(self, state: Mapping[str, Any]) -> "OpAnswer":
+        """This answer with ``state`` for the one sent, its record too (the
+        oracle's state made whole): the record sent stays as it was."""
+        return attrs.evolve(self, record={**self.record, "state": state}, state=state)
+
+    def with_scheduled(self, scheduled: "OpAnswer") -> "OpAnswer":
+        """This step's answer with ``scheduled`` for its schedule()'s, its record too."""
+        return attrs.evolve(self, record={**self.record, "scheduled": scheduled.record}, scheduled=scheduled)
+
+    def parts(self) -> tuple["OpAnswer", ...]:
+        """The answers within, in order: a step's schedule()'s, then its own."""
+        return (self.scheduled, self) if self.scheduled is not None else (self,)
+
+
+@attrs.frozen
+class Operated:
+    """A ``machine_ops`` or ``engine_ops`` reply, typed: one answer per
+    operation applied (up to the one that failed, on an error reply), and on
+    an engine crash the failing operation's ``allocate_slots`` calls."""
+
+    answers: tuple[OpAnswer, ...] = ()
+    allocations: tuple[AllocationSeen, ...] = ()
+
+    @classmethod
+    def parse(cls, record: Mapping[str, Any]) -> "Operated":
+        sent = record.get("answers", None if record["ok"] else [])  # an error before any answer carries none
+        if not isinstance(sent, list):
+            raise MalformedReply(f"an operations reply carries its answers, this one {_short(record)}")
+        allocations = record.get("allocations", [])
+        if not _objects(allocations):
+            raise MalformedReply(f"an engine crash's allocations are a list, this one {_short(record)}")
+        return cls(tuple(OpAnswer.parse(a) for a in sent), tuple(AllocationSeen.parse(a) for a in allocations))
+
+
 # The payloads parsed once, by the op of the request they answer (an ok reply's).
 PAYLOADS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "open_machine": MachineOpened.parse,
     "open_engine": EngineOpened.parse,
     "prefill_chunks": PrefillChunking.parse_all,
     "session_actions": session_answers,
+    "machine_ops": Operated.parse,
+    "engine_ops": Operated.parse,
 }
+# An error reply to these carries a payload too: the answers before the operation that failed.
+_PAYLOADS_ON_ERROR = frozenset({"machine_ops", "engine_ops"})
 
 
 @attrs.frozen
@@ -278,7 +485,18 @@ class Reply(Mapping):
         for name, value in fields.items():
             if value is not None and not isinstance(value, str):
                 raise MalformedReply(f"an error reply's {name} is text, this one {_short(record)}")
-        return cls(record, WorkerError(kind, message, index=index, **fields))
+        payload = PAYLOADS[op](record) if op in _PAYLOADS_ON_ERROR else None
+        return cls(record, WorkerError(kind, message, index=index, **fields), payload=payload)
+
+    def with_answers(self, answers: Iterable[OpAnswer]) -> "Reply":
+        """This ``machine_ops``/``engine_ops`` reply with ``answers`` for the
+        ones it carries (the oracle's, their states made whole), its record
+        too: what a finding keeps.  The record sent stays as it was."""
+        answers = tuple(answers)
+        record = dict(self.record)
+        if "answers" in record:
+            record["answers"] = [dict(answer.record) for answer in answers]
+        return attrs.evolve(self, record=record, payload=attrs.evolve(self.payload, answers=answers))
 
     def __getitem__(self, key: str) -> Any:
         return self.record[key]
@@ -290,15 +508,21 @@ class Reply(Mapping):
         return len(self.record)
 
 
-def record_of(reply: Mapping[str, Any]) -> dict[str, Any]:
+def record_of(reply: Any) -> dict[str, Any]:
     """The JSON object a reply (or an answer of one) is: what a finding keeps."""
-    return dict(reply.record) if isinstance(reply, Reply) else reply
+    return dict(reply.record) if isinstance(reply, (Reply, OpAnswer)) else reply
 
 
 def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _short(record: dict[str, Any], limit: int = 160) -> str:
+def _frozen(value: Any) -> tuple[Any, ...]:
+    if value is None:
+        return ()
+    return tuple(tuple(v) if isinstance(v, list) else v for v in value)
+
+
+def _short(record: Any, limit: int = 160) -> str:
     text = repr(record)
     return text if len(text) <= limit else text[:limit] + "..."

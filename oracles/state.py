@@ -10,7 +10,7 @@ from typing import Any
 from kvspec.model.capabilities import Capabilities, expected_regime
 from kvspec.model.finding import Category
 from kvspec.model.program import describe_op
-from kvspec.model.replies import WorkerError
+from kvspec.model.replies import LookupSeen, OpAnswer, WorkerError
 from kvspec.model.retention import RetentionLayout, RetentionLedger
 from kvspec.model.state import Allocation, Lookup, ManagerState, Transition, check_transition
 
@@ -42,62 +42,64 @@ class StateOracle:
         self.lookups_seen: list[Lookup] = []  # every lookup checked, with its owed hit (kvspec.findings.impact reads them)
         self._entries_memo: tuple[Any, frozenset] | None = None
 
-    def check(self, op: dict[str, Any], answer: dict[str, Any]) -> list[Discrepancy]:
+    def check(self, op: dict[str, Any], answer: OpAnswer) -> list[Discrepancy]:
         """The discrepancies of one operation's answer (the oracle moves on)."""
-        result = answer.get("result", {})
+        return self.checked(op, answer)[1]
+
+    def checked(self, op: dict[str, Any], answer: OpAnswer) -> tuple[OpAnswer, list[Discrepancy]]:
+        """One operation's answer with its state made whole (the parts the
+        worker sent as unchanged filled in from the answer before: what a
+        finding keeps), and its discrepancies (the oracle moves on)."""
+        result = answer.result
         if self.ledger is not None and op["do"] == "arrive":
             self.ledger.arrive(op["id"], op["tokens"])
-        gone = tuple(result.get("preempted", ())) + tuple(result.get("freed", ()))
+        gone = result.preempted + result.freed
         if op["do"] in ("finish", "preempt"):
             gone += (op["id"],)
-        allocations = tuple(Allocation(a["request"], tuple(a["estimates"]), a["free_before"], a["free_after"],
-                                       tuple(a.get("taken", ())))
-                            for a in result.get("allocations", ()))
-        sent = answer["state"]
+        allocations = tuple(Allocation(a.request, a.estimates, a.free_before, a.free_after, a.taken)
+                            for a in result.allocations)
+        sent = answer.state
+        assert sent is not None, "an answer sent unobserved (its state not read) is never checked"
         same = sent.get("same", ())
-        if same:  # parts equal to the previous answer's: the answer is made whole for whoever keeps it
+        if same:  # parts equal to the previous answer's: a new answer, made whole for whoever keeps it
             sent = {**{part: self.compact[part] for part in same}, **{k: v for k, v in sent.items() if k != "same"}}
-            answer["state"] = sent
+            answer = answer.with_state(sent)
         after = ManagerState.from_dict(sent, previous=self.state, same=same)
-        lookups = tuple(self._lookup(lk, op, after) for lk in result.get("lookups", ()))
+        lookups = tuple(self._lookup(lk, after) for lk in result.lookups)
         self.compact = sent
         # A request freed or preempted by the operation starts again from what it has now.
-        peaks = {r: n if r in gone else max(n, self.peaks.get(r, 0)) for r, n in answer["running"].items()}
-        self.running, self.peaks = dict(answer["running"]), peaks
+        peaks = {r: n if r in gone else max(n, self.peaks.get(r, 0)) for r, n in answer.running.items()}
+        self.running, self.peaks = dict(answer.running), peaks
         # A prompt counts as computed after the step whose schedule() took its
         # last token (vLLM keys the blocks there; under async scheduling the
         # output may still be in flight, and a later lookup reads them anyway).
         # Until then every state seen counts: blocks registered by an earlier
         # chunk may leave the map before the prompt completes.
         if self.ledger is not None:
-            self.ledger.preempted(result.get("preempted", ()))
+            self.ledger.preempted(result.preempted)
             self.ledger.progress(self.running, self._entries(after), settled=op["do"] != "step")
         transition = Transition(
             op=_OPS.get(op["do"], op["do"]), request=op.get("id"), before=self.state, after=after, config=self.config,
             regime=self.regime, capabilities=self.capabilities, running=self.running, lookups=lookups, gone=gone,
-            reset_succeeded=result.get("reset"), handed_for_zeroing=tuple(answer.get("handed_for_zeroing", ())),
-            allocations=allocations, evicted=tuple(result.get("evicted", ())), peaks=peaks,
-            loading=tuple(result.get("loading", ())))
+            reset_succeeded=result.reset, handed_for_zeroing=answer.handed_for_zeroing,
+            allocations=allocations, evicted=result.evicted, peaks=peaks, loading=result.loading)
         found = check_transition(transition, before_checked=self.state_checked)
         self.state, self.state_checked = after, not found
-        return [Discrepancy(invariant.category, None, None,
-                            detail=f"{invariant.name}: {violation.message} (after {describe_op(op)})",
-                            group_kinds=violation.group_kinds)
-                for invariant, violation in found]
+        return answer, [Discrepancy(invariant.category, None, None,
+                                    detail=f"{invariant.name}: {violation.message} (after {describe_op(op)})",
+                                    group_kinds=violation.group_kinds)
+                        for invariant, violation in found]
 
-    def _lookup(self, lk: dict[str, Any], op: dict[str, Any], after: ManagerState) -> Lookup:
+    def _lookup(self, lk: LookupSeen, after: ManagerState) -> Lookup:
         owed, why = 0, ""
         if self.ledger is not None:
             # Entries lost within the operation may have left before the lookup: only those kept throughout count.
-            owed, why = self.ledger.owed(lk["request"], lk["num_tokens"],
-                                         self._entries(self.state) & self._entries(after))
-            self.ledger.lookup_made(lk["request"], lk.get("junction"))
+            owed, why = self.ledger.owed(lk.request, lk.num_tokens, self._entries(self.state) & self._entries(after))
+            self.ledger.lookup_made(lk.request, lk.junction)
             self.owed_lookups += owed > 0
-        lookup = Lookup(request=lk["request"], hit=lk["hit"], num_tokens=lk["num_tokens"],
-                        group_blocks=tuple(tuple(g) for g in lk["group_blocks"]),
-                        before=_frozen(lk.get("before")), after=_frozen(lk.get("after")),
-                        external=lk.get("external", 0),
-                        mapped=None if lk.get("mapped") is None else tuple(lk["mapped"]), owed=owed, owed_why=why)
+        lookup = Lookup(request=lk.request, hit=lk.hit, num_tokens=lk.num_tokens, group_blocks=lk.group_blocks,
+                        before=lk.before, after=lk.after, external=lk.external, mapped=lk.mapped, owed=owed,
+                        owed_why=why)
         self.lookups_seen.append(lookup)
         return lookup
 
@@ -123,8 +125,3 @@ class StateOracle:
 # An engine operation in the state model's words (model.program.OPERATIONS).
 _OPS = {"step": "schedule", "abort": "finish"}
 
-
-def _frozen(value: Any) -> tuple[Any, ...]:
-    if value is None:
-        return ()
-    return tuple(tuple(v) if isinstance(v, list) else v for v in value)

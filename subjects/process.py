@@ -141,9 +141,10 @@ class _Death:
         return f"exited (exit {self.code})"
 
 
-def _crashed(message: str) -> Reply:
-    """The reply for a worker that vLLM's code ended (it cannot say so itself)."""
-    return Reply.parse({"ok": False, "error_kind": ErrorKind.CRASHED.value, "error": message})
+def _crashed(message: str, op: str | None = None) -> Reply:
+    """The reply for a worker that vLLM's code ended (it cannot say so
+    itself), to a request of ``op`` (its payload: none answered)."""
+    return Reply.parse({"ok": False, "error_kind": ErrorKind.CRASHED.value, "error": message}, op)
 
 
 class SubjectProcess:
@@ -465,7 +466,7 @@ class SubjectProcess:
                 return reply
         death = self._failed()
         if death.by_its_own_code:
-            return _crashed(f"the vLLM worker exited (exit {death.code}) during the replay: {death.tail}")
+            return _crashed(f"the vLLM worker exited (exit {death.code}) during the replay: {death.tail}", request.op)
         raise InfrastructureError(f"{self.subject.label}: the worker {death.describe()} during the replay "
                                   f"(last stderr: {death.tail})")
 

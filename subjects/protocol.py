@@ -28,8 +28,9 @@ The worker's first line is its hello: ``ok``, the introspected
 ``capabilities`` and where ``vllm`` came from.  ``subjects/process.py``
 parses every reply once into a ``model.replies.Reply``, and its payload too
 where ``model.replies.PAYLOADS`` names the request's op (``open_machine``,
-``open_engine``, ``prefill_chunks``, ``session_actions``); the answers of
-``machine_ops`` and ``engine_ops`` are still read by key.
+``open_engine``, ``prefill_chunks``, ``session_actions``, and ``machine_ops``
+and ``engine_ops``, whose error replies carry the answers before the failing
+operation: one ``OpAnswer`` per operation).
 """
 
 from __future__ import annotations

@@ -219,7 +219,7 @@ def _with_registration_bound(records, capabilities):
     for record in records:
         if record.op["do"] == "open":
             if not record.found:
-                bound = RegistrationBound(record.answer.get("derived") or {}, capabilities)
+                bound = RegistrationBound(record.reply.payload.derived, capabilities)
         elif bound is not None and not record.found:
             record = attrs.evolve(record, found=tuple(bound(record.answer)))
         out.append(record)
@@ -248,7 +248,7 @@ def _run_engine_program(subject, text: str, json_path) -> Outcome:
     print(f"  modelled: {'; '.join(MODELLED_STEPS)}")
     derived: dict[str, Any] = {}
     if records and records[0].op["do"] == "open" and not records[0].found:
-        derived = records[0].answer.get("derived") or {}
+        derived = records[0].reply.payload.derived
         print("  engine settings vLLM built and ran: "
               + "; ".join(f"{k}: {v}" for k, v in sorted(derived.items()) if not isinstance(v, (dict, list)))
               + "; groups: " + ", ".join(f"{g.get('kind')}[{g.get('block_size')}]" for g in derived.get("groups", ())))
@@ -275,7 +275,7 @@ def _run_engine_program(subject, text: str, json_path) -> Outcome:
         write_text(json_path, json.dumps({
             "subject": subject.label, "vllm_version": version, "engine_program": program.as_dict(),
             "engine_settings": derived,
-            "operations": [{"op": r.op, "answer": r.answer,
+            "operations": [{"op": r.op, "answer": r.record,
                             "broken": [{"category": d.category.value, "detail": d.summary()} for d in r.found]}
                            for r in records],
             "outcome": outcome.name}, indent=2, sort_keys=True) + "\n")

@@ -40,6 +40,7 @@ from typing import Any, Callable
 import attrs
 
 from kvspec.model.finding import Category, Finding, Impact
+from kvspec.model.replies import OpAnswer, Reply
 from kvspec.model.requests import EngineOps, OpenEngine
 
 __all__ = ["measure_engine_impact", "attach_engine_impact", "impact_from_runs", "extended_program",
@@ -85,22 +86,21 @@ class EngineRun:
     """What one subject answered to the extended program."""
 
     label: str
-    answers: tuple[dict[str, Any], ...]  # one per operation run (up to a crash)
+    answers: tuple[OpAnswer, ...]  # one per operation run (up to a crash)
     crash: dict[str, Any] | None  # the operation vLLM raised on: index, error, function, steps before
     hits: dict[str, dict[str, Any]]  # request -> the lookup it was admitted on (hit, external, tokens, owed or None)
     leaked: dict[str, Any] | None  # after the program's drain: blocks not free, pool, idle or not
     leaked_end: dict[str, Any] | None  # after the last resend's drain
 
 
-def _idle(answer: dict[str, Any]) -> bool:
-    result = answer.get("result") or {}
-    return not answer.get("running") and not answer.get("waiting") and not result.get("loading")
+def _idle(answer: OpAnswer) -> bool:
+    return not answer.running and not answer.waiting and not answer.result.loading
 
 
-def _leak(answer: dict[str, Any] | None, num_blocks: int) -> dict[str, Any] | None:
+def _leak(answer: OpAnswer | None, num_blocks: int) -> dict[str, Any] | None:
     if answer is None:
         return None
-    state = answer.get("state") or {}
+    state = answer.state or {}
     free = state.get("num_free")
     if free is None:
         return None
@@ -116,20 +116,20 @@ def run_extended(proc, program, resends: list[dict[str, Any]], found_at: int) ->
 
     oracles: list[Any] = []
     records = list(drive_engine_program(proc, program, through=True, oracle_out=oracles))
-    opened = records[0].answer
+    opened = records[0].reply
     if records[0].found:  # the engine was not built: nothing measured
-        raise RuntimeError(f"the engine was not built: {opened.get('error')}")
-    num_blocks = int(opened["derived"]["num_blocks"])
+        raise RuntimeError(f"the engine was not built: {opened.error.message}")
+    num_blocks = int(opened.payload.derived["num_blocks"])
     records = records[1:]
-    answers = tuple(r.answer for r in records if "state" in r.answer)
+    answers = tuple(r.answer for r in records if r.answer is not None)
     crash = None
     last = records[-1] if records else None
-    if last is not None and "state" not in last.answer:  # vLLM raised on this operation
-        reply = last.answer
-        index = reply.get("index", len(answers))
-        frames = _FRAME.findall(reply.get("traceback") or "")
+    if last is not None and last.answer is None:  # vLLM raised on this operation
+        error = last.reply.error
+        index = error.index if error.index is not None else len(answers)
+        frames = _FRAME.findall(error.traceback or "")
         steps = sum(op.get("do") == "step" for op in program.ops[:index])
-        crash = {"index": index, "error": reply.get("error", "unknown error"), "origin": reply.get("origin"),
+        crash = {"index": index, "error": error.message, "origin": error.origin,
                  "function": frames[0] if frames else None, "op": dict(program.ops[index]) if index < len(program.ops)
                  else None, "steps_before": steps, "in_program": index < found_at}
     oracle = oracles[0] if oracles else None
@@ -152,16 +152,13 @@ def admitted_lookups(answers, seen, predicts: bool) -> dict[str, dict[str, Any]]
     pending: dict[str, dict[str, Any]] = {}
     admitted: dict[str, dict[str, Any]] = {}
     for answer in answers:
-        for part in (answer.get("scheduled"), answer):
-            if not part:
-                continue
-            for lk in (part.get("result") or {}).get("lookups", ()):
+        for part in answer.parts():
+            for lk in part.result.lookups:
                 model = next(owed, None)
-                matches = model is not None and model.request == lk["request"] and model.hit == lk["hit"]
-                pending[lk["request"]] = {"hit": lk["hit"], "external": lk.get("external", 0),
-                                          "num_tokens": lk["num_tokens"],
-                                          "owed": model.owed if predicts and matches else None}
-            for request in part.get("running") or {}:
+                matches = model is not None and model.request == lk.request and model.hit == lk.hit
+                pending[lk.request] = {"hit": lk.hit, "external": lk.external, "num_tokens": lk.num_tokens,
+                                       "owed": model.owed if predicts and matches else None}
+            for request in part.running:
                 if request not in admitted and request in pending:
                     admitted[request] = pending.pop(request)
     for request, lk in pending.items():
@@ -318,7 +315,7 @@ def measure_engine_impact(proc, finding: Finding, say: Say = _quiet) -> Impact:
             with SubjectProcess(release(stored["version"])) as base:  # the release must not raise there too
                 ops = _probe_ops(probe, program)
                 reply = _drive(base, attrs.evolve(program.setup, num_gpu_blocks=probe["num_gpu_blocks"]), ops)
-            if reply is None or not reply.get("ok"):
+            if reply is None or not reply.ok:
                 probe = None
         if probe is not None:
             impact = _with_pressure(finding, impact, probe, None if reference_run is None else reference_run.label)
@@ -328,19 +325,19 @@ def measure_engine_impact(proc, finding: Finding, say: Say = _quiet) -> Impact:
 def _over_estimate(answers) -> dict[str, Any] | None:
     """The first allocation that took more free blocks than its groups estimated."""
     for answer in answers:
-        for part in (answer.get("scheduled"), answer):
-            for a in ((part or {}).get("result") or {}).get("allocations", ()):
-                if a.get("allocated") and a.get("free_after") is not None and None not in a["estimates"]:
-                    taken = a["free_before"] - a["free_after"]
-                    if taken > sum(a["estimates"]):
-                        return {**a, "taken": taken}
+        for part in answer.parts():
+            for a in part.result.allocations:
+                if a.allocated and a.free_after is not None and None not in a.estimates:
+                    taken = a.free_before - a.free_after
+                    if taken > sum(e for e in a.estimates if e is not None):
+                        return {"free_before": a.free_before, "estimates": list(a.estimates), "taken": taken}
     return None
 
 
-def _drive(proc, setup, ops) -> dict[str, Any] | None:
+def _drive(proc, setup, ops) -> Reply | None:
     """The worker's reply to ``ops`` on a fresh engine of ``setup`` (None: vLLM refused the setup)."""
     opened = proc.session(OpenEngine(setup.message()))
-    if not opened.get("ok"):
+    if not opened.ok:
         return None
     return proc.session(EngineOps(dict(op) for op in ops))
 
@@ -370,9 +367,9 @@ def pressure_probe(proc, program) -> dict[str, Any] | None:
         filler = _beside(length)
         ops = filler + [dict(op) for op in program.ops]
         reply = _drive(proc, program.setup, ops)
-        if reply is None or not reply.get("ok"):
+        if reply is None or not reply.ok:
             continue
-        over = _over_estimate(reply.get("answers", ())[len(filler):])
+        over = _over_estimate(reply.payload.answers[len(filler):])
         if over is None:
             continue
         short = over["free_before"] - (over["taken"] - 1)  # blocks to take away: one short of what it takes
@@ -381,11 +378,11 @@ def pressure_probe(proc, program) -> dict[str, Any] | None:
             continue
         tight = attrs.evolve(program.setup, num_gpu_blocks=pool)
         reply = _drive(proc, tight, ops)
-        if reply is None or reply.get("ok") or reply.get("origin") != "vllm":
+        if reply is None or reply.ok or reply.error.origin != "vllm":
             continue
-        index = reply.get("index", 0)
-        frames = _FRAME.findall(reply.get("traceback") or "")
-        return {"num_gpu_blocks": pool, "beside": length, "error": reply.get("error"),
+        index = reply.error.index or 0
+        frames = _FRAME.findall(reply.error.traceback or "")
+        return {"num_gpu_blocks": pool, "beside": length, "error": reply.error.message,
                 "function": frames[0] if frames else None, "op": dict(ops[index]) if index < len(ops) else None,
                 "steps_before": sum(op.get("do") == "step" for op in ops[:index]),
                 "estimates": over["estimates"], "taken": over["taken"], "free": over["taken"] - 1}

@@ -129,8 +129,8 @@ def test_the_50062_mutant_costs_a_resend_hit_through_the_scheduler_only_where_an
         ops = ([{"do": "arrive", "id": "a", "tokens": prompt, "max_tokens": 2}] + [{"do": "step"}] * 6
                + [{"do": "arrive", "id": "b", "tokens": prompt, "max_tokens": 2}, {"do": "step"}])
         records = list(drive_engine_program(proc, EngineProgram(setup, ops), through=True))
-        return [lk["hit"] for r in records for part in (r.answer.get("scheduled") or {}, r.answer)
-                for lk in (part.get("result") or {}).get("lookups", ()) if lk["request"] == "b"]
+        return [lk.hit for r in records if r.answer is not None for part in r.answer.parts()
+                for lk in part.result.lookups if lk.request == "b"]
 
     hits = {}
     for label, subject in (("release", release("0.33.0")), ("mutant", mutant_subject("0.33.0", "refloor_50062"))):

@@ -36,7 +36,7 @@ def _run(version: str, program: EngineProgram):
         opened = proc.session(OpenEngine(program.setup.message()))
         records = list(drive_engine_program(proc, program))
     found = [d for r in records for d in r.found]
-    return opened, found, {"answers": [r.answer for r in records if r.op["do"] != "open"]}
+    return opened, found, {"answers": [r.record for r in records if r.op["do"] != "open"]}
 
 
 def _lookups(reply, request):

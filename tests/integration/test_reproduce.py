@@ -157,7 +157,7 @@ def test_a_registration_finding_is_looked_for_through_the_engine_and_reachable()
         bound = None
         for record in drive_engine_program(proc, engine):
             if record.op["do"] == "open":
-                bound = RegistrationBound(record.answer["derived"], proc.capabilities)
+                bound = RegistrationBound(record.reply.payload.derived, proc.capabilities)
                 continue
             assert not record.found and bound(record.answer) == []
         assert sum(len(calls) for calls in bound.calls.values()) >= 2  # the bound was held on real calls

@@ -12,6 +12,7 @@ import attrs
 from kvspec.findings.impact import EngineRun, admitted_lookups, extended_program, impact_from_runs
 from kvspec.model.engine import EngineProgram
 from kvspec.model.finding import Category, Finding, Impact, Reach, hand_built_impact
+from kvspec.model.replies import OpAnswer, Reply
 from kvspec.model.requests import EngineOps, OpenEngine
 from kvspec.model.state import Lookup
 from kvspec.report.finding import impact_sentence, render_markdown, render_text
@@ -42,12 +43,13 @@ def _run(label: str, hits: dict, *, leaked: int = 0, crash: dict | None = None) 
 def test_the_hit_counted_is_the_one_the_request_was_admitted_on():
     # r1 is turned away by the admission gate (a lookup, not running), looks up
     # again next step and is admitted on a hit of 64: that is its hit.
-    answers = [
-        {"scheduled": {"result": {"lookups": [_lookup("r0", 0), _lookup("r1", 0)]}, "running": {"r0": 65}},
-         "result": {}, "running": {}},
-        {"scheduled": {"result": {"lookups": [_lookup("r1", 64)]}, "running": {"r1": 65}}, "result": {},
-         "running": {"r1": 65}},
-    ]
+    answers = [OpAnswer.parse(a) for a in [
+        {"scheduled": {"result": {"lookups": [_lookup("r0", 0), _lookup("r1", 0)]}, "running": {"r0": 65},
+                       "waiting": ["r1"], "state": None},
+         "result": {}, "running": {}, "waiting": [], "state": None},
+        {"scheduled": {"result": {"lookups": [_lookup("r1", 64)]}, "running": {"r1": 65}, "waiting": [],
+                       "state": None}, "result": {}, "running": {"r1": 65}, "waiting": [], "state": None},
+    ]]
     seen = [Lookup("r0", 0, (), 65), Lookup("r1", 0, (), 65, owed=0), Lookup("r1", 64, (), 65, owed=64)]
     hits = admitted_lookups(answers, seen, predicts=True)
     assert hits["r0"]["hit"] == 0 and hits["r1"]["hit"] == 64 and hits["r1"]["owed"] == 64
@@ -161,21 +163,27 @@ class _ScriptedWorker:
         self.accepted_from, self.pool, self.pools = accepted_from, None, []
 
     def session(self, request):
+        return Reply.parse(self._record(request), request.op)  # parsed as the subject process parses it
+
+    def _record(self, request):
         if isinstance(request, OpenEngine):
             self.pool = request.setup["engine_args"]["num_gpu_blocks_override"]
             self.pools.append(self.pool)
-            return {"ok": self.pool >= self.accepted_from}
+            if self.pool < self.accepted_from:
+                return {"ok": False, "error_kind": "construct", "error": "ValueError: too few blocks"}
+            return {"ok": True, "derived": {}, "state": {}}
         assert isinstance(request, EngineOps)
         beside = len(request.ops[0]["tokens"])
         free = self.pool - 1 - (3 if beside > 64 else 1)
         if free < 6:  # the allocation takes 6 where the groups estimated 4
-            return {"ok": False, "index": 4, "origin": "vllm", "error": "ValueError: Cannot get 1 free blocks from "
-                    "the pool", "traceback": 'File "/x/vllm/v1/core/sched/scheduler.py", line 1, in schedule\n'}
+            return {"ok": False, "error_kind": "drive", "index": 4, "origin": "vllm",
+                    "error": "ValueError: Cannot get 1 free blocks from the pool",
+                    "traceback": 'File "/x/vllm/v1/core/sched/scheduler.py", line 1, in schedule\n'}
         allocation = {"request": "r0", "estimates": [1, 1, 2], "free_before": free, "free_after": free - 6,
                       "allocated": True}
-        answers = [{"result": {}}] * 3 + [{"result": {}}, {"scheduled": {"result": {"allocations": [allocation]}},
-                                                           "result": {}}]
-        return {"ok": True, "answers": answers}
+        nothing = {"result": {}, "running": {}, "waiting": [], "state": None}
+        return {"ok": True, "answers": [nothing] * 4 + [
+            {**nothing, "scheduled": {**nothing, "result": {"allocations": [allocation]}}}]}
 
 
 def test_the_pressure_probe_lowers_the_pool_to_one_block_short_of_the_allocation():

@@ -69,18 +69,18 @@ def test_a_crash_inside_allocate_slots_names_the_groups_that_asked_for_more_than
     from kvspec.diff_tests.engine import engine_crash
 
     groups = (KVCacheGroup(GroupKind.MAMBA_ALIGN, 16), KVCacheGroup(GroupKind.FULL_ATTENTION, 16))
-    from kvspec.model.replies import ErrorKind, WorkerError
+    from kvspec.model.replies import AllocationSeen, ErrorKind, WorkerError
 
     error = WorkerError(ErrorKind.DRIVE, "ValueError: Cannot get 2 free blocks from the pool")
-    allocations = [{"request": "r0", "estimates": [1, 1], "taken": [1, 1], "free_before": 9, "free_after": 7},
-                   {"request": "r1", "estimates": [1, 1], "taken": [2, 0], "free_before": 1, "free_after": None}]
+    allocations = (AllocationSeen("r0", (1, 1), 9, 7, taken=(1, 1), allocated=True),
+                   AllocationSeen("r1", (1, 1), 1, None, taken=(2, 0)))
     crash = engine_crash({"do": "step"}, error, allocations, groups)
     assert crash.detail.endswith(
         "(in allocate_slots for request r1; group 0 (mamba_align) asked for 2 against its estimate 1)")
     assert crash.group_kinds == (GroupKind.MAMBA_ALIGN,)
     # Raised elsewhere (the last allocation completed), or nothing observed: the words alone.
     assert engine_crash({"do": "step"}, error, allocations[:1], groups).detail.endswith("from the pool")
-    assert engine_crash({"do": "step"}, error, "junk", groups).detail.endswith("from the pool")
+    assert engine_crash({"do": "step"}, error, (), groups).detail.endswith("from the pool")
 
 
 def test_a_failure_is_recognised_only_if_all_of_it_is_one_known_bug():

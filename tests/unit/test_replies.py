@@ -11,8 +11,9 @@ import types
 import pytest
 
 from kvspec.model.errors import InfrastructureError
-from kvspec.model.replies import (EngineOpened, ErrorKind, MachineOpened, MalformedReply, ObservedRegime,
-                                  PrefillChunking, Reply, Started, Stepped, record_of)
+from kvspec.model.replies import (AllocationSeen, EngineOpened, ErrorKind, LookupSeen, MachineOpened, MalformedReply,
+                                  ObservedRegime, OpAnswer, OpResult, PrefillChunking, Reply, Started, Stepped,
+                                  record_of)
 from kvspec.model.requests import EngineOps, MachineOps, MachineTrace
 from kvspec.model.wire import parse_request
 from kvspec.subjects import process
@@ -97,6 +98,92 @@ def test_a_payload_the_protocol_does_not_allow_is_refused_in_one_line(record, op
     with pytest.raises(MalformedReply, match=says) as refused:
         Reply.parse(record, op)
     assert "\n" not in str(refused.value)
+
+
+# One operation's answer of each shape the worker sends (subjects/vllm_side/
+# state_machine.py's Machine.apply, engine.py's EngineMachine._answer and apply).
+LOOKUP = {"request": "r1", "hit": 16, "num_tokens": 40, "group_blocks": [[3, 4], [0, 7]], "before": [11, 5, 2],
+          "after": [11, 5, 2], "mapped": [True, False], "external": 8, "junction": 16}
+ALLOCATION = {"request": "r1", "estimates": [2, None], "taken": [2, 0], "free_before": 9, "free_after": 7,
+              "allocated": True}
+REGISTRATION = {"request": "r1", "n": 32, "hashed_tokens": 32, "num_tokens": [32, 16], "registered_blocks": [[3], []]}
+MACHINE_SCHEDULE = {"result": {"scheduled": {"r1": 24}, "preempted": ["r0"], "lookups": [LOOKUP]},
+                    "handed_for_zeroing": [5, 6], "running": {"r1": 40}, "waiting": ["r0"],
+                    "state": {"num_free": 3, "same": ["hash_map"]}}
+MACHINE_OTHERS = [{"result": {}, "handed_for_zeroing": [], "running": {}, "waiting": ["r2"], "state": {"num_free": 3}},
+                  {"result": {"reset": False}, "handed_for_zeroing": [], "running": {}, "waiting": [], "state": None},
+                  {"result": {"evicted": [3, 4]}, "handed_for_zeroing": [], "running": {"r1": 16}, "waiting": [],
+                   "state": {}}]
+ENGINE_STEP = {"result": {"finished": ["r0"], "lookups": [], "allocations": [], "registrations": [], "freed": ["r0"],
+                          "loading": []},
+               "handed_for_zeroing": [], "running": {"r1": 41}, "waiting": [], "state": {"held_elsewhere": []},
+               "scheduled": {"result": {"scheduled": {"r1": 1}, "preempted": [], "lookups": [LOOKUP],
+                                        "allocations": [ALLOCATION], "registrations": [REGISTRATION],
+                                        "evicted": [9], "freed": [], "loading": ["r2"]},
+                             "handed_for_zeroing": [7], "running": {"r1": 40}, "waiting": ["r2"],
+                             "state": {"num_free": 2}}}
+ENGINE_UNOBSERVED = {"result": {}, "running": {"r1": 3}, "waiting": [], "state": None}
+
+
+def test_each_operations_answer_is_parsed_once_typed_with_its_record_as_sent():
+    machine = Reply.parse({"ok": True, "answers": [MACHINE_SCHEDULE, *MACHINE_OTHERS]}, "machine_ops")
+    schedule, arrive, reset, evict = machine.payload.answers
+    assert schedule.result == OpResult(scheduled={"r1": 24}, preempted=("r0",), lookups=(
+        LookupSeen("r1", 16, 40, ((3, 4), (0, 7)), (11, 5, 2), (11, 5, 2), 8, (True, False), 16),))
+    assert (schedule.running, schedule.waiting, schedule.handed_for_zeroing) == ({"r1": 40}, ("r0",), (5, 6))
+    assert arrive.result == OpResult() and reset.result.reset is False and reset.state is None
+    assert evict.result.evicted == (3, 4) and schedule.scheduled is None and schedule.parts() == (schedule,)
+    assert [record_of(a) for a in machine.payload.answers] == [MACHINE_SCHEDULE, *MACHINE_OTHERS]
+    engine = Reply.parse({"ok": True, "answers": [ENGINE_STEP, ENGINE_UNOBSERVED]}, "engine_ops")
+    step, unobserved = engine.payload.answers
+    assert step.scheduled is not None and step.parts() == (step.scheduled, step)
+    assert step.scheduled.result.allocations == (AllocationSeen("r1", (2, None), 9, 7, (2, 0), True),)
+    assert step.scheduled.result.registrations == (REGISTRATION,)  # read as the registration differential's calls
+    assert (step.scheduled.result.loading, step.result.freed, step.result.finished) == (("r2",), ("r0",), ("r0",))
+    assert unobserved.handed_for_zeroing == () and unobserved.state is None
+    assert record_of(step) == ENGINE_STEP
+    # An engine crash: the answers before it, and the failing operation's allocations.
+    crashed = Reply.parse({"ok": False, "error_kind": "drive", "error": "ValueError: no blocks", "index": 1,
+                           "origin": "vllm", "answers": [ENGINE_UNOBSERVED],
+                           "allocations": [{**{k: v for k, v in ALLOCATION.items() if k != "allocated"},
+                                            "free_after": None}]}, "engine_ops")  # raised: not yet "allocated"
+    assert len(crashed.payload.answers) == 1 and crashed.payload.allocations[0].free_after is None
+    # An error before any answer (nothing open, a worker that died) carries none.
+    assert Reply.parse({"ok": False, "error_kind": "crashed", "error": "x"}, "machine_ops").payload.answers == ()
+
+
+def test_an_answer_made_whole_is_a_new_answer_the_record_sent_unchanged():
+    sent = {"ok": True, "answers": [MACHINE_SCHEDULE]}
+    reply = Reply.parse(json.loads(json.dumps(sent)), "machine_ops")
+    (answer,) = reply.payload.answers
+    whole = answer.with_state({"num_free": 3, "hash_map": []})
+    kept = reply.with_answers([whole])
+    assert record_of(kept)["answers"][0]["state"] == {"num_free": 3, "hash_map": []}
+    assert kept.payload.answers == (whole,) and record_of(reply) == sent and record_of(answer) == MACHINE_SCHEDULE
+    step = OpAnswer.parse(ENGINE_STEP)
+    assert step.scheduled is not None
+    made = step.with_scheduled(step.scheduled.with_state({"num_free": 2, "blocks": []}))
+    assert record_of(made)["scheduled"]["state"] == {"num_free": 2, "blocks": []} and record_of(step) == ENGINE_STEP
+
+
+@pytest.mark.parametrize("record, says", [
+    ({"ok": True}, "operations reply carries its answers"),
+    ({"ok": True, "answers": [{**MACHINE_SCHEDULE, "running": ["r1"]}]}, r"wrong type \(running\)"),
+    ({"ok": True, "answers": [{k: v for k, v in MACHINE_SCHEDULE.items() if k != "waiting"}]}, "lacks waiting"),
+    ({"ok": True, "answers": [{**MACHINE_SCHEDULE, "result": {"rest": True}}]}, "result holds .* has rest"),
+    ({"ok": True, "answers": [{**MACHINE_SCHEDULE, "result": {"lookups": [{**LOOKUP, "hit": -1}]}}]},
+     r"lookup names its request.*wrong type \(hit\)"),
+    ({"ok": True, "answers": [{**ENGINE_UNOBSERVED, "result": {"allocations": [{"request": "r1"}]}}]},
+     "allocation names its request.*lacks estimates, free_before, free_after"),
+    ({"ok": True, "answers": [{**ENGINE_UNOBSERVED, "scheduled": {"result": {}}}]}, "answer carries its result"),
+    ({"ok": False, "error_kind": "drive", "error": "x", "answers": [], "allocations": {}}, "allocations are a list"),
+    ({"ok": True, "answers": ["done"]}, "answer carries its result"),
+])
+def test_an_operations_answer_the_protocol_does_not_allow_is_refused_in_one_line(record, says):
+    for op in ("machine_ops", "engine_ops"):
+        with pytest.raises(MalformedReply, match=says) as refused:
+            Reply.parse(record, op)
+        assert "\n" not in str(refused.value)
 
 
 def test_the_worker_names_exactly_the_kinds_kvspec_parses():

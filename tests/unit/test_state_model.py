@@ -16,6 +16,7 @@ from kvspec.model.case import InvalidCase
 from kvspec.model.domain import CoordinatorConfig, KVCacheGroup
 from kvspec.model.finding import Category
 from kvspec.model.program import Program
+from kvspec.model.replies import OpAnswer, record_of
 from kvspec.model.state import (INVARIANTS, OUT_OF_SCOPE, Block, Lookup, ManagerState, Table, Transition,
                                 check_transition, scope_text)
 
@@ -235,13 +236,14 @@ def test_an_unchanged_broken_state_is_still_caught_when_first_seen():
     program = Program(CONFIG, 5, 128)
     broken = _compact(num_free=2, free_runs=[[3, 4]])  # block 2: no reference, not free
     oracle = StateOracle(program, CAPS, broken)
-    answer = {"result": {}, "running": {"r0": 1}, "handed_for_zeroing": [],
-              "state": {**{k: v for k, v in broken.items() if k not in ("free_runs", "blocks", "hash_map",
-                                                                          "tables")},
-                        "same": ["free_runs", "blocks", "hash_map", "tables"]}}
-    found = oracle.check({"do": "schedule"}, answer)
+    sent = {"result": {}, "running": {"r0": 1}, "waiting": [], "handed_for_zeroing": [],
+            "state": {**{k: v for k, v in broken.items() if k not in ("free_runs", "blocks", "hash_map",
+                                                                        "tables")},
+                      "same": ["free_runs", "blocks", "hash_map", "tables"]}}
+    answer, found = oracle.checked({"do": "schedule"}, OpAnswer.parse(sent))
     assert [d.category for d in found] == [Category.STATE_FREE_BLOCKS]
-    assert answer["state"]["free_runs"] == [[3, 4]]  # the kept answer is made whole
+    assert answer.state["free_runs"] == [[3, 4]] and record_of(answer)["state"]["free_runs"] == [[3, 4]]
+    assert "same" not in answer.state and "same" in sent["state"]  # the kept answer is made whole, a new one
 
 
 def test_a_rule_over_unchanged_parts_of_a_checked_state_is_not_run_again():
@@ -517,9 +519,9 @@ def test_the_oracle_carries_a_requests_peak_until_it_stops_running():
                 "hash_map": [], "tables": [["r0", 0, fa, 0], ["r0", 1, list(sliding), 0]]}
 
     def window_alarm(oracle, op, computed, sliding, preempted=()):
-        answer = {"result": {"preempted": list(preempted)}, "running": {"r0": computed}, "handed_for_zeroing": [],
-                  "state": state(sliding)}
-        return [d for d in oracle.check(op, answer) if d.category is Category.STATE_WINDOW]
+        answer = {"result": {"preempted": list(preempted)}, "running": {"r0": computed}, "waiting": [],
+                  "handed_for_zeroing": [], "state": state(sliding)}
+        return [d for d in oracle.check(op, OpAnswer.parse(answer)) if d.category is Category.STATE_WINDOW]
 
     oracle = StateOracle(Program(SWA, 30, 128), CAPS, state((0, 0, 0, 23, 24)))
     assert not window_alarm(oracle, {"do": "schedule"}, 9, (0, 0, 0, 23, 24))
