@@ -476,9 +476,20 @@ def engine_crash(op: dict[str, Any], error: WorkerError, allocations: tuple[Allo
     over = groups_over_estimate(groups, raised_in, "asked for") if raised_in else ""
     return Discrepancy(Category.SUBJECT_CRASH, None, None,
                        detail=f"vLLM raised during {describe_engine_op(op)} through the real Scheduler: "
-                              f"{error.message}" + (f" (in allocate_slots for request {raised_in.request}{over})"
-                                                    if over else ""),
+                              f"{_said(error)}"
+                              + (f" (in allocate_slots for request {raised_in.request}{over})" if over else ""),
                        group_kinds=over_estimate_kinds(groups, raised_in) if over else ())
+
+
+def _said(error: WorkerError) -> str:
+    """The exception as vLLM raised it; one that says nothing (a bare
+    ``assert``) is named by the vLLM function that raised it (line numbers
+    move between releases, so none is given)."""
+    message = error.message.strip()
+    if error.origin != "vllm" or not error.where or not (message.endswith(":") or ":" not in message):
+        return error.message
+    file, _, rest = error.where.partition(":")
+    return f"{message.rstrip(':')} (raised in {rest.partition(' in ')[2] or '?'}, {file})"
 
 
 def _raised_in_allocation(allocations: tuple[AllocationSeen, ...]) -> Allocation | None:

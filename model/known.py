@@ -115,6 +115,20 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
              "hits' with partial hash hits and a sliding-window group whose block differs from the hash block",
              "does not support fine-grained (partial) cache hits",
              name="sliding_window_partial_hit_assertion"),
+    # Found through the engine on 0.27.1 once hybrids ran with --mamba-cache-mode
+    # align there; dated by its mechanism: the scheduler's truncation of a local
+    # hit a connector supersedes, and its every-group assertion, exist in 0.27.0
+    # and 0.27.1 only (0.26.0 has neither; 0.28.0 clamps a Mamba group).
+    KnownBug(Category.SUBJECT_CRASH, "0.27.0", "0.28.0",
+             "with a KV connector whose hit exceeds the local hit's sub-block tail (partial hash hits, "
+             "--prefix-match-unit below the block), the scheduler truncates the local hit to the block-aligned "
+             "point with truncate_computed_blocks, which asserts every group holds that many blocks; a Mamba "
+             "'align' group whose states end before it fails the assertion and schedule() raises AssertionError "
+             "(0.28.0 lets a Mamba group end before the point: the connector supplies the final state)",
+             "raised in truncate_computed_blocks", name="truncate_asserts_mamba_group_covers_connector_hit",
+             needs="a KV connector, a Mamba 'align' hybrid with prefix caching and --prefix-match-unit below its "
+                   "block (on the toy Qwen3-Next, with its MTP module)",
+             reproduction="tests/fixtures/repro_truncate_mamba_behind_connector_hit.py"),
     KnownBug(Category.STATE_TABLE_APPEND_ONLY, "0.26.0", "0.28.0",
              "after an admission with KV-connector tokens the Mamba manager copies-on-write into the running "
              "request's table, which must stay append-only", "append_only:",

@@ -174,3 +174,31 @@ def test_a_block_aligned_mamba_prompt_loses_its_replay_hit_until_0_32(version, f
     if lost:
         assert all(out["hits"][str(n)]["resend"] == 0 for n in lost)
     assert ALIGNED_BUG.carried_by(version) == bool(lost) and ALIGNED_BUG.reproduction.endswith(ALIGNED.name)
+
+
+TRUNCATE = Path(__file__).parent.parent / "fixtures" / "repro_truncate_mamba_behind_connector_hit.py"
+(TRUNCATE_BUG,) = [b for b in KNOWN_BUGS if b.name == "truncate_asserts_mamba_group_covers_connector_hit"]
+
+
+@pytest.mark.parametrize("version", ["0.27.1", "0.28.0"])
+def test_a_connector_hit_past_a_mamba_groups_states_crashes_schedule_until_0_28(version):
+    """The probe through vLLM's Scheduler built the engine's way (toy
+    Qwen3-Next with its MTP module, --prefix-match-unit 16, a connector
+    written against KVConnectorBase_V1 offering 128 tokens): schedule()
+    raises in truncate_computed_blocks on 0.27.1 and schedules both requests
+    on 0.28.0, which lets a Mamba group end before the truncation point."""
+    python, tree = ensure_runtime(), ensure_release(version)
+    env = {**os.environ, "KVSPEC_SUBJECT_TREE": str(tree), "VLLM_TARGET_DEVICE": "cpu", "VLLM_LOGGING_LEVEL": "ERROR"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(worker.__file__)))
+    run = subprocess.run([str(python), "-I", "-B", str(TRUNCATE), root], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["vllm"] == version and out["engine"]["groups"] == ["mamba_align", "mamba_align", "full_attention"]
+    assert out["engine"]["hash_block_size"] < out["engine"]["scheduler_block_size"]
+    raised = out["schedule_raised"]
+    if TRUNCATE_BUG.carried_by(version):
+        assert raised["exception"] == "AssertionError" and raised["where"].endswith("in truncate_computed_blocks")
+    else:
+        assert raised is None and set(out["scheduled"]) == {"r6", "r7"}
+    assert TRUNCATE_BUG.reproduction.endswith(TRUNCATE.name)

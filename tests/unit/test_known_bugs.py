@@ -127,3 +127,20 @@ def test_the_mechanism_is_matched_as_data_and_read_from_words_only_for_old_recor
     old = detail + "; group 1 (sliding_window) took 3 against its estimate 2"
     assert not bug.matches(old, Category.STATE_BLOCK_ESTIMATE)
     assert bug.matches(old.replace("sliding_window", "mamba_align"), Category.STATE_BLOCK_ESTIMATE)
+
+
+def test_a_bare_assertion_is_named_by_the_vllm_function_that_raised_it():
+    from kvspec.diff_tests.engine import engine_crash
+    from kvspec.model.replies import ErrorKind, WorkerError
+
+    bare = WorkerError(ErrorKind.DRIVE, "AssertionError: ", origin="vllm",
+                       where="kv_cache_manager.py:792 in truncate_computed_blocks")
+    said = engine_crash({"do": "step"}, bare).summary()
+    assert said.endswith("AssertionError (raised in truncate_computed_blocks, kv_cache_manager.py)"), said
+    [bug] = known_bugs("0.27.1", Category.SUBJECT_CRASH, said)
+    assert bug.name == "truncate_asserts_mamba_group_covers_connector_hit"
+    assert not known_bugs("0.28.0", Category.SUBJECT_CRASH, said)  # 0.28.0 clamps a Mamba group
+    # An exception that says what happened is said as it is, where it came from not added.
+    said = engine_crash({"do": "step"}, WorkerError(ErrorKind.DRIVE, "KeyError: 'r3'", origin="vllm",
+                                                    where="scheduler.py:10 in schedule")).summary()
+    assert said.endswith("KeyError: 'r3'")
