@@ -570,7 +570,7 @@ def fuzz_stateful(
     return result
 
 
-# Programs Hypothesis may run shrinking a run's failures (0.28.0's engine
+# Test runs (programs) Hypothesis may spend shrinking a run's failures (0.28.0's engine
 # column ran about 6,000 in its five-minute limit): past it the smallest
 # failing program found so far is the one reported.  A count, not a clock,
 # so the program reported is the same on any machine.

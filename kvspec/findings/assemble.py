@@ -141,7 +141,7 @@ def fuzz_finding(result, versions: dict[str, str], *, explain: bool = True) -> F
            "cases_to_first_failure": result.cases_to_first_failure,
            "seconds_to_first_failure": None if result.seconds_to_first_failure is None
            else round(result.seconds_to_first_failure, 3),
-           "flaky": failure.flaky}
+           "flaky": failure.flaky, **({"shrink_budget": result.shrink_budget} if result.shrink_budget else {})}
     common = dict(source="fuzz", compared=compared, inputs=inputs, run=run, observations=reply,
                   detail="; ".join(d.summary() for d in failure.discrepancies),
                   traceback=reply.get("traceback"))

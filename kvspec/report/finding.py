@@ -569,8 +569,8 @@ def run_line(f: Finding) -> str | None:
     if "flaky" in r:
         parts.append("flaky" if r["flaky"] else "not flaky")
     if r.get("shrink_budget"):
-        parts.append(f"shrinking stopped at its budget of {r['shrink_budget']} programs "
-                     "(the program shown is the smallest failing one found within it)")
+        parts.append(f"shrinking stopped at its budget of {r['shrink_budget']} test runs "
+                     "(the example shown is the smallest failing one found within it)")
     stages = r.get("completion_seconds")
     if isinstance(stages, dict) and stages:
         parts.append("completing the finding: " + ", ".join(

@@ -541,5 +541,5 @@ def test_a_shrink_cut_short_by_its_budget_is_said_in_the_run_line(finding):
     assert "budget" not in (run_line(finding) or "")
     cut = attrs.evolve(finding, run={**finding.run, "shrink_budget": 400})
     line = run_line(cut)
-    assert "shrinking stopped at its budget of 400 programs" in line
-    assert "budget of 400 programs" in render_text(cut) and "budget of 400 programs" in render_markdown(cut)
+    assert "shrinking stopped at its budget of 400 test runs" in line
+    assert "budget of 400 test runs" in render_text(cut) and "budget of 400 test runs" in render_markdown(cut)
