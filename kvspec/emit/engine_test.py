@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from kvspec.model.engine import EngineProgram
 from kvspec.model.finding import Category, Finding
-from kvspec.subjects.upstream_repro import IMPORTS, Unscriptable, engine_code, engine_values
+from kvspec.subjects.upstream_repro import IMPORTS, Unscriptable, engine_code, engine_values, wrap
 
 __all__ = ["ENGINE_TEST_KINDS", "engine_test_name", "engine_assertion_message", "emit_engine_test",
            "engine_test_code", "rendered_engine_test", "CALL_CHECKED"]
@@ -112,17 +112,6 @@ _BODIES = {
 }
 
 
-def _wrap(text: str, width: int = 80) -> str:
-    words, lines, line = text.split(), [], ""
-    for word in words:
-        if line and len(line) + 1 + len(word) > width:
-            lines.append(line)
-            line = word
-        else:
-            line = f"{line} {word}" if line else word
-    return "\n".join([*lines, line])
-
-
 _ABOUT = ("Driven through vLLM's Scheduler on CPU, on a toy model of the {family} family (its config.json "
           "below), with the settings vLLM {version} derived for its flags.  The KVCacheConfig is built from "
           "vLLM's public config classes rather than by the engine's KV-cache planning (which runs in the GPU "
@@ -131,7 +120,7 @@ _ABOUT = ("Driven through vLLM's Scheduler on CPU, on a toy model of the {family
 
 def _string_lines(text: str, indent: str, width: int = 88) -> str:
     """``text`` as adjacent string literals, one a line, within ``width``."""
-    pieces = _wrap(text, width - len(indent) - 3).split("\n")
+    pieces = wrap(text, width - len(indent) - 3).split("\n")
     return "\n".join(f'{indent}"{piece}{" " if i < len(pieces) - 1 else ": "}"' for i, piece in enumerate(pieces))
 
 
@@ -146,8 +135,8 @@ def emit_engine_test(program: EngineProgram, settings, category: Category, versi
         check = _WINDOW_CHECK.replace("@MESSAGE@", _string_lines(engine_assertion_message(category) or "",
                                                                  " " * 16))
     template = (_TEST_TEMPLATE.replace("@IMPORTS@", IMPORTS).replace("@CHECK@", check)
-                .replace("@DOC@", _wrap(_DOCS[category]) + "\n\n"
-                         + _wrap(_ABOUT.format(family=program.setup.toy.family, version=version)))
+                .replace("@DOC@", wrap(_DOCS[category]) + "\n\n"
+                         + wrap(_ABOUT.format(family=program.setup.toy.family, version=version)))
                 .replace("@NAME@", _BEHAVIOUR[category][0]).replace("@BODY@", _BODIES[category]))
     return engine_code(template, program, values)
 
