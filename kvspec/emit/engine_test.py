@@ -213,16 +213,21 @@ _BODIES = {
     **{category: (f"    drive(scheduler, OPS, check={check})\n" if always else "    drive(scheduler, OPS)\n")
        + f"    {check}(scheduler)" for category, (check, _, always) in _STATE_CHECKS.items()},
 }
-# A retention hit: each request's hit (num_cached_tokens) at its first
-# schedule(), against the least the finding's request was owed.
+# A retention hit: each request's hit at its first lookup (what
+# get_computed_blocks() returned), against the least the finding's request was owed.
 _RETENTION_BODY = '''\
+    # Each request's prefix cache hit: what its first get_computed_blocks() found.
     hits = {}
+    manager = scheduler.kv_cache_manager
+    lookup = manager.get_computed_blocks
 
-    def record_hits(scheduler, processed):
-        for request in scheduler.running:
-            hits.setdefault(request.request_id, request.num_cached_tokens)
+    def get_computed_blocks(request, *args, **kwargs):
+        found = lookup(request, *args, **kwargs)
+        hits.setdefault(request.request_id, found[1])
+        return found
 
-    drive(scheduler, OPS, check=record_hits)
+    manager.get_computed_blocks = get_computed_blocks
+    drive(scheduler, OPS)
     hit = hits.get(@ID@, 0)
     assert hit >= @OWED@, (
 @MESSAGE8@

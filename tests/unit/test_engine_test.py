@@ -91,8 +91,8 @@ def test_a_pool_rule_is_checked_on_the_schedulers_manager_in_the_stateful_tests_
 
 
 def test_a_retention_hit_test_asserts_the_hit_the_request_was_owed():
-    """What a user loses: the request's hit (num_cached_tokens at its first
-    schedule()) at least what earlier requests left cached for it; the request
+    """What a user loses: the request's hit (what its first
+    get_computed_blocks() found) at least what earlier requests left cached for it; the request
     and the figure are taken from the finding only as a plain name and a number."""
     finding = attrs.evolve(_finding(Category.STATE_RETENTION_HIT),
                            detail="retention_hit: request r0: a hit of 0 tokens; retention owes at least 64, r1's "
@@ -100,7 +100,7 @@ def test_a_retention_hit_test_asserts_the_hit_the_request_was_owed():
     code = engine_test_code(finding, "0.34.0")
     compile(code, "t.py", "exec")
     assert "\ndef test_request_hits_the_prefix_blocks_earlier_requests_left_cached(tmp_path):\n" in code
-    assert "hits.setdefault(request.request_id, request.num_cached_tokens)" in code
+    assert "hits.setdefault(request.request_id, found[1])" in code and "drive(scheduler, OPS)\n" in code
     assert 'hit = hits.get("r0", 0)\n    assert hit >= 64, (' in code
     assert all(len(line) <= 88 for line in code.splitlines())
     for detail in ("retention_hit: something else", "request r0); import os: a hit of 1 tokens; retention owes "
