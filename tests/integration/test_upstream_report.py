@@ -66,6 +66,23 @@ def test_an_engine_findings_test_fails_on_the_mutant_and_passes_on_its_release(t
     assert release_side["outcome"] == "passed" and release_side["against"] == "unmutated vllm 0.34.0", release_side
 
 
+RETENTION = FIXTURE.parent / "finding_engine_retention_hit_0.34.0.json"
+
+
+def test_a_retention_hit_findings_test_asserts_the_hit_a_user_loses(tmp_path):
+    """A retention_hit finding of ``free_cached_block_misses`` on 0.34.0
+    (toy-gpt-oss: a resend of a computed 65-token prompt after its requests
+    ended hits nothing where 64 tokens were left cached): the test asserts the
+    resend's first get_computed_blocks() hit, fails on the mutant on that
+    assertion and passes on 0.34.0."""
+    test = _engine_test(tmp_path, RETENTION, mutant_subject("0.34.0", "free_cached_block_misses"))
+    assert test["test_name"] == "test_request_hits_the_prefix_blocks_earlier_requests_left_cached" and test["proposed"]
+    subject, release_side = test["verified"]
+    assert subject["outcome"] == "failed" and subject["failure"] == "the test's assertion", subject
+    assert "request r3 hit 0 tokens; at least 64 were left in the cache for it" in subject["output"]
+    assert release_side["outcome"] == "passed" and release_side["against"] == "unmutated vllm 0.34.0", release_side
+
+
 def test_a_script_that_does_not_reproduce_is_not_offered(tmp_path, capsys):
     """The same program read as a crash of schedule(): with the finding's
     22-block pool the allocation fits, so the script runs to its end; the
