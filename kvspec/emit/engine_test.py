@@ -201,8 +201,8 @@ _DOCS = {
     Category.STATE_WINDOW: "A sliding-window group must keep the blocks of the window a running request's "
                            "next step attends to.",
 }
-for _category, (_check, _, _always) in _STATE_CHECKS.items():
-    _DOCS[_category] = f"{assertion_message(_category)[0].upper()}{assertion_message(_category)[1:]}."
+_DOCS.update({category: f"{(assertion_message(category) or '')[:1].upper()}{(assertion_message(category) or '')[1:]}."
+              for category in _STATE_CHECKS})
 _DOCS[Category.STATE_RETENTION_HIT] = ("A request must hit the prefix blocks earlier requests left in the prefix "
                                        "cache for it: the tokens a user does not recompute.")
 
