@@ -36,7 +36,7 @@ from kvspec.model.program import Program
 from .vllm_tests import SPEC_CLASSES, Idiom, kv_cache_group_lines
 
 __all__ = ["emit_stateful_test", "stateful_test_name", "assertion_message", "expected_failure", "STATE_CALLS",
-           "CALL_CHECKED", "FREE_ORDER_PARTS", "free_order_part", "no_test_why"]
+           "CALL_CHECKED", "IN_HELPER_MODULE", "FREE_ORDER_PARTS", "free_order_part", "no_test_why"]
 
 WIDTH = 88  # vLLM's line length (its pyproject.toml, [tool.ruff] line-length)
 
@@ -908,5 +908,7 @@ def emit_stateful_test(finding: Finding, trace: list[dict[str, Any]] | None, cap
 CALL_CHECKED = {Category.STATE_ZEROING_MISSED: "take_new_block_ids", Category.STATE_ZEROING: "take_new_block_ids",
             Category.STATE_HIT_GROUPS: "get_computed_blocks", Category.STATE_HIT_BOUNDS: "get_computed_blocks",
             Category.STATE_HIT_LENGTH: "get_computed_blocks", Category.STATE_LOOKUP_PURITY: "get_computed_blocks",
-            Category.STATE_RESET: "reset_prefix_cache", Category.STATE_FREE_ORDER: "free",
-            Category.STATE_EVICTED_FINDABLE: "evict_blocks"}
+            Category.STATE_RESET: "reset_prefix_cache"}
+# Rules whose test belongs with vLLM's own tests of the free block queue and
+# of evict_blocks: the prefix-caching module that holds the helpers.
+IN_HELPER_MODULE = (Category.STATE_FREE_ORDER, Category.STATE_EVICTED_FINDABLE)

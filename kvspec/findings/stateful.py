@@ -260,12 +260,14 @@ def store_raw_stateful_finding(result, findings_dir: Path, versions: dict[str, s
 def proposed_module(tests_root: Path | None, category: Category) -> str | None:
     """The release's test module the test belongs in: of vLLM's own CPU
     tests of the area, the one that calls what the test checks most; else
-    the module whose helpers it uses (``tests/v1/core/test_prefix_caching.py``)."""
-    from kvspec.emit.stateful_test import CALL_CHECKED
+    (and for the free block queue's order and evict_blocks, which vLLM tests
+    there) the module whose helpers it uses (``tests/v1/core/test_prefix_caching.py``)."""
+    from kvspec.emit.stateful_test import CALL_CHECKED, IN_HELPER_MODULE
     from kvspec.emit.vllm_tests import HELPER_FILE
     from kvspec.findings.vllm_suite import covering_module
 
-    module = covering_module(tests_root, CALL_CHECKED.get(category, "allocate_slots"))
+    module = None if category in IN_HELPER_MODULE else covering_module(tests_root, CALL_CHECKED.get(category,
+                                                                                                   "allocate_slots"))
     if module is None and tests_root is not None and (Path(tests_root) / HELPER_FILE).is_file():
         module = HELPER_FILE
     return module

@@ -322,3 +322,18 @@ def test_a_release_is_not_asked_and_the_report_says_why():
     odd = _stateful(vllm_tests={"asked": False, "why_not": "elsewhere", "reason": "<script>"})
     assert "not asked" not in render_markdown(odd) and "<script>" not in render_markdown(odd)
 
+
+
+def test_free_order_and_evicted_block_tests_belong_with_vllms_prefix_caching_tests(tmp_path):
+    """vLLM tests the free block queue and evict_blocks in
+    tests/v1/core/test_prefix_caching.py: those tests are proposed there, the
+    others for the suite's module calling what they check most."""
+    from kvspec.emit.vllm_tests import HELPER_FILE, SUITE
+    from kvspec.findings.stateful import proposed_module
+
+    for name, body in ((HELPER_FILE, "manager.free(req)\n"), (SUITE[0], "manager.free(a); allocate_slots(b)\n")):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(body)
+    assert proposed_module(tmp_path, Category.STATE_FREE_ORDER) == HELPER_FILE
+    assert proposed_module(tmp_path, Category.STATE_EVICTED_FINDABLE) == HELPER_FILE
+    assert proposed_module(tmp_path, Category.STATE_LEAK) == SUITE[0]
