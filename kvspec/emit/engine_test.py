@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 
-from kvspec.emit.stateful_test import assertion_message
+from kvspec.emit.stateful_test import CACHED_BLOCK_IDS, assertion_message
 from kvspec.model.engine import EngineProgram
 from kvspec.model.finding import Category, Finding
 from kvspec.subjects.upstream_repro import IMPORTS, Unscriptable, engine_code, engine_values, wrap
@@ -53,6 +53,8 @@ _STATE_RULES = {
     Category.STATE_FREE_LIST: "test_free_block_queue_matches_its_counter",
     Category.STATE_FREE_BLOCKS: "test_a_block_is_free_iff_nothing_references_it",
     Category.STATE_FORGET: "test_finished_request_leaves_no_block_table",
+    Category.STATE_HASH_MAP: "test_cached_block_map_agrees_with_block_hashes",
+    Category.STATE_ONE_GROUP: "test_a_block_belongs_to_one_kv_cache_group",
 }
 _BEHAVIOUR.update({category: (name, assertion_message(category)) for category, name in _STATE_RULES.items()})
 _BEHAVIOUR[Category.STATE_RETENTION_HIT] = (
@@ -175,6 +177,37 @@ def assert_finished_requests_forgotten(scheduler, processed=None):
 @MESSAGE16@
                 f"group {group_id} keeps a block table for request {request_id}"
             )
+''', True),
+    Category.STATE_HASH_MAP: ("assert_hash_map_agrees_with_block_hashes", "\n\n" + "\n".join(CACHED_BLOCK_IDS) + '''
+
+
+def assert_hash_map_agrees_with_block_hashes(scheduler, processed=None):
+    """The prefix cache's hash map holds exactly the blocks that have a block hash."""
+    pool = scheduler.kv_cache_manager.block_pool
+    mapped = cached_block_ids(pool)
+    hashed = {block.block_id for block in pool.blocks if block.block_hash is not None}
+    assert mapped == hashed, (
+@MESSAGE8@
+        f"mapped without a hash: {sorted(mapped - hashed)}, "
+        f"hashed but not mapped: {sorted(hashed - mapped)}"
+    )
+''', True),
+    Category.STATE_ONE_GROUP: ("assert_one_group_per_block", '''
+
+def assert_one_group_per_block(scheduler, processed=None):
+    """A block other than the null block is held by one KV cache group at a time."""
+    managers = scheduler.kv_cache_manager.coordinator.single_type_managers
+    owners = {}
+    for group_id, manager in enumerate(managers):
+        for blocks in manager.req_to_blocks.values():
+            for block in blocks:
+                if not block.is_null:
+                    owners.setdefault(block.block_id, set()).add(group_id)
+    for block_id, groups in owners.items():
+        assert len(groups) == 1, (
+@MESSAGE12@
+            f"block {block_id} is held by groups {sorted(groups)}"
+        )
 ''', True),
 }
 

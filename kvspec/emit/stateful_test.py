@@ -36,7 +36,7 @@ from kvspec.model.program import Program
 from .vllm_tests import SPEC_CLASSES, Idiom, kv_cache_group_lines
 
 __all__ = ["emit_stateful_test", "stateful_test_name", "assertion_message", "expected_failure", "STATE_CALLS",
-           "CALL_CHECKED", "IN_HELPER_MODULE", "FREE_ORDER_PARTS", "free_order_part", "no_test_why"]
+           "CALL_CHECKED", "IN_HELPER_MODULE", "CACHED_BLOCK_IDS", "FREE_ORDER_PARTS", "free_order_part", "no_test_why"]
 
 WIDTH = 88  # vLLM's line length (its pyproject.toml, [tool.ruff] line-length)
 
@@ -804,7 +804,7 @@ def _import_line(module: str, names: list[str]) -> str:
 
 # The blocks the prefix cache's hash map holds, however the release keeps
 # them (a block, a dict of blocks by id, or from 0.34 block ids).
-_CACHED_BLOCK_IDS = [
+CACHED_BLOCK_IDS = [
     "def cached_block_ids(pool):",
     '    """The ids of the blocks the prefix cache\'s hash map holds."""',
     "    cached = pool.cached_block_hash_to_block",
@@ -900,7 +900,7 @@ def emit_stateful_test(finding: Finding, trace: list[dict[str, Any]] | None, cap
     if "free_queue(" in text:
         out += [*_FREE_QUEUE, "", ""]
     if "cached_block_ids(" in text:
-        out += [*_CACHED_BLOCK_IDS, "", ""]
+        out += [*CACHED_BLOCK_IDS, "", ""]
     return "\n".join(out + function) + "\n"
 
 

@@ -72,6 +72,9 @@ def test_the_window_assertion_says_the_window_in_vllms_words():
      True),
     (Category.STATE_FORGET, "test_finished_request_leaves_no_block_table", "assert_finished_requests_forgotten",
      True),
+    (Category.STATE_HASH_MAP, "test_cached_block_map_agrees_with_block_hashes",
+     "assert_hash_map_agrees_with_block_hashes", True),
+    (Category.STATE_ONE_GROUP, "test_a_block_belongs_to_one_kv_cache_group", "assert_one_group_per_block", True),
 ])
 def test_a_pool_rule_is_checked_on_the_schedulers_manager_in_the_stateful_tests_words(category, name, check, always):
     """Leaks, reference counts and the free queue: the rule read off the
@@ -157,8 +160,8 @@ def test_with_no_verify_test_the_test_is_written_not_offered(tmp_path):
     assert test["proposed"] is False and test["why_not_proposed"] == "not run (--no-verify-test)"
     assert (tmp_path / "f" / test["file_name"]).read_text() == test["code"] and not test["verified"]
     # A kind no test is written for says why, and nothing is written.
-    other = with_engine_test(_finding(Category.STATE_HASH_MAP), tmp_path / "g.json",
+    other = with_engine_test(_finding(Category.STATE_MAMBA_STATE), tmp_path / "g.json",
                              mutant_subject("0.34.0", "window_frees_early"), verify=False)
     assert other.regression_test["why_not_proposed"].startswith("no test written: no engine regression test for "
-                                                                "state_hash_map findings yet")
+                                                                "state_mamba_state findings yet")
     assert not (tmp_path / "g").exists()
