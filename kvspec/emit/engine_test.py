@@ -101,6 +101,25 @@ def assert_window_held(scheduler, processed):
             )
 '''
 
+def _same_blocks(function: str, doc: str, left: tuple[str, str, str], right: tuple[str, str, str]) -> str:
+    """A check that two sets of block ids agree: each side (its name, the code
+    making it, what a block on that side only is), both differences said."""
+    (a, make_a, only_a), (b, make_b, only_b) = left, right
+    return (f'''
+
+def {function}(scheduler, processed=None):
+    """{doc}"""
+    pool = scheduler.kv_cache_manager.block_pool
+{make_a}
+{make_b}
+    assert {a} == {b}, (
+@MESSAGE8@
+        f"{only_a}: {{sorted({a} - {b})}}, "
+        f"{only_b}: {{sorted({b} - {a})}}"
+    )
+''')
+
+
 # Each state rule's check: (function, its code, whether it holds at every
 # schedule() -- else it is checked once the inputs are driven, when no batch
 # is in flight to hold references).
@@ -149,23 +168,12 @@ def assert_free_queue_matches_its_counter(scheduler, processed=None):
         f"num_free_blocks {pool.get_num_free_blocks()}"
     )
 ''', True),
-    Category.STATE_FREE_BLOCKS: ("assert_free_iff_unreferenced", '''
-
-def assert_free_iff_unreferenced(scheduler, processed=None):
-    """The free block queue holds exactly the blocks with ref_cnt == 0."""
-    pool = scheduler.kv_cache_manager.block_pool
-    free = {block.block_id for block in pool.free_block_queue.get_all_free_blocks()}
-    unused = {
-        block.block_id
-        for block in pool.blocks
-        if block.ref_cnt == 0 and not block.is_null
-    }
-    assert free == unused, (
-@MESSAGE8@
-        f"free but referenced: {sorted(free - unused)}, "
-        f"unreferenced but not free: {sorted(unused - free)}"
-    )
-''', True),
+    Category.STATE_FREE_BLOCKS: ("assert_free_iff_unreferenced", _same_blocks(
+        "assert_free_iff_unreferenced", "The free block queue holds exactly the blocks with ref_cnt == 0.",
+        ("free", "    free = {block.block_id for block in pool.free_block_queue.get_all_free_blocks()}",
+         "free but referenced"),
+        ("unused", "    unused = {\n        block.block_id\n        for block in pool.blocks\n"
+                   "        if block.ref_cnt == 0 and not block.is_null\n    }", "unreferenced but not free")), True),
     Category.STATE_FORGET: ("assert_finished_requests_forgotten", '''
 
 def assert_finished_requests_forgotten(scheduler, processed=None):
@@ -178,20 +186,13 @@ def assert_finished_requests_forgotten(scheduler, processed=None):
                 f"group {group_id} keeps a block table for request {request_id}"
             )
 ''', True),
-    Category.STATE_HASH_MAP: ("assert_hash_map_agrees_with_block_hashes", "\n\n" + "\n".join(CACHED_BLOCK_IDS) + '''
-
-
-def assert_hash_map_agrees_with_block_hashes(scheduler, processed=None):
-    """The prefix cache's hash map holds exactly the blocks that have a block hash."""
-    pool = scheduler.kv_cache_manager.block_pool
-    mapped = cached_block_ids(pool)
-    hashed = {block.block_id for block in pool.blocks if block.block_hash is not None}
-    assert mapped == hashed, (
-@MESSAGE8@
-        f"mapped without a hash: {sorted(mapped - hashed)}, "
-        f"hashed but not mapped: {sorted(hashed - mapped)}"
-    )
-''', True),
+    Category.STATE_HASH_MAP: ("assert_hash_map_agrees_with_block_hashes", "\n\n" + "\n".join(CACHED_BLOCK_IDS) + "\n"
+                              + _same_blocks(
+        "assert_hash_map_agrees_with_block_hashes",
+        "The prefix cache's hash map holds exactly the blocks that have a block hash.",
+        ("mapped", "    mapped = cached_block_ids(pool)", "mapped without a hash"),
+        ("hashed", "    hashed = {block.block_id for block in pool.blocks if block.block_hash is not None}",
+         "hashed but not mapped")), True),
     Category.STATE_ONE_GROUP: ("assert_one_group_per_block", '''
 
 def assert_one_group_per_block(scheduler, processed=None):
