@@ -434,8 +434,20 @@ def attach(finding: Finding, *, proc=None, hitrate: bool = True, say: Say = _qui
     scheme = ((finding.inputs or {}).get("config") or {}).get("hash_scheme", "legacy")
     compared = {**finding.compared, "not_covered": list(finding.subject_capabilities().not_covered()),
                 "hash_scheme": scheme, **configuration}
+    compared["configuration"] = configuration_line(compared.get("configuration"), reach)
     return attrs.evolve(finding, reach=reach, explanation=explanation, compared=compared, inputs=inputs,
                         impact=impact)
+
+
+def configuration_line(line: str | None, reach: Reach) -> str | None:
+    """A hand-built finding's configuration line, true to its reach: "hardening
+    until reproduced" only while nothing reaches it; one a deployment profile
+    reaches says so instead (what the engine search showed stays said)."""
+    from kvspec.model.engine import HAND_BUILT, HAND_BUILT_PROFILE_REACHED
+
+    if line and not reach.hardening and line.startswith(HAND_BUILT):
+        return HAND_BUILT_PROFILE_REACHED + line[len(HAND_BUILT):]
+    return line
 
 
 def _engine_reproduction(finding: Finding, proc, say: Say):

@@ -28,16 +28,20 @@ from .domain import CoordinatorConfig, GroupKind, HashScheme, KVCacheGroup
 from .program import validated_ops
 from .retention import RetentionLayout
 
-__all__ = ["HAND_BUILT", "ENGINE_BUILT", "OWN_CONNECTOR", "LOAD_FIELDS", "FAILURE_POLICIES", "ToyModel", "TOY_MODELS",
+__all__ = ["HAND_BUILT", "HAND_BUILT_PROFILE_REACHED", "ENGINE_BUILT", "OWN_CONNECTOR", "LOAD_FIELDS", "FAILURE_POLICIES", "ToyModel", "TOY_MODELS",
            "MTP_TOY", "QWEN3_NEXT_TOYS", "toy_model", "EngineSetup", "EngineProgram", "ENGINE_OPERATIONS", "describe_engine_op", "derived_config",
            "retention_layout", "MODELLED_STEPS"]
 
 ENGINE_OPERATIONS = ("arrive", "step", "abort", "reset")
 
 # How a finding's configuration was built, said with every finding.
-HAND_BUILT = ("hand-built: kvspec built the KVCacheConfig and KVCacheManager itself and drove it with its own "
-              "replica of the scheduler's step (hardening until reproduced through vLLM's engine: kvspec fuzz "
-              "--engine)")
+_HAND_BUILT_HOW = ("hand-built: kvspec built the KVCacheConfig and KVCacheManager itself and drove it with its own "
+                   "replica of the scheduler's step")
+HAND_BUILT = f"{_HAND_BUILT_HOW} (hardening until reproduced through vLLM's engine: kvspec fuzz --engine)"
+# The same, for a finding a deployment profile reaches (a configuration vLLM's
+# own code derives): not hardening, whatever the engine search shows.
+HAND_BUILT_PROFILE_REACHED = (f"{_HAND_BUILT_HOW} (not hardening: a deployment profile vLLM's own configuration "
+                              "code derives reaches it, as its reach says)")
 ENGINE_BUILT = ("engine-built: vLLM's own configuration code built it from the engine flags the finding names, "
                 "and vLLM's real Scheduler drove it (a user with those flags reaches the same calls)")
 # KV connectors whose scheduler side runs on a CPU: vLLM's DecodeBenchConnector

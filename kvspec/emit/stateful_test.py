@@ -36,7 +36,7 @@ from kvspec.model.program import Program
 from .vllm_tests import SPEC_CLASSES, Idiom, kv_cache_group_lines
 
 __all__ = ["emit_stateful_test", "stateful_test_name", "assertion_message", "expected_failure", "STATE_CALLS",
-           "CALL_CHECKED"]
+           "CALL_CHECKED", "IN_HELPER_MODULE", "CACHED_BLOCK_IDS", "FREE_ORDER_PARTS", "free_order_part", "no_test_why"]
 
 WIDTH = 88  # vLLM's line length (its pyproject.toml, [tool.ruff] line-length)
 
@@ -97,7 +97,39 @@ _BEHAVIOUR: dict[Category, tuple[str, str]] = {
     Category.STATE_ONE_GROUP: (
         "test_a_block_belongs_to_one_kv_cache_group",
         "a block must be held by one KV cache group at a time"),
+    Category.STATE_EVICTED_FINDABLE: (
+        "test_evicted_blocks_are_no_longer_cached",
+        "evict_blocks() must drop every block it is given from the prefix cache, so no "
+        "later lookup hits KV that failed to load"),
 }
+
+# free_order is a rule of several parts: the test pins the part the finding
+# broke, chosen by the words of the rule's own message (model.state._free_order).
+FREE_ORDER_PARTS: dict[str, tuple[str, str, str]] = {
+    "tail": ("a freed cached block joins the tail",
+             "test_freed_cached_blocks_join_the_free_queue_tail",
+             "a block freed with its block hash must join the free block queue behind the "
+             "blocks already free (least recently used evicted first)"),
+    "reverse": ("tail first (reverse slot order)",
+                "test_freed_request_blocks_join_the_free_queue_in_reverse_order",
+                "a freed request's blocks must join the free block queue in reverse order, "
+                "so that its last block is evicted first"),
+    "order": ("stayed free but changed their order",
+              "test_blocks_that_stay_free_keep_their_eviction_order",
+              "blocks that stay free must keep their order in the free block queue"),
+    "end": ("lies among blocks that stayed free",
+            "test_freed_blocks_join_the_free_queue_at_an_end",
+            "a freed block must join the free block queue at its head or its tail"),
+}
+
+
+def free_order_part(finding: Finding) -> str | None:
+    """Which part of free_order the finding broke (None: one no test is written for)."""
+    for part, (words, _, _) in FREE_ORDER_PARTS.items():
+        if words in (finding.detail or ""):
+            return part
+    return None
+
 
 _LOOKUP_RULES = (Category.STATE_HIT_GROUPS, Category.STATE_HIT_BOUNDS, Category.STATE_HIT_LENGTH,
                  Category.STATE_LOOKUP_PURITY)
@@ -120,6 +152,9 @@ _STATUSES = ("RUNNING", "PREEMPTED", "WAITING", "FINISHED_STOPPED", "FINISHED_AB
 
 def stateful_test_name(finding: Finding) -> str | None:
     """The test function's name, from the rule (never from a finding's text)."""
+    if finding.category is Category.STATE_FREE_ORDER:
+        part = free_order_part(finding)
+        return FREE_ORDER_PARTS[part][1] if part else None
     if finding.category is Category.SUBJECT_CRASH:
         return "test_scheduler_step_does_not_raise"
     if finding.category is Category.PRECONDITION:
@@ -138,9 +173,29 @@ def stateful_test_name(finding: Finding) -> str | None:
     return name
 
 
-def assertion_message(category: Category) -> str | None:
+def assertion_message(category: Category | Finding) -> str | None:
+    """The test's assertion message for a rule (for a free_order finding,
+    given the finding: the part it broke)."""
+    if isinstance(category, Finding):
+        if category.category is Category.STATE_FREE_ORDER:
+            part = free_order_part(category)
+            return FREE_ORDER_PARTS[part][2] if part else None
+        category = category.category
     entry = _BEHAVIOUR.get(category)
     return entry[1] if entry else None
+
+
+def no_test_why(finding: Finding) -> str:
+    """In one line, why a stateful finding gets no test."""
+    if finding.category is Category.STATE_FREE_ORDER:
+        return ("no test is written for this part of free_order (written for: "
+                + "; ".join(words for words, _, _ in FREE_ORDER_PARTS.values()) + ")")
+    if finding.category in (Category.STATE_BLOCK_ESTIMATE, Category.STATE_RETENTION_HIT):
+        return (f"{finding.category.value} is observed on engine programs only (the scheduler's estimates and "
+                "retention's owed hits): its test is the engine finding's")
+    if stateful_test_name(finding) is None:
+        return f"no stateful test is written for {finding.category.value} findings"
+    return "the finding's recorded calls make no test (a call or value the emitter does not take)"
 
 
 def expected_failure(finding: Finding) -> str:
@@ -149,7 +204,7 @@ def expected_failure(finding: Finding) -> str:
     if finding.category in (Category.SUBJECT_CRASH, Category.PRECONDITION):
         error = (finding.observations or {}).get("error", "")
         return error.split(":", 1)[0] or "Error"
-    return assertion_message(finding.category) or ""
+    return assertion_message(finding) or ""
 
 
 # -- code layout, as ruff format lays it out ------------------------------------
@@ -231,7 +286,8 @@ class _Emitter:
         ops = [i for i, entry in enumerate(trace) if entry.get("call") == "op"]
         self.final_start = ops[-1]
         self.trace = trace
-        self.message = assertion_message(self.category) or ""
+        self.message = assertion_message(finding) or ""
+        self.free_order = free_order_part(finding) if self.category is Category.STATE_FREE_ORDER else None
         # A lookup rule is checked at the lookup that broke it: the request
         # the finding names (only to choose among the trace's own ids), else
         # the step's last lookup.
@@ -370,6 +426,13 @@ class _Emitter:
         return out + self._final_check()
 
     def _before_final(self) -> list[str]:
+        if self.category is Category.STATE_FREE_ORDER:
+            self.helpers.add("free_queue")
+            out = ["    free_before = free_queue(manager)"]
+            if self.free_order == "reverse":
+                self.helpers.add("block_tables")
+                out.append("    tables_before = block_tables(manager)")
+            return out
         if self.category is Category.STATE_ZEROING_MISSED:
             self.uses.add("allocated")
             return ["    allocated = set()"]
@@ -573,12 +636,19 @@ class _Emitter:
                     *_assert("        ", "kept", m)]
         if c is Category.STATE_RESET:
             return _assert("    ", "bool(reset) is not in_use", m)
+        if c is Category.STATE_FREE_ORDER:
+            return self._free_order_check()
+        if c is Category.STATE_EVICTED_FINDABLE:
+            evicted = sorted({_int(i) for e in self.trace[self.final_start:] if e.get("call") == "evict_blocks"
+                              for i in e.get("ids", ())})
+            return ["    pool = manager.block_pool",
+                    "    mapped = cached_block_ids(pool)",
+                    f"    for block_id in {evicted}:",
+                    "        block = pool.blocks[block_id]",
+                    *_assert("        ", "block.block_hash is None and block_id not in mapped", m)]
         if c is Category.STATE_HASH_MAP:
             return ["    pool = manager.block_pool",
-                    "    mapped = set()",
-                    "    for value in pool.cached_block_hash_to_block._cache.values():",
-                    "        blocks = value.values() if isinstance(value, dict) else [value]",
-                    "        mapped |= {block.block_id for block in blocks}",
+                    "    mapped = cached_block_ids(pool)",
                     "    hashed = {",
                     "        block.block_id",
                     "        for block in pool.blocks",
@@ -595,6 +665,45 @@ class _Emitter:
                     "                owners.setdefault(block_id, set()).add(group_id)",
                     *_assert("    ", "all(len(groups) == 1 for groups in owners.values())", m)]
         return []
+
+    def _free_order_check(self) -> list[str]:
+        """The part of free_order the finding broke, on the free queue before
+        and after the operation (free_before, free_after)."""
+        m, part = self.message, self.free_order
+        out = ["    free_after = free_queue(manager)"]
+        if part != "reverse":
+            out.append("    stayed = [block_id for block_id in free_after if block_id in free_before]")
+        if part == "tail":
+            return out + ["    behind = free_after[free_after.index(stayed[-1]) + 1 :] if stayed else free_after",
+                          "    for block_id in free_after:",
+                          "        block = manager.block_pool.blocks[block_id]",
+                          "        if block_id not in free_before and block.block_hash is not None:",
+                          *_assert("            ", "block_id in behind", m)]
+        if part == "reverse":
+            freed = sorted({e["id"] for e in self.trace[self.final_start:]
+                            if e.get("call") == "free" and _is_plain_id(e.get("id"))})
+            full = [i for i, g in enumerate(self.groups) if g.kind.value == "full_attention"]
+            return out + ["    pool = manager.block_pool",
+                          "    newly_free = [block_id for block_id in free_after if block_id not in free_before]",
+                          "    for (request_id, group_id), blocks in tables_before.items():",
+                          f"        if request_id not in {_names(freed)} or group_id not in {full}:",
+                          "            continue",
+                          "        freed = [block_id for block_id in reversed(blocks) if block_id in newly_free]",
+                          "        # Cached blocks join the tail, uncached ones the head: each in order.",
+                          "        for cached in (True, False):",
+                          "            positions = [",
+                          "                free_after.index(block_id)",
+                          "                for block_id in freed",
+                          "                if (pool.blocks[block_id].block_hash is not None) is cached",
+                          "            ]",
+                          *_assert("            ", "positions == sorted(positions)", m)]
+        if part == "order":
+            return out + _assert("    ", "stayed == [block_id for block_id in free_before if block_id in stayed]",
+                                 m)
+        # "end": the blocks that stayed free still form one run.
+        return out + ["    if stayed:",
+                      "        first = free_after.index(stayed[0])",
+                      *_assert("        ", "free_after[first : first + len(stayed)] == stayed", m)]
 
     def _running_at_end(self) -> list[str]:
         running: list[str] = []
@@ -676,9 +785,14 @@ def _without_unused_requests(body: list[str], spans: dict[str, tuple[int, int]])
     return [line for i, line in enumerate(body) if i not in drop]
 
 
+def _names(ids: list[str]) -> str:
+    """A set literal of request ids (plain names only)."""
+    return "{" + ", ".join(f'"{r}"' for r in ids) + "}" if ids else "set()"
+
+
 def _running_line(running: list[str]) -> str:
     """The requests still running at the end, by id (plain names only)."""
-    return "    running = {" + ", ".join(f'"{r}"' for r in running) + "}" if running else "    running = set()"
+    return f"    running = {_names(running)}"
 
 
 def _import_line(module: str, names: list[str]) -> str:
@@ -687,6 +801,32 @@ def _import_line(module: str, names: list[str]) -> str:
         return one
     return "\n".join([f"from {module} import (", *[f"    {n}," for n in names], ")"])
 
+
+# The blocks the prefix cache's hash map holds, however the release keeps
+# them (a block, a dict of blocks by id, or from 0.34 block ids).
+CACHED_BLOCK_IDS = [
+    "def cached_block_ids(pool):",
+    '    """The ids of the blocks the prefix cache\'s hash map holds."""',
+    "    cached = pool.cached_block_hash_to_block",
+    "    ids = set()",
+    "    for value in cached._cache.values():",
+    "        if isinstance(value, int):",
+    "            ids.add(value)",
+    "        elif isinstance(value, dict):",
+    "            ids.update(value)",
+    "        else:",
+    "            ids.add(value.block_id)",
+    '    for dup_ids in getattr(cached, "_dup_ids", {}).values():',
+    "        ids.update(dup_ids)",
+    "    return ids",
+]
+
+_FREE_QUEUE = [
+    "def free_queue(manager):",
+    '    """The free block queue\'s block ids, from its head (evicted first) to its tail."""',
+    "    queue = manager.block_pool.free_block_queue",
+    "    return [block.block_id for block in queue.get_all_free_blocks()]",
+]
 
 _BLOCK_TABLES = [
     "def block_tables(manager):",
@@ -757,6 +897,10 @@ def emit_stateful_test(finding: Finding, trace: list[dict[str, Any]] | None, cap
     out = [*idiom.header, *emitter.imports(text), "", ""]
     if "block_tables(" in text:
         out += [*_BLOCK_TABLES, "", ""]
+    if "free_queue(" in text:
+        out += [*_FREE_QUEUE, "", ""]
+    if "cached_block_ids(" in text:
+        out += [*CACHED_BLOCK_IDS, "", ""]
     return "\n".join(out + function) + "\n"
 
 
@@ -765,3 +909,6 @@ CALL_CHECKED = {Category.STATE_ZEROING_MISSED: "take_new_block_ids", Category.ST
             Category.STATE_HIT_GROUPS: "get_computed_blocks", Category.STATE_HIT_BOUNDS: "get_computed_blocks",
             Category.STATE_HIT_LENGTH: "get_computed_blocks", Category.STATE_LOOKUP_PURITY: "get_computed_blocks",
             Category.STATE_RESET: "reset_prefix_cache"}
+# Rules whose test belongs with vLLM's own tests of the free block queue and
+# of evict_blocks: the prefix-caching module that holds the helpers.
+IN_HELPER_MODULE = (Category.STATE_FREE_ORDER, Category.STATE_EVICTED_FINDABLE)

@@ -32,7 +32,7 @@ import attrs
 
 from kvspec.subjects.mutation.source import parse
 
-__all__ = ["HELPER_MODULE", "SUITE", "Idiom", "idiom_of", "ensure_vllm_tests", "tests_root_of",
+__all__ = ["HELPER_MODULE", "SUITE", "SCHEDULER_TESTS", "Idiom", "idiom_of", "ensure_vllm_tests", "tests_root_of",
            "verification_tree", "ruff_check", "ruff_available", "SPEC_CLASSES", "kv_cache_group_lines"]
 
 # vLLM's KV-cache spec class for each group kind, as the emitted tests build them.
@@ -85,6 +85,11 @@ SUITE = ("tests/v1/core/prefix_cache/test_partial_prefix_cache_hits.py",
 # the suite.
 KEPT = ("tests/__init__.py", "tests/v1/__init__.py", "tests/v1/core/__init__.py", HELPER_FILE,
         "pyproject.toml", *SUITE)
+# Kept where the source distribution has it, but not required of a cached
+# copy (one made before is not fetched again for it): vLLM's tests of the
+# Scheduler, the module an engine finding's test extends (never run by kvspec).
+SCHEDULER_TESTS = "tests/v1/core/test_scheduler.py"
+NAMED = (SCHEDULER_TESTS,)
 # The helper module imports parts of vLLM that need these, and kvspec's CPU
 # runtime (vLLM's registration path only) does not have them: installed next
 # to the helpers, without dependencies (both are pure Python).
@@ -237,7 +242,7 @@ def _fetch_sdist_files(version: str, scratch: Path, staging: Path) -> None:
         with tarfile.open(archives[0]) as archive:
             prefix = archive.getnames()[0].split("/")[0]
             members = set(archive.getnames())
-            for name in KEPT:
+            for name in (*KEPT, *NAMED):
                 member = archive.extractfile(f"{prefix}/{name}") if f"{prefix}/{name}" in members else None
                 if member is not None:
                     (staging / name).parent.mkdir(parents=True, exist_ok=True)
@@ -248,7 +253,7 @@ def _fetch_sdist_files(version: str, scratch: Path, staging: Path) -> None:
                    and (p.parent / HELPER_FILE).is_file()]
         if not sources:
             raise ProvisionError(f"pip unpacked no source distribution of vLLM {version}")
-        for name in KEPT:
+        for name in (*KEPT, *NAMED):
             if (sources[0] / name).is_file():
                 (staging / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(sources[0] / name, staging / name)

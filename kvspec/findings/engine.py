@@ -101,7 +101,7 @@ def with_engine_test(finding: Finding, path: Path, subject, verify: bool = True)
     from kvspec.emit.engine_test import CALL_CHECKED, engine_assertion_message, engine_test_code, engine_test_name
     from kvspec.emit.stateful_test import expected_failure
     from kvspec.emit.vllm_tests import tests_root_of
-    from kvspec.findings.vllm_suite import covering_module
+    from kvspec.findings.vllm_suite import engine_test_module
     from kvspec.subjects.upstream_repro import Unscriptable
 
     from .completion import offered_test
@@ -132,7 +132,7 @@ def with_engine_test(finding: Finding, path: Path, subject, verify: bool = True)
         report(f"vLLM's tests are not available ({exc}); the engine test is not linted with their configuration")
     checked = verify_engine_test(code, file_name, subject, tests_root, expected_failure(finding)
                                  if message is None else message, message, finding)
-    record = offered_test(code, test_path, name, covering_module(tests_root, CALL_CHECKED), checked, subject)
+    record = offered_test(code, test_path, name, engine_test_module(tests_root, CALL_CHECKED), checked, subject)
     return attrs.evolve(finding, artifacts={**finding.artifacts, "regression_test": str(test_path)},
                         regression_test=record)
 

@@ -164,7 +164,7 @@ def with_regression_test(finding: Finding, path: Path, trace, capabilities, subj
     When a test of vLLM's own already catches the finding
     (``finding.vllm_tests``), the test is kept as an artifact only: not
     proposed, not run (it would duplicate vLLM's)."""
-    from kvspec.emit.stateful_test import emit_stateful_test, expected_failure, stateful_test_name
+    from kvspec.emit.stateful_test import emit_stateful_test, expected_failure, no_test_why, stateful_test_name
     from kvspec.emit.vllm_tests import idiom_of
 
     from .completion import offered_test, tests_root_or_none
@@ -175,7 +175,8 @@ def with_regression_test(finding: Finding, path: Path, trace, capabilities, subj
     idiom = idiom_of(tests_root)
     code = emit_stateful_test(finding, trace, capabilities, idiom)
     if code is None:
-        return finding
+        return attrs.evolve(finding, regression_test={"test_name": None, "proposed": False,
+                                                      "why_not_proposed": f"no test written: {no_test_why(finding)}"})
     name = stateful_test_name(finding)
     file_name = f"{name}.py"
     test_dir = path.with_suffix("")
@@ -260,12 +261,14 @@ def store_raw_stateful_finding(result, findings_dir: Path, versions: dict[str, s
 def proposed_module(tests_root: Path | None, category: Category) -> str | None:
     """The release's test module the test belongs in: of vLLM's own CPU
     tests of the area, the one that calls what the test checks most; else
-    the module whose helpers it uses (``tests/v1/core/test_prefix_caching.py``)."""
-    from kvspec.emit.stateful_test import CALL_CHECKED
+    (and for the free block queue's order and evict_blocks, which vLLM tests
+    there) the module whose helpers it uses (``tests/v1/core/test_prefix_caching.py``)."""
+    from kvspec.emit.stateful_test import CALL_CHECKED, IN_HELPER_MODULE
     from kvspec.emit.vllm_tests import HELPER_FILE
     from kvspec.findings.vllm_suite import covering_module
 
-    module = covering_module(tests_root, CALL_CHECKED.get(category, "allocate_slots"))
+    module = None if category in IN_HELPER_MODULE else covering_module(tests_root, CALL_CHECKED.get(category,
+                                                                                                   "allocate_slots"))
     if module is None and tests_root is not None and (Path(tests_root) / HELPER_FILE).is_file():
         module = HELPER_FILE
     return module
@@ -358,7 +361,7 @@ def verify_stateful_test(code: str, file_name: str, subject, tests_root: Path | 
         jobs.append((other, "passed", why, other_root))
     with ThreadPoolExecutor(max_workers=3) as pool:
         lint = pool.submit(lint_test, code, file_name, subject, tests_root)
-        message = assertion_message(finding.category)
+        message = assertion_message(finding)
         runs = [pool.submit(run_emitted_test, code, file_name, root, s, must, against, expected, message)
                 for s, must, against, root in jobs]
         return {"lint": lint.result(), "verified": [r.result() for r in runs],

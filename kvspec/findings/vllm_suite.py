@@ -31,7 +31,7 @@ from typing import Any
 from kvspec.emit.vllm_tests import KEPT, SUITE
 from kvspec.model.finding import VLLM_TESTS_NOT_ASKED
 
-__all__ = ["ask_vllm_tests", "suite_files", "covering_module", "caught_by", "not_asked", "already_caught"]
+__all__ = ["ask_vllm_tests", "suite_files", "covering_module", "engine_test_module", "caught_by", "not_asked", "already_caught"]
 
 # No model hub, no accelerator: the suite's tests build their managers by hand.
 _OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}
@@ -53,6 +53,17 @@ def covering_module(tests_root: Path | None, call: str = "cache_blocks") -> str 
         if count > most:
             best, most = name, count
     return best
+
+
+def engine_test_module(tests_root: Path | None, call: str) -> str | None:
+    """The release's test module an engine finding's test extends: vLLM's
+    tests of the Scheduler (``tests/v1/core/test_scheduler.py``) where the
+    cached copy keeps it; else the suite's module that names ``call`` most."""
+    from kvspec.emit.vllm_tests import SCHEDULER_TESTS
+
+    if tests_root is not None and (Path(tests_root) / SCHEDULER_TESTS).is_file():
+        return SCHEDULER_TESTS
+    return covering_module(tests_root, call)
 
 
 def _lay_out(dest: Path, tests_root: Path) -> None:

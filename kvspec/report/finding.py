@@ -530,9 +530,11 @@ def _stateful_test_lines(f: Finding, label) -> list[str]:
     """A stateful finding's test: the module it extends, both runs, the lint."""
     t = f.regression_test
     name = t.get("test_name")
+    if caught_by(f):  # (vLLM's own test that catches it is said on its own line)
+        return [_caught_already(f"({name})")] if isinstance(name, str) and name.isidentifier() else []
+    if name is None and t.get("why_not_proposed"):  # none written: why, in one line
+        return [f"no regression test: {t['why_not_proposed'].removeprefix('no test written: ')}"]
     name = name if isinstance(name, str) and name.isidentifier() else "the test"
-    if caught_by(f):
-        return [_caught_already(f"({name})")]
     module = t.get("module")
     where = (f"{name}, to add to {module} (the release's test module that covers this)"
              if isinstance(module, str) and _TEST_FILE.fullmatch(module) else f"{name}, for tests/v1/core")

@@ -92,7 +92,7 @@ TARGETED = {
 
 
 @pytest.mark.parametrize("operator", STATE_MUTANTS, ids=lambda op: op.name)
-def test_state_mutants_are_killed_by_the_stateful_differential(operator):
+def test_state_mutants_are_killed_by_the_stateful_differential(operator, tmp_path):
     with SubjectProcess(mutant_subject(NEWEST, operator.name)) as proc:
         stateful = fuzz_stateful(proc, max_examples=500, seed=3, stop_at_first=True)
         assert stateful.failure is not None, f"{operator.name} survived {stateful.tally.programs} programs"
@@ -100,6 +100,8 @@ def test_state_mutants_are_killed_by_the_stateful_differential(operator):
             category, words = TARGETED[operator.name]
             first = stateful.failure.discrepancies[0]
             assert first.category is category and words in first.detail, first.detail
+        if operator.name == "free_head_first":
+            _the_free_order_test_fails_here_and_passes_on_the_release(proc, stateful, tmp_path)
         if operator.name in ("hit_keeps_trimmed_blocks", "free_cached_block_misses"):
             # In lookup code, yet the per-request differentials do not see them
             # (the kill matrix, `kvspec mutants`, shows this for every operator).
@@ -111,6 +113,26 @@ def test_state_mutants_are_killed_by_the_stateful_differential(operator):
             # contract sees it on one request too.
             other = fuzz_subject(proc, max_examples=300, seed=3, stop_at_first=True, lookup=True)
             assert other.failure is not None and other.failure.category is Category.LOOKUP_CONTRACT
+
+
+def _the_free_order_test_fails_here_and_passes_on_the_release(proc, result, tmp_path):
+    """free_order's test pins the part the mutant broke (a freed request's
+    blocks join the free queue in reverse order), lints clean under 0.34.0's
+    configuration, fails on the mutant on its assertion and passes on 0.34.0."""
+    from kvspec.findings.stateful import stateful_finding, with_regression_test
+    from kvspec.model.requests import MachineTrace
+
+    replay_program(proc, result.failure.case)
+    trace = proc.session(MachineTrace()).get("trace")
+    finding = with_regression_test(stateful_finding(result, {}), tmp_path / "f.json", trace, proc.capabilities,
+                                   proc.subject)
+    test = finding.regression_test
+    assert test["test_name"] == "test_freed_request_blocks_join_the_free_queue_in_reverse_order", test
+    assert test["proposed"] and test["lint"]["outcome"] == "passed", test["lint"]["output"]
+    subject, release_side = test["verified"]
+    assert subject["failure"] == "the test's assertion" and subject["as_expected"], subject["output"]
+    assert release_side["against"] == f"unmutated vllm {NEWEST}" and release_side["outcome"] == "passed", \
+        release_side["output"]
 
 
 def test_a_seed_draws_the_same_programs_whatever_was_imported_before(kvspec_release, tmp_path):

@@ -58,12 +58,33 @@ def test_an_engine_findings_test_fails_on_the_mutant_and_passes_on_its_release(t
     """``kvspec fuzz --vllm 0.34.0 --mutant window_frees_early --engine
     --seed 0``'s finding: the test asserts the window the step attends to is
     held, fails on the mutant on that assertion and passes on 0.34.0."""
-    test = _engine_test(tmp_path, WINDOW, mutant_subject("0.34.0", "window_frees_early"))
-    assert test["test_name"] == "test_sliding_window_keeps_the_blocks_its_next_step_reads" and test["proposed"]
+    _fails_on_the_mutant_passes_on_the_release(tmp_path, WINDOW, "window_frees_early",
+                                               "test_sliding_window_keeps_the_blocks_its_next_step_reads",
+                                               "must hold real blocks for the window of tokens its next step "
+                                               "attends to")
+
+
+def _fails_on_the_mutant_passes_on_the_release(tmp_path, fixture: Path, mutant: str, name: str, words: str) -> None:
+    test = _engine_test(tmp_path, fixture, mutant_subject("0.34.0", mutant))
+    assert test["test_name"] == name and test["proposed"]
     subject, release_side = test["verified"]
     assert subject["outcome"] == "failed" and subject["failure"] == "the test's assertion", subject
-    assert "must hold real blocks for the window of tokens its next step attends to" in subject["output"]
+    assert words in subject["output"]
     assert release_side["outcome"] == "passed" and release_side["against"] == "unmutated vllm 0.34.0", release_side
+
+
+RETENTION = FIXTURE.parent / "finding_engine_retention_hit_0.34.0.json"
+
+
+def test_a_retention_hit_findings_test_asserts_the_hit_a_user_loses(tmp_path):
+    """A retention_hit finding of ``free_cached_block_misses`` on 0.34.0
+    (toy-gpt-oss: a resend of a computed 65-token prompt after its requests
+    ended hits nothing where 64 tokens were left cached): the test asserts the
+    resend's first get_computed_blocks() hit, fails on the mutant on that
+    assertion and passes on 0.34.0."""
+    _fails_on_the_mutant_passes_on_the_release(tmp_path, RETENTION, "free_cached_block_misses",
+                                               "test_request_hits_the_prefix_blocks_earlier_requests_left_cached",
+                                               "request r3 hit 0 tokens; at least 64 were left in the cache for it")
 
 
 def test_a_script_that_does_not_reproduce_is_not_offered(tmp_path, capsys):

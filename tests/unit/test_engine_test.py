@@ -62,6 +62,56 @@ def test_the_window_assertion_says_the_window_in_vllms_words():
     assert all(len(line) <= 88 for line in code.splitlines())
 
 
+@pytest.mark.parametrize("category, name, check, always", [
+    (Category.STATE_LEAK, "test_every_block_is_free_once_no_request_holds_one", "assert_no_block_leaked", True),
+    (Category.STATE_REF_COUNT, "test_block_ref_cnt_counts_the_block_tables_holding_it",
+     "assert_ref_cnt_counts_block_tables", False),
+    (Category.STATE_FREE_LIST, "test_free_block_queue_matches_its_counter", "assert_free_queue_matches_its_counter",
+     True),
+    (Category.STATE_FREE_BLOCKS, "test_a_block_is_free_iff_nothing_references_it", "assert_free_iff_unreferenced",
+     True),
+    (Category.STATE_FORGET, "test_finished_request_leaves_no_block_table", "assert_finished_requests_forgotten",
+     True),
+    (Category.STATE_HASH_MAP, "test_cached_block_map_agrees_with_block_hashes",
+     "assert_hash_map_agrees_with_block_hashes", True),
+    (Category.STATE_ONE_GROUP, "test_a_block_belongs_to_one_kv_cache_group", "assert_one_group_per_block", True),
+])
+def test_a_pool_rule_is_checked_on_the_schedulers_manager_in_the_stateful_tests_words(category, name, check, always):
+    """Leaks, reference counts and the free queue: the rule read off the
+    scheduler's KV cache manager after the inputs (and after each schedule()
+    where it holds at every point; a reference count only once no batch is in
+    flight), with the message the stateful test of the same rule has."""
+    from kvspec.emit.stateful_test import assertion_message
+
+    code = engine_test_code(_finding(category), "0.34.0")
+    compile(code, f"{name}.py", "exec")
+    assert f"\ndef {check}(scheduler, processed=None):\n" in code
+    body = code[code.index(f"\ndef {name}(tmp_path):\n"):]
+    drive = f"drive(scheduler, OPS, check={check})" if always else "drive(scheduler, OPS)\n"
+    assert drive in body and body.rstrip().endswith(f"{check}(scheduler)")
+    assert " ".join(assertion_message(category).split()[:5]) in code
+    assert all(len(line) <= 88 for line in code.splitlines()) and "kvspec" not in code
+
+
+def test_a_retention_hit_test_asserts_the_hit_the_request_was_owed():
+    """What a user loses: the request's hit (what its first
+    get_computed_blocks() found) at least what earlier requests left cached for it; the request
+    and the figure are taken from the finding only as a plain name and a number."""
+    finding = attrs.evolve(_finding(Category.STATE_RETENTION_HIT),
+                           detail="retention_hit: request r0: a hit of 0 tokens; retention owes at least 64, r1's "
+                                  "replay boundary (after step)")
+    code = engine_test_code(finding, "0.34.0")
+    compile(code, "t.py", "exec")
+    assert "\ndef test_request_hits_the_prefix_blocks_earlier_requests_left_cached(tmp_path):\n" in code
+    assert "hits.setdefault(request.request_id, found[1])" in code and "drive(scheduler, OPS)\n" in code
+    assert 'hit = hits.get("r0", 0)\n    assert hit >= 64, (' in code
+    assert all(len(line) <= 88 for line in code.splitlines())
+    for detail in ("retention_hit: something else", "request r0); import os: a hit of 1 tokens; retention owes "
+                                                    "at least 64"):
+        with pytest.raises(Unscriptable, match="names no request and owed hit"):
+            engine_test_code(attrs.evolve(finding, detail=detail), "0.34.0")
+
+
 def test_a_kind_without_a_test_says_why():
     other = next(c for c in Category if c.value.startswith("state_") and c not in ENGINE_TEST_KINDS)
     with pytest.raises(Unscriptable, match=f"no engine regression test for {other.value} findings yet"):
@@ -110,8 +160,8 @@ def test_with_no_verify_test_the_test_is_written_not_offered(tmp_path):
     assert test["proposed"] is False and test["why_not_proposed"] == "not run (--no-verify-test)"
     assert (tmp_path / "f" / test["file_name"]).read_text() == test["code"] and not test["verified"]
     # A kind no test is written for says why, and nothing is written.
-    other = with_engine_test(_finding(Category.STATE_LEAK), tmp_path / "g.json",
+    other = with_engine_test(_finding(Category.STATE_MAMBA_STATE), tmp_path / "g.json",
                              mutant_subject("0.34.0", "window_frees_early"), verify=False)
     assert other.regression_test["why_not_proposed"].startswith("no test written: no engine regression test for "
-                                                                "state_leak findings yet")
+                                                                "state_mamba_state findings yet")
     assert not (tmp_path / "g").exists()

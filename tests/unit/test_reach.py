@@ -89,6 +89,23 @@ def test_attach_fills_reach_and_generated_knobs(modelled):
     assert again.reach == finding.reach
 
 
+def test_the_configuration_line_says_hardening_only_when_nothing_reaches_it(modelled, monkeypatch):
+    from kvspec.model.engine import HAND_BUILT
+
+    finding = attrs.evolve(_finding(), compared={**_finding().compared, "configuration": HAND_BUILT})
+    reached = reach.attach(finding)
+    assert not reached.reach.hardening
+    line = reached.compared["configuration"]
+    assert line.startswith("hand-built:") and "hardening until reproduced" not in line
+    assert "a deployment profile vLLM's own configuration code derives reaches it" in line
+    # What the engine search showed stays said after the corrected words.
+    searched = reach.configuration_line(f"{HAND_BUILT}; not reproduced through vLLM's engine", reached.reach)
+    assert searched.endswith("; not reproduced through vLLM's engine") and "until reproduced" not in searched
+    monkeypatch.setattr(reach, "rule_impact", lambda config, caps, rule: {"affected": False})
+    unreached = reach.attach(finding)
+    assert unreached.reach.hardening and unreached.compared["configuration"] == HAND_BUILT
+
+
 def test_a_hardening_finding_exits_6():
     from kvspec.diff_tests.fuzz import FuzzResult
     from kvspec.diff_tests.property import Failure

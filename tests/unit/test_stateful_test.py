@@ -14,7 +14,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from kvspec.emit.stateful_test import assertion_message, emit_stateful_test, stateful_test_name
+from kvspec.emit.stateful_test import FREE_ORDER_PARTS, assertion_message, emit_stateful_test, stateful_test_name
 from kvspec.emit.vllm_tests import Idiom
 from kvspec.model.capabilities import Capabilities
 from kvspec.model.finding import Category, Finding
@@ -140,6 +140,54 @@ def test_every_stateful_test_reads_like_vllms_and_is_ruff_clean(tmp_path, catego
         assert message.split()[0] in code  # the rule, in vLLM's words, is the assertion's message
     if category not in (Category.PRECONDITION,):
         assert ("make_request(" in code) is helpers and ("make_kv_cache_manager(" in code) is helpers
+    _ruff_clean(tmp_path, code, name)
+
+
+FINISH_R0 = TRACE[:TRACE.index({"call": "op", "op": {"do": "evict", "id": "r0", "from_block": 1}})]
+EVICT_R0 = TRACE[:TRACE.index({"call": "op", "op": {"do": "reset"}})]
+
+
+@pytest.mark.parametrize("part", list(FREE_ORDER_PARTS))
+def test_a_free_order_test_pins_the_part_of_the_rule_the_finding_broke(tmp_path, part):
+    """free_order has several parts: the test is named after the one broken
+    (chosen by the rule's own words in the finding), compares the free block
+    queue before and after the operation, and says it in vLLM's words."""
+    words, name, message = FREE_ORDER_PARTS[part]
+    f = _finding(Category.STATE_FREE_ORDER, detail=f"free_order: block 2 ... ({words}) (after finish r0)")
+    code = emit_stateful_test(f, FINISH_R0, Capabilities(), Idiom(helpers=True, header=HEADER))
+    assert stateful_test_name(f) == name and assertion_message(f) == message
+    assert f"\ndef {name}():\n" in code and "\ndef free_queue(manager):\n" in code
+    assert code.index("free_before = free_queue(manager)") < code.index("manager.free(r0)") \
+        < code.index("free_after = free_queue(manager)")
+    assert " ".join(message.split()[:4]) in code
+    if part == "reverse":  # the freed request's table, taken before the free, in reverse
+        assert 'if request_id not in {"r0"}' in code and "reversed(blocks)" in code
+    _ruff_clean(tmp_path, code, name)
+
+
+def test_a_part_of_free_order_no_test_is_written_for_says_why(tmp_path):
+    from kvspec.emit.stateful_test import no_test_why
+    from kvspec.findings import stateful
+
+    f = _finding(Category.STATE_FREE_ORDER, detail="free_order: block 3 left the free queue's head while ...")
+    assert stateful_test_name(f) is None and emit_stateful_test(f, FINISH_R0, Capabilities(), Idiom()) is None
+    done = stateful.with_regression_test(f, tmp_path / "f.json", FINISH_R0, Capabilities(), None, tests_root=None)
+    assert done.regression_test == {"test_name": None, "proposed": False,
+                                    "why_not_proposed": f"no test written: {no_test_why(f)}"}
+    assert "no test is written for this part of free_order" in no_test_why(f)
+    assert "no regression test: no test is written for this part of free_order" in render_text(done)
+    engine_only = no_test_why(_finding(Category.STATE_RETENTION_HIT))
+    assert "observed on engine programs only" in engine_only
+
+
+def test_an_evicted_block_test_names_the_blocks_evict_blocks_was_given(tmp_path):
+    f = _finding(Category.STATE_EVICTED_FINDABLE)
+    code = emit_stateful_test(f, EVICT_R0, Capabilities(), Idiom(helpers=True, header=HEADER))
+    name = stateful_test_name(f)
+    assert name == "test_evicted_blocks_are_no_longer_cached"
+    assert code.index("manager.evict_blocks({2, 3})") < code.index("for block_id in [2, 3]:")
+    assert "block.block_hash is None and block_id not in mapped" in code
+    assert "\ndef cached_block_ids(pool):\n" in code and "_dup_ids" in code  # every release's hash map
     _ruff_clean(tmp_path, code, name)
 
 
@@ -274,3 +322,18 @@ def test_a_release_is_not_asked_and_the_report_says_why():
     odd = _stateful(vllm_tests={"asked": False, "why_not": "elsewhere", "reason": "<script>"})
     assert "not asked" not in render_markdown(odd) and "<script>" not in render_markdown(odd)
 
+
+
+def test_free_order_and_evicted_block_tests_belong_with_vllms_prefix_caching_tests(tmp_path):
+    """vLLM tests the free block queue and evict_blocks in
+    tests/v1/core/test_prefix_caching.py: those tests are proposed there, the
+    others for the suite's module calling what they check most."""
+    from kvspec.emit.vllm_tests import HELPER_FILE, SUITE
+    from kvspec.findings.stateful import proposed_module
+
+    for name, body in ((HELPER_FILE, "manager.free(req)\n"), (SUITE[0], "manager.free(a); allocate_slots(b)\n")):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(body)
+    assert proposed_module(tmp_path, Category.STATE_FREE_ORDER) == HELPER_FILE
+    assert proposed_module(tmp_path, Category.STATE_EVICTED_FINDABLE) == HELPER_FILE
+    assert proposed_module(tmp_path, Category.STATE_LEAK) == SUITE[0]

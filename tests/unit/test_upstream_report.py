@@ -173,16 +173,19 @@ def test_only_a_published_release_gets_an_upstream_report(tmp_path, capsys, subj
     assert "published release" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("toy", ["toy-nemotron-h", "toy-qwen3-next-eagle3"])
 @pytest.mark.parametrize("tokens", [list(range(0, 65)), [(i * 7919) % 1000 for i in range(60)], [5, 3]],
                          ids=["range", "long list", "short list"])
-def test_the_script_passes_ruff_format_under_vllms_configuration(tmp_path, tokens):
-    """What ``kvspec report --upstream`` offers is laid out as vLLM's own code
-    is (ruff format, vLLM's configuration), whatever the prompt's tokens."""
+def test_the_script_passes_ruff_check_and_format_under_vllms_configuration(tmp_path, tokens, toy):
+    """What ``kvspec report --upstream`` offers is clean and laid out as vLLM's
+    own code is (ruff check and ruff format, vLLM's configuration), whatever
+    the prompt's tokens and however long the toy model's family name."""
     import subprocess
 
     from ruff.__main__ import find_ruff_bin
 
     doc = _doc()
+    doc["inputs"]["engine_program"]["engine"]["model"] = toy
     ops = doc["inputs"]["engine_program"]["ops"]
     arrive = next(op for op in ops if op["do"] == "arrive")
     arrive["tokens"] = tokens
@@ -191,8 +194,13 @@ def test_the_script_passes_ruff_format_under_vllms_configuration(tmp_path, token
     code = _script(_finding(doc)).code
     compile(code, "repro.py", "exec")
     (tmp_path / "pyproject.toml").write_text((FIXTURES / "vllm-0.33.0-ruff.toml").read_text())
+    # ruff sorts vllm's imports as first-party where the modules lie beside the file, as in vLLM's repository.
+    for module in re.findall(r"^from (vllm[\w.]*) import", code, re.M):
+        package = tmp_path.joinpath(*module.split("."))
+        package.mkdir(parents=True, exist_ok=True)
+        (package / "__init__.py").write_text("")
     (tmp_path / "repro.py").write_text(code)
-    run = subprocess.run([str(find_ruff_bin()), "format", "--no-cache", "--check", "--diff", "repro.py"],
-                         capture_output=True, text=True, cwd=tmp_path)
-    assert run.returncode == 0, run.stdout + run.stderr
+    for args in (["check", "--no-cache", "--output-format", "concise"], ["format", "--no-cache", "--check", "--diff"]):
+        run = subprocess.run([str(find_ruff_bin()), *args, "repro.py"], capture_output=True, text=True, cwd=tmp_path)
+        assert run.returncode == 0, run.stdout + run.stderr
 

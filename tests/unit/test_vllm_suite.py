@@ -92,6 +92,15 @@ def test_the_module_that_covers_the_area_is_read_from_the_releases_tests(tmp_pat
     assert covering_module(tmp_path) == SUITE[0]
     assert covering_module(tmp_path, "get_computed_blocks") == SUITE[3]
     assert covering_module(None) is None
+    # An engine finding's test extends vLLM's tests of the Scheduler where the
+    # cached copy keeps them (one cached before they were kept falls back).
+    from kvspec.emit.vllm_tests import SCHEDULER_TESTS
+    from kvspec.findings.vllm_suite import engine_test_module
+
+    assert engine_test_module(tmp_path, "get_computed_blocks") == SUITE[3]
+    (tmp_path / SCHEDULER_TESTS).write_text("def test_schedule(): ...\n")
+    assert engine_test_module(tmp_path, "get_computed_blocks") == SCHEDULER_TESTS
+    assert engine_test_module(None, "get_computed_blocks") is None
 
 
 def testjunit_outcomes_give_pytest_node_ids(tmp_path):
