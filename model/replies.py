@@ -282,6 +282,9 @@ class LookupSeen:
     external: int = 0
     mapped: tuple[Any, ...] | None = None
     junction: int | None = None
+    # A connector's lookup whose groups ended at different points (0.27+
+    # get_computed_blocks_for_connector): the hit is full attention's.
+    diverged: bool = False
 
     @classmethod
     def parse(cls, value: Any) -> "LookupSeen":
@@ -290,10 +293,12 @@ class LookupSeen:
                       "group_blocks": lambda x: isinstance(x, list) and all(_counts(g) for g in x)},
                      {"before": _optional(lambda x: isinstance(x, list)), "after": _optional(lambda x: isinstance(x, list)),
                       "external": _count, "mapped": _optional(lambda x: isinstance(x, list)),
-                      "junction": _optional(lambda x: isinstance(x, int))})
+                      "junction": _optional(lambda x: isinstance(x, int)),
+                      "diverged": lambda x: isinstance(x, bool)})
         return cls(v["request"], v["hit"], v["num_tokens"], tuple(tuple(g) for g in v["group_blocks"]),
                    _frozen(v.get("before")), _frozen(v.get("after")), v.get("external", 0),
-                   None if v.get("mapped") is None else tuple(v["mapped"]), v.get("junction"))
+                   None if v.get("mapped") is None else tuple(v["mapped"]), v.get("junction"),
+                   v.get("diverged", False))
 
 
 @attrs.frozen

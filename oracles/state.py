@@ -99,7 +99,7 @@ class StateOracle:
             self.owed_lookups += owed > 0
         lookup = Lookup(request=lk.request, hit=lk.hit, num_tokens=lk.num_tokens, group_blocks=lk.group_blocks,
                         before=lk.before, after=lk.after, external=lk.external, mapped=lk.mapped, owed=owed,
-                        owed_why=why)
+                        owed_why=why, diverged=lk.diverged)
         self.lookups_seen.append(lookup)
         return lookup
 

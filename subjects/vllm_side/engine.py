@@ -268,11 +268,23 @@ class EngineMachine:
     def _observe(self):
         manager, reader = self.manager, self.reader
         lookup, take = manager.get_computed_blocks, getattr(manager, "take_new_block_ids", None)
+        # 0.27+: with a KV connector the scheduler looks up through
+        # get_computed_blocks_for_connector, whose groups may end at different
+        # points (``diverged``: full attention's hit, a lagging group holding
+        # less); it may call get_computed_blocks itself, recorded once, as its.
+        connector_lookup = getattr(manager, "get_computed_blocks_for_connector", None)
+        inside = []
 
-        def get_computed_blocks(request, *args, **kwargs):
+        def observed(call, request, args, kwargs, diverges):
+            if inside:
+                return call(request, *args, **kwargs)
             before = reader.digest()
             mapped = reader.mapped(request) if len(reader.groups) == 1 and self.derived["enable_caching"] else None
-            found = lookup(request, *args, **kwargs)
+            inside.append(True)
+            try:
+                found = call(request, *args, **kwargs)
+            finally:
+                inside.pop()
             blocks, hit = found[0], found[1]
             entry = {"request": request.request_id, "hit": hit, "num_tokens": request.num_tokens,
                      "group_blocks": [[b.block_id for b in g] for g in getattr(blocks, "blocks", ())],
@@ -283,10 +295,15 @@ class EngineMachine:
             # request (sparse retention keeps its state for siblings).
             if len(found) > 2 and isinstance(found[2], int):
                 entry["junction"] = found[2]
+            if diverges and len(found) > 3 and found[3]:
+                entry["diverged"] = True
             self.lookups.append(entry)
             return found
 
-        manager.get_computed_blocks = get_computed_blocks
+        manager.get_computed_blocks = lambda request, *a, **k: observed(lookup, request, a, k, False)
+        if connector_lookup is not None:
+            manager.get_computed_blocks_for_connector = (
+                lambda request, *a, **k: observed(connector_lookup, request, a, k, True))
         # Each cache_blocks call as the registration differential records it
         # (one recorder: manager_driver's), with the request it was for.
         from .manager_driver import record_call, record_group

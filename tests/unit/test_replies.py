@@ -257,3 +257,11 @@ def test_a_malformed_reply_from_the_worker_is_kvspecs_error_in_one_line(tmp_path
     message = str(refused.value)
     assert "\n" not in message and "reply is malformed" in message and "not a vLLM finding" in message
     assert "error kinds" in message
+
+
+def test_a_connector_lookup_says_whether_its_groups_diverged():
+    seen = {"request": "r1", "hit": 32, "num_tokens": 40, "group_blocks": [[3, 4], []]}
+    assert LookupSeen.parse(seen).diverged is False
+    assert LookupSeen.parse({**seen, "diverged": True}).diverged is True
+    with pytest.raises(MalformedReply):
+        LookupSeen.parse({**seen, "diverged": "yes"})

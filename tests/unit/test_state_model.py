@@ -104,6 +104,23 @@ def test_lookups_are_pure_bounded_and_agree_across_groups():
     assert Category.STATE_HIT_GROUPS in _broken(_transition(_state(), lookups=(unregistered,)))
 
 
+
+def test_a_connector_lookup_whose_groups_diverged_may_leave_a_lagging_group_short():
+    """0.27+ get_computed_blocks_for_connector answers full attention's hit
+    while a Mamba group whose states end earlier holds fewer blocks (the
+    scheduler reconciles, or the connector's load supplies the state): not a
+    hit_groups finding when the worker says the lookup diverged; full
+    attention must still hold cdiv(hit, block), and no group more."""
+    lagging = Lookup("r2", hit=4, group_blocks=((1, 2), ()), num_tokens=9, before=(1,), after=(1,))
+    assert Category.STATE_HIT_GROUPS in _broken(_transition(_state(), lookups=(lagging,)))
+    diverged = attrs.evolve(lagging, diverged=True)
+    assert Category.STATE_HIT_GROUPS not in _broken(_transition(_state(), lookups=(diverged,)))
+    short_attention = attrs.evolve(diverged, group_blocks=((1,), ()))
+    assert Category.STATE_HIT_GROUPS in _broken(_transition(_state(), lookups=(short_attention,)))
+    too_many = attrs.evolve(diverged, group_blocks=((1, 2), (3, 4)))
+    assert Category.STATE_HIT_GROUPS in _broken(_transition(_state(), lookups=(too_many,)))
+
+
 def test_reset_leak_and_zeroing():
     idle = _state(tables=(), blocks=tuple(attrs.evolve(b, ref_cnt=0) for b in _state().blocks),
                   free_queue=(1, 2, 3, 4, 5, 6, 7), num_free=7)
