@@ -1,4 +1,4 @@
-"""A stateful or registration finding, reproduced through vLLM's engine -- or labelled hand-built only.
+"""A stateful, registration or lookup finding, reproduced through vLLM's engine -- or labelled hand-built only.
 
 The stateful differential (``diff_tests/stateful.py``) is the fast inner
 level: it drives a ``KVCacheManager`` on a ``KVCacheConfig`` kvspec built by
@@ -32,7 +32,12 @@ case of one request on a hand-built geometry) takes the same path
 same configurations, translation and search, with every ``cache_blocks``
 call the real Scheduler makes held to the registration bound as the
 registration differential holds its own (on layouts of two or more groups
-with prefix caching on: the hybrid coordinator's bound).
+with prefix caching on: the hybrid coordinator's bound).  A lookup finding
+(a later request's hit breaking the lookup contract, or not the exact hit:
+``oracles/lookup.py``) takes it too: its case's later request is the
+program's second arrival, and every lookup the real Scheduler makes is held
+to the lookup rules of ``model.state`` (``model.nearest_engine.ENGINE_FORMS``
+says which rule is the engine's form of which lookup category).
 """
 
 from __future__ import annotations
@@ -151,7 +156,7 @@ def target_of(program: Program, found: Discrepancy, reply: dict[str, Any]) -> Ta
 
 def _matches(target: Target, found: list[Discrepancy] | tuple[Discrepancy, ...], answer: dict[str, Any],
              derived: dict[str, Any]) -> bool:
-    if not found or found[0].category.value != target.category:
+    if not found or not target.shown_by(found[0].category.value):
         return False
     first = found[0]
     if target.exception is not None and _exception(answer) != target.exception:
@@ -331,12 +336,14 @@ def reproduce_through_engine(proc: SubjectProcess, program: Program, found: Disc
 
 
 def reproduce_case_through_engine(proc: SubjectProcess, case, found: Discrepancy) -> Reproduction:
-    """Look for a registration finding (its minimal case and its first
-    discrepancy) through vLLM's engine the same way: the case as a stateful
-    program (``model.nearest_engine.program_of_case``), the same nearest
-    configurations, translation and targeted search, every ``cache_blocks``
-    call the scheduler makes held to the registration bound; the same
-    mechanism is the same category in a group of the same kind."""
+    """Look for a registration or lookup finding (its minimal case and its
+    first discrepancy) through vLLM's engine the same way: the case as a
+    stateful program (``model.nearest_engine.program_of_case``), the same
+    nearest configurations, translation and targeted search, every
+    ``cache_blocks`` call the scheduler makes held to the registration bound
+    (a registration finding) and every lookup to the state's lookup rules;
+    the same mechanism is the same category (for a lookup finding, its engine
+    form: ``Target.shown_by``) in a group of the same kind."""
     program = program_of_case(case)
     kinds = [g.kind.value for g in case.config.groups]
     return _reproduce(proc, program, Target(found.category.value, mechanism_kind(found, kinds)))

@@ -30,7 +30,7 @@ from .engine import OWN_CONNECTOR, QWEN3_NEXT_TOYS, TOY_MODELS, EngineProgram, E
 from .case import MAX_TOKENS
 from .program import Program
 
-__all__ = ["MAX_MODEL_LEN", "PRESSURE_ID", "nearest_setups", "translate", "scale_for", "reproduction_reach", "group_kind",
+__all__ = ["MAX_MODEL_LEN", "PRESSURE_ID", "ENGINE_FORMS", "nearest_setups", "translate", "scale_for", "reproduction_reach", "group_kind",
            "Target", "preempt_points", "pressure_pool", "pressure_trial", "after_preemption", "program_of_case",
            "mechanism_kind"]
 
@@ -43,20 +43,44 @@ MAX_MODEL_LEN = 256
 PRESSURE_ID = "pressure"
 
 
+# The lookup differential's categories (``oracles.lookup``: one later
+# request's hit on a hand-built manager) and the rules the engine holds every
+# lookup through the real Scheduler to (``model.state``): the same rules of a
+# hit, said over the manager's state.  A contract's hit off the landing
+# points or leaving no token to compute is ``hit_bounds``; one needing blocks
+# nothing registered, or a group holding another block count than the hit,
+# is ``hit_groups``; a hit other than the leading run of registered blocks
+# (one-group full attention) is ``hit_length``, which is also the exact hit
+# of a full-attention layout; a hit shorter than an earlier request kept is
+# ``retention_hit``.
+ENGINE_FORMS: dict[str, tuple[str, ...]] = {
+    "lookup_contract": ("state_hit_bounds", "state_hit_groups", "state_hit_length"),
+    "hit_mismatch": ("state_hit_length", "state_hit_groups", "state_retention_hit"),
+}
+
+
 @attrs.frozen
 class Target:
     """The mechanism a reproduction must show: the broken invariant's
     category (its value), the group kind it names (None: it names none), and
-    for a crash the exception's type."""
+    for a crash the exception's type.  A lookup finding's category is shown
+    through the engine by the lookup rules the engine holds every hit to
+    (``ENGINE_FORMS``)."""
 
     category: str
     kind: str | None = None
     exception: str | None = None
 
+    def shown_by(self, category: str) -> bool:
+        """Whether a discrepancy of ``category`` through the engine is this mechanism's."""
+        return category == self.category or category in ENGINE_FORMS.get(self.category, ())
+
     def describe(self) -> str:
         where = f" in a {self.kind} group" if self.kind else ""
         raised = f" ({self.exception})" if self.exception else ""
-        return f"{self.category}{where}{raised}"
+        forms = ENGINE_FORMS.get(self.category)
+        through = f", shown through the engine as {' or '.join(forms)}" if forms else ""
+        return f"{self.category}{where}{raised}{through}"
 
 
 _GROUP = re.compile(r"\bgroup (\d+)\b")
@@ -74,15 +98,19 @@ def group_kind(detail: str, kinds: list[str]) -> str | None:
 def mechanism_kind(found, kinds: list[str]) -> str | None:
     """The kind of the group a discrepancy is about: for a registration
     one, the first group whose tokens or blocks differ from the spec's; else
-    the first group its detail names (None: none)."""
+    the group kind its rule names (``model.state.Violation``), else the
+    first group its detail names (None: none).  A lookup discrepancy's
+    tokens are one hit, not a group's: its group is the one its detail names."""
     expected, observed = tuple(found.expected_tokens or ()), tuple(found.observed_tokens or ())
-    if expected and observed:
+    if expected and observed and found.category.value not in ENGINE_FORMS:
         pairs = list(zip(expected, observed))
         if expected == observed:
             pairs = list(zip(found.expected_blocks or (), found.observed_blocks or ()))
         for index, (want, got) in enumerate(pairs):
             if want != got and index < len(kinds):
                 return kinds[index]
+    if getattr(found, "group_kinds", ()):
+        return found.group_kinds[0].value
     return group_kind(found.detail, kinds)
 
 

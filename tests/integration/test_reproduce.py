@@ -161,3 +161,39 @@ def test_a_registration_finding_is_looked_for_through_the_engine_and_reachable()
                 continue
             assert not record.found and bound(record.answer) == []
         assert sum(len(calls) for calls in bound.calls.values()) >= 2  # the bound was held on real calls
+
+
+def test_a_lookup_finding_is_looked_for_through_the_engine_and_reachable():
+    # eagle_drop_removed never drops the EAGLE tail from a full-attention
+    # hit: the lookup differential's minimal case (0.34.0, seed 0) is a later
+    # request's hit needing a block the writer never registered.  Looked for
+    # as a registration finding is, its engine form is a lookup rule the real
+    # Scheduler's lookups are held to (here hit_length: the leading run of
+    # registered blocks less the one EAGLE recomputes).
+    from kvspec.diff_tests.reproduce import reproduce_case_through_engine
+    from kvspec.model.case import Case
+    from kvspec.oracles.lookup import check_case
+    from kvspec.model.requests import Run
+
+    case = Case.from_dict({"config": {"groups": [
+        {"block_size": 1, "eagle": False, "kind": "full_attention", "sliding_window": 0},
+        {"block_size": 2, "eagle": True, "kind": "full_attention", "sliding_window": 0}],
+        "scheduler_block_size": 2, "hash_block_size": 1, "enable_caching": True, "num_prefill_lookahead": 0,
+        "dcp_world_size": 1, "allow_partial_hash_hits": True}, "prompt_len": 1,
+        "steps": [{"kind": "prefill", "tokens": 1, "drafts": 0, "accepted": 0},
+                  {"kind": "decode", "tokens": 0, "drafts": 0, "accepted": 0}],
+        "probe": {"shared": 2, "extra": 1}})
+    with SubjectProcess(mutant_subject(NEWEST, "eagle_drop_removed")) as proc:
+        (found, *_) = check_case(case, proc.capabilities, proc.run(Run.of(case)))
+        assert found.category is Category.LOOKUP_CONTRACT
+        reproduction = reproduce_case_through_engine(proc, case, found)
+        assert reproduction.status == "reproduced", reproduction.summary
+        assert reproduction.target.category == "lookup_contract" and reproduction.target.kind == "full_attention"
+        assert "shown through the engine as state_hit_bounds or state_hit_groups or state_hit_length" \
+            in reproduction.summary
+        engine = reproduction.program
+        assert engine.setup.model == "toy-llama" and engine.setup.legacy_hashes  # the EAGLE drop live
+        found, _ = replay_engine_program(proc, engine)
+        assert found and found[0].category.value.startswith("state_hit_")
+    with SubjectProcess(release(NEWEST)) as proc:
+        assert replay_engine_program(proc, engine)[0] == []  # the release holds: no false alarm
