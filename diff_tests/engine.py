@@ -42,7 +42,7 @@ from .fuzz import _Abort
 from .property import Failure
 from .stateful import StatefulResult, _failed_at, _machine_test, _violation, run_machine_test
 
-__all__ = ["EngineResult", "fuzz_engine", "replay_engine_program", "engine_setups", "engine_draw_scope",
+__all__ = ["EngineResult", "fuzz_engine", "replay_engine_program", "engine_setups", "release_setups", "engine_draw_scope",
            "engine_database_key", "engine_machine", "engine_crash"]
 
 STEPS_PER_PROGRAM = 40
@@ -253,10 +253,14 @@ def engine_machine(subject: SubjectProcess | Callable[[], SubjectProcess], on_pr
     tests are collected).  A program that meets a known vLLM bug of
     ``known`` (recognised by its mechanism; a function is asked once the
     subject is live) is handed to ``on_known`` and ends there; the search
-    goes on.  ``setups``: the engine configurations drawn (default:
-    ``engine_setups()``; a stateful finding's reproduction searches the
-    nearest ones, ``diff_tests/reproduce.py``)."""
+    goes on.  ``setups``: the engine configurations drawn (default: what
+    the release takes, asked of it on the first draw: ``release_setups``;
+    a stateful finding's reproduction searches the nearest ones,
+    ``diff_tests/reproduce.py``)."""
     live = subject if callable(subject) else (lambda: subject)
+    if setups is None:
+        # Asked when first drawn: the subject may not be live before (the shipped pytest test).
+        setups = st.deferred(lambda: release_setups(live())[0])
     known_bugs_of = known if callable(known) else (lambda: known)
 
     class EngineStateMachine(RuleBasedStateMachine):
@@ -278,7 +282,7 @@ def engine_machine(subject: SubjectProcess | Callable[[], SubjectProcess], on_pr
         # The first arrivals come with the engine: Hypothesis's swarm testing
         # switches some rules off for a whole program, and a program of steps
         # on an empty engine would check nothing.
-        @initialize(setup=setups if setups is not None else engine_setups(),
+        @initialize(setup=setups,
                     first=st.lists(st.tuples(_ARRIVAL, _LOAD), min_size=1, max_size=3))
         def open(self, setup: EngineSetup, first: list[tuple[tuple[int, int, int, int, int, int], Any]]) -> None:
             try:
@@ -528,14 +532,8 @@ def fuzz_engine(proc: SubjectProcess, max_examples: int, seed: int, database: Ex
         result.known_first.setdefault(bug.name, failure.case.describe())
 
     known = () if include_known else tuple(known_bugs(result.subject.get("vllm_version")))
-    result.retention_not_drawn = retention_not_expressible(proc)
-    result.not_drawn = not_drawn(proc)
-    models = tuple(m.name for m in TOY_MODELS if m.name not in result.not_drawn)
-    machine_class = engine_machine(proc, on_program, on_violation, known, on_known,
-                                   setups=engine_setups(retention=not result.retention_not_drawn,
-                                                        legacy_hashes="legacy_hashes" not in result.not_drawn,
-                                                        match_unit="match_unit" not in result.not_drawn,
-                                                        models=models or None))
+    setups, result.retention_not_drawn, result.not_drawn = release_setups(proc)
+    machine_class = engine_machine(proc, on_program, on_violation, known, on_known, setups=setups)
 
     class Counted(machine_class):  # type: ignore[valid-type, misc]
         def teardown(self) -> None:
@@ -564,6 +562,19 @@ def fuzz_engine(proc: SubjectProcess, max_examples: int, seed: int, database: Ex
     result.seconds = time.perf_counter() - start
     result.restarts = tuple(proc.restarts[restarts_before:])
     return result
+
+
+def release_setups(proc: SubjectProcess) -> tuple[st.SearchStrategy[EngineSetup], str, dict[str, str]]:
+    """The engine setups drawn on this release, with why no retention
+    interval is drawn ("": one is) and what else is left out: what the
+    release's engine does not take, asked of it (``retention_not_expressible``,
+    ``not_drawn``).  The one source of the draw for ``kvspec fuzz --engine``
+    and the pytest plugin's engine class (``engine_machine``'s default)."""
+    retention = retention_not_expressible(proc)
+    left_out = not_drawn(proc)
+    models = tuple(m.name for m in TOY_MODELS if m.name not in left_out)
+    return (engine_setups(retention=not retention, legacy_hashes="legacy_hashes" not in left_out,
+                          match_unit="match_unit" not in left_out, models=models or None), retention, left_out)
 
 
 def retention_not_expressible(proc: SubjectProcess) -> str:
