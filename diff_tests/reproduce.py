@@ -68,7 +68,7 @@ from .property import Failure
 from .stateful import _exception, _machine_test, run_machine_test
 
 __all__ = ["SEARCH_EXAMPLES", "SEARCH_SEED", "SEARCH_STEPS", "REGISTRATION", "RegistrationBound", "Reproduction", "target_of",
-           "reproduce_through_engine", "reproduce_case_through_engine", "budget_text"]
+           "targeted_search", "reproduce_through_engine", "reproduce_case_through_engine", "budget_text"]
 
 SEARCH_EXAMPLES = 40  # engine programs of the targeted search
 SEARCH_SEED = 0
@@ -285,9 +285,12 @@ def _under_pressure(proc: SubjectProcess, program: Program, setup: EngineSetup, 
     return driven, None, f"the request preempted in {preempted} of {len(PRESSURE_FILLERS)} pressure trial(s)"
 
 
-def _search(proc: SubjectProcess, setups: list[EngineSetup], target: Target, known,
-            others: dict[str, int]) -> tuple[EngineProgram | None, dict[str, Any] | None]:
-    """The engine machine over ``setups`` only: the first program that shows the target, or None."""
+def targeted_search(proc: SubjectProcess, setups: list[EngineSetup], target: Target, known,
+                    others: dict[str, int], shows=None) -> tuple[EngineProgram | None, dict[str, Any] | None]:
+    """The engine machine over ``setups`` only: the first program that shows
+    the target (``shows(found, reply, derived)``: default, the target's
+    mechanism), or None."""
+    shows = shows or (lambda found, reply, derived: _matches(target, found, reply, derived))
     result = EngineResult(subject=proc.describe(), capabilities=proc.capabilities, seed=SEARCH_SEED)
     failures: list[Failure] = []
     machine = engine_machine(proc, lambda machine, refused=None: None, failures.append, known,
@@ -304,7 +307,7 @@ def _search(proc: SubjectProcess, setups: list[EngineSetup], target: Target, kno
             return self.bound(answer)
 
         def _fail(self, found, reply):
-            if recognise(known, found) is None and not _matches(target, found, reply, self.derived):
+            if recognise(known, found) is None and not shows(found, reply, self.derived):
                 # Another mechanism: counted, the program ends there, the search goes on.
                 key = found[0].category.value
                 others[key] = others.get(key, 0) + 1
@@ -402,7 +405,7 @@ def _reproduce(proc: SubjectProcess, program: Program, target: Target) -> Reprod
                         return done("reproduced", program=candidate, how="pressure", settings=settings)
         search = "ran" if buildable else "none built"
         if buildable:
-            candidate, _ = _search(proc, buildable, target, known, others)
+            candidate, _ = targeted_search(proc, buildable, target, known, others)
             if candidate is not None:
                 again, _, settings = _replay(proc, candidate, target, known)
                 if again:

@@ -174,3 +174,24 @@ def test_a_block_aligned_mamba_prompt_loses_its_replay_hit_until_0_32(version, f
     if lost:
         assert all(out["hits"][str(n)]["resend"] == 0 for n in lost)
     assert ALIGNED_BUG.carried_by(version) == bool(lost) and ALIGNED_BUG.reproduction.endswith(ALIGNED.name)
+
+
+@pytest.mark.parametrize("version, status", [("0.31.0", "shown"), ("0.32.0", "not shown")])
+def test_a_known_bugs_range_comes_from_a_targeted_search_per_release(kvspec_release, version, status):
+    """The block-aligned prompt's lost replay state, asked of each release
+    through vLLM's Scheduler (``diff_tests/ranges.py``): the example engine
+    program shows it on 0.31.0, the last release carrying it; on 0.32.0 the
+    example, the programs around it and the targeted search show nothing
+    (no false alarm either: nothing else broke)."""
+    from kvspec.diff_tests.ranges import search_release
+    from kvspec.model.engine import EngineProgram
+
+    bug = next(b for b in KNOWN_BUGS if b.name == "mamba_align_block_aligned_prompt_replay_state_missing")
+    example = EngineProgram.from_dict(json.loads(
+        (Path(__file__).parent.parent / "fixtures" / "program_engine_block_aligned_prompt.json").read_text()))
+    row = search_release(kvspec_release(version), bug, example, frozenset({"mamba_align"}))
+    assert row["status"] == status, row
+    if status == "shown":
+        assert row["how"] == "the example as it is"
+    else:
+        assert row["replays"] == {"held": 20} and row["search_others"] == {}
