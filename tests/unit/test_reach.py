@@ -115,3 +115,15 @@ def test_a_stateful_finding_is_not_assessed_and_never_hardening(modelled):
     finding = attrs.evolve(_finding(), inputs={"program": {"ops": []}, "describe": "a program"})
     result = reach.attach(finding).reach
     assert result.summary.startswith("Not assessed: a stateful finding") and not result.hardening
+
+
+def test_a_hand_built_findings_affected_line_says_the_engine_search_ran():
+    from kvspec.report.finding import affected_lines
+
+    missed = {"status": "not reproduced", "summary": "hand-built only: not reproduced through the engine in ..."}
+    finding = attrs.evolve(_finding(), reach=Reach("hand-built only: ...", hardening=True),
+                           inputs={**_finding().inputs, "engine_reproduction": missed})
+    (line,) = affected_lines(finding)
+    assert line.endswith("not reproduced through vLLM's engine in the search the impact line states)")
+    (line,) = affected_lines(attrs.evolve(finding, inputs=_finding().inputs))
+    assert line.endswith("no engine configuration was driven for it)")
