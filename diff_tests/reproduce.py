@@ -338,7 +338,8 @@ def reproduce_through_engine(proc: SubjectProcess, program: Program, found: Disc
     return _reproduce(proc, program, target_of(program, found, reply))
 
 
-def reproduce_case_through_engine(proc: SubjectProcess, case, found: Discrepancy) -> Reproduction:
+def reproduce_case_through_engine(proc: SubjectProcess, case, found: Discrepancy,
+                                  exception: str | None = None) -> Reproduction:
     """Look for a registration or lookup finding (its minimal case and its
     first discrepancy) through vLLM's engine the same way: the case as a
     stateful program (``model.nearest_engine.program_of_case``), the same
@@ -346,10 +347,11 @@ def reproduce_case_through_engine(proc: SubjectProcess, case, found: Discrepancy
     ``cache_blocks`` call the scheduler makes held to the registration bound
     (a registration finding) and every lookup to the state's lookup rules;
     the same mechanism is the same category (for a lookup finding, its engine
-    form: ``Target.shown_by``) in a group of the same kind."""
+    form: ``Target.shown_by``) in a group of the same kind (for a crash,
+    ``exception``: the same exception type)."""
     program = program_of_case(case)
     kinds = [g.kind.value for g in case.config.groups]
-    return _reproduce(proc, program, Target(found.category.value, mechanism_kind(found, kinds)))
+    return _reproduce(proc, program, Target(found.category.value, mechanism_kind(found, kinds), exception))
 
 
 def _reproduce(proc: SubjectProcess, program: Program, target: Target) -> Reproduction:

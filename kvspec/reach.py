@@ -447,10 +447,16 @@ def _engine_reproduction(finding: Finding, proc, say: Say):
     as a stateful finding's), on the live subject; None when there is none
     (another category, a stored finding, a stateful one)."""
     inputs = finding.inputs or {}
-    if (proc is None or finding.category not in _REGISTRATION + _LOOKUP or "program" in inputs
+    observations = finding.observations or {}
+    # A crash is looked for too, by its exception's type, unless the worker
+    # itself died on the case (every engine driving it would die again).
+    died = observations.get("error_kind") == ErrorKind.CRASHED.value or bool(observations.get("crashed"))
+    crash = finding.category is Category.SUBJECT_CRASH and not died
+    if (proc is None or finding.category not in _REGISTRATION + _LOOKUP and not crash or "program" in inputs
             or "prompt_len" not in inputs):
         return None
     from kvspec.diff_tests.reproduce import reproduce_case_through_engine
+    from kvspec.diff_tests.stateful import _exception
     from kvspec.model.case import Case
     from kvspec.oracles.registration import Discrepancy
 
@@ -460,9 +466,10 @@ def _engine_reproduction(finding: Finding, proc, say: Say):
                         tuple(r.expected_blocks for r in rows), tuple(r.observed_blocks for r in rows),
                         detail=finding.detail)
     held = ("the lookup rules on every lookup" if finding.category in _LOOKUP
-            else "the registration bound on every cache_blocks call")
+            else "its exception" if crash else "the registration bound on every cache_blocks call")
     say(f"looking for it through vLLM's engine (the real Scheduler, {held})")
-    return reproduce_case_through_engine(proc, Case.from_dict(inputs), found)
+    return reproduce_case_through_engine(proc, Case.from_dict(inputs), found,
+                                         exception=_exception(observations) if crash else None)
 
 
 def with_engine_reach(reach: Reach, record: dict[str, Any]) -> Reach:

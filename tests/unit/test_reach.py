@@ -127,3 +127,21 @@ def test_a_hand_built_findings_affected_line_says_the_engine_search_ran():
     assert line.endswith("not reproduced through vLLM's engine in the search the impact line states)")
     (line,) = affected_lines(attrs.evolve(finding, inputs=_finding().inputs))
     assert line.endswith("no engine configuration was driven for it)")
+
+
+def test_a_case_crash_is_looked_for_through_the_engine_by_its_exception(monkeypatch):
+    import kvspec.diff_tests.reproduce as reproduce
+    from kvspec.model.finding import Category
+
+    asked = []
+    monkeypatch.setattr(reproduce, "reproduce_case_through_engine",
+                        lambda proc, case, found, exception=None: asked.append((found.category, exception)) or "r")
+    inputs = {"config": _finding().inputs["config"], "prompt_len": 8,
+              "steps": [{"kind": "prefill", "tokens": 8, "drafts": 0, "accepted": 0}]}
+    crash = attrs.evolve(_finding(), category=Category.SUBJECT_CRASH, inputs=inputs, groups=(),
+                         observations={"ok": False, "error_kind": "drive", "error": "AssertionError: x"})
+    assert reach._engine_reproduction(crash, object(), lambda line: None) == "r"
+    assert asked == [(Category.SUBJECT_CRASH, "AssertionError")]
+    # The worker itself died on the case: every engine driving it would die again.
+    died = attrs.evolve(crash, observations={"ok": False, "error_kind": "crashed", "error": "worker exited"})
+    assert reach._engine_reproduction(died, object(), lambda line: None) is None
