@@ -56,6 +56,10 @@ class KnownBug:
     # The mechanism beyond the words: recognised only when every group the
     # broken rule names (model.state.Violation) is of these kinds (None: any).
     group_kinds: frozenset[GroupKind] | None = None
+    # The per-release targeted search through the engine that dates it
+    # (``diff_tests/ranges.py``: its record, with the command that made it;
+    # empty: none yet, the range stands on the reproduction and replays).
+    range_search: str = ""
 
     def matches(self, summary: str, category: Category | None = None,
                 group_kinds: tuple[GroupKind, ...] | None = None) -> bool:
@@ -123,7 +127,12 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
     # below the allocation on every supported release (0.23.0-0.34.0), and the
     # crash with the pool tight.  Stateful and engine runs met it as three
     # crashes of different programs (0.27.1-0.31.0, 0.30.0-, 0.31.0-) whose
-    # ranges came from replaying one program each: pool sizes, not code.
+    # ranges came from replaying one program each: pool sizes, not code.  The
+    # targeted search through the engine per release shows it on every release
+    # from 0.28.0 to 0.34.0 (0.32.0 and 0.33.0 refuse the example's 22-block
+    # pool: a larger one shows it); before 0.28.0 the toy's engine defaults
+    # build no Mamba align group, so the engine's flags cannot express it there
+    # and 0.23.0 stands on the standalone reproduction (--mamba-cache-mode align).
     KnownBug(Category.STATE_BLOCK_ESTIMATE, "0.23.0", None,
              "after a synchronous KV-connector load on a Mamba 'align' hybrid, a Mamba group's block estimate "
              "(get_num_blocks_to_allocate) is one block while allocate_slots takes two, so the scheduler's check "
@@ -137,7 +146,8 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
              title="Mamba group's block estimate is below what allocate_slots takes after a synchronous KV "
                    "connector load (schedule() can raise 'Cannot get N free blocks from the pool')",
              fix="vLLM PR #46892 (open upstream) addresses this mechanism: the Mamba group's estimate after a "
-                 "synchronous connector load must count every block allocate_slots then takes"),
+                 "synchronous connector load must count every block allocate_slots then takes",
+             range_search="docs/results/known-ranges/mamba_estimate_below_allocation_after_connector_load.json"),
     # Found by retention_hit through the engine on 0.30.0/0.31.0 (toy-nemotron-h,
     # --max-num-batched-tokens 64); the probe through vLLM's Scheduler, built the
     # engine's way, shows it under dense (0.23.0-0.28.0) and sparse (0.29.0-0.31.0)

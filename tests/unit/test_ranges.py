@@ -38,3 +38,26 @@ def test_the_range_is_the_releases_shown_and_held_against_the_known_entry():
     found = release_range(rows[:1] + [{"release": "0.30.0", "status": "not shown"}], ALIGNED)
     assert not found["agrees_with_known_entry"] and found["disagrees_on"] == ["0.30.0"]
     assert needed_kinds(ESTIMATE) == frozenset({"mamba_align"}) and needed_kinds(ALIGNED) == frozenset()
+
+
+def test_each_known_bug_dated_by_a_search_agrees_with_its_record():
+    """A known bug whose range a targeted search per release gave names the
+    record (with the command that made it), and the entry says what the
+    search decided: every release shown is one the entry says carries it,
+    every release the whole search held is one it says does not."""
+    import json
+    from pathlib import Path
+
+    from kvspec.model.about import release_key
+
+    root = Path(__file__).resolve().parents[2]
+    searched = [b for b in KNOWN_BUGS if b.range_search]
+    assert {b.name for b in searched} >= {ESTIMATE.name}
+    for bug in searched:
+        record = json.loads((root / bug.range_search).read_text())
+        assert record["bug"] == bug.name and record["command"].startswith("python -m kvspec.diff_tests.ranges ")
+        rows = {r["release"]: r["status"] for r in record["releases"]}
+        assert all(bug.carried_by(v) for v, s in rows.items() if s == "shown"), (bug.name, rows)
+        assert not any(bug.carried_by(v) for v, s in rows.items() if s == "not shown"), (bug.name, rows)
+        assert record["range"]["agrees_with_known_entry"] and rows
+        assert sorted(rows, key=release_key) == [r["release"] for r in record["releases"]]
