@@ -123,16 +123,28 @@ def test_a_preemption_is_made_by_pool_pressure_and_the_finding_is_reachable():
         assert replay_engine_program(proc, engine)[0] == []  # the release holds: no false alarm
 
 
+def _case_reproduced(proc, case, category: Category, kind: str):
+    """The case's finding on ``proc`` (of ``category``), reproduced through
+    the engine with the mechanism's group ``kind``."""
+    from kvspec.diff_tests.reproduce import reproduce_case_through_engine
+    from kvspec.model.requests import Run
+    from kvspec.oracles.lookup import check_case
+
+    (found, *_) = check_case(case, proc.capabilities, proc.run(Run.of(case)))
+    assert found.category is category
+    reproduction = reproduce_case_through_engine(proc, case, found)
+    assert reproduction.status == "reproduced", reproduction.summary
+    assert reproduction.target.category == category.value and reproduction.target.kind == kind
+    return reproduction
+
+
 def test_a_registration_finding_is_looked_for_through_the_engine_and_reachable():
     # eagle_rule_everywhere applies the EAGLE bound to every group: the
     # registration differential's minimal case (0.34.0, seed 0) registers a
     # whole prompt where the spec floors it to the scheduler block.  The same
     # reproduction as a stateful finding's, every cache_blocks call the real
     # Scheduler makes held to the registration bound.
-    from kvspec.diff_tests.reproduce import reproduce_case_through_engine
     from kvspec.model.case import Case
-    from kvspec.oracles.lookup import check_case
-    from kvspec.model.requests import Run
 
     case = Case.from_dict({"config": {"groups": [
         {"block_size": 576, "eagle": False, "kind": "mamba_align", "sliding_window": 0},
@@ -141,11 +153,7 @@ def test_a_registration_finding_is_looked_for_through_the_engine_and_reachable()
         "dcp_world_size": 1, "allow_partial_hash_hits": True},
         "prompt_len": 1578, "steps": [{"kind": "prefill", "tokens": 1578, "drafts": 0, "accepted": 0}]})
     with SubjectProcess(mutant_subject(NEWEST, "eagle_rule_everywhere")) as proc:
-        (found, *_) = check_case(case, proc.capabilities, proc.run(Run.of(case)))
-        assert found.category is Category.OVER_REGISTRATION
-        reproduction = reproduce_case_through_engine(proc, case, found)
-        assert reproduction.status == "reproduced", reproduction.summary
-        assert reproduction.target.category == "over_registration" and reproduction.target.kind == "mamba_align"
+        reproduction = _case_reproduced(proc, case, Category.OVER_REGISTRATION, "mamba_align")
         assert reproduction.summary.startswith("reachable through vLLM's scheduler with settings")
         engine = reproduction.program
         assert engine.setup.model == "toy-nemotron-h" and engine.setup.max_model_len >= 1578 + 64
@@ -170,10 +178,7 @@ def test_a_lookup_finding_is_looked_for_through_the_engine_and_reachable():
     # as a registration finding is, its engine form is a lookup rule the real
     # Scheduler's lookups are held to (here hit_length: the leading run of
     # registered blocks less the one EAGLE recomputes).
-    from kvspec.diff_tests.reproduce import reproduce_case_through_engine
     from kvspec.model.case import Case
-    from kvspec.oracles.lookup import check_case
-    from kvspec.model.requests import Run
 
     case = Case.from_dict({"config": {"groups": [
         {"block_size": 1, "eagle": False, "kind": "full_attention", "sliding_window": 0},
@@ -184,11 +189,7 @@ def test_a_lookup_finding_is_looked_for_through_the_engine_and_reachable():
                   {"kind": "decode", "tokens": 0, "drafts": 0, "accepted": 0}],
         "probe": {"shared": 2, "extra": 1}})
     with SubjectProcess(mutant_subject(NEWEST, "eagle_drop_removed")) as proc:
-        (found, *_) = check_case(case, proc.capabilities, proc.run(Run.of(case)))
-        assert found.category is Category.LOOKUP_CONTRACT
-        reproduction = reproduce_case_through_engine(proc, case, found)
-        assert reproduction.status == "reproduced", reproduction.summary
-        assert reproduction.target.category == "lookup_contract" and reproduction.target.kind == "full_attention"
+        reproduction = _case_reproduced(proc, case, Category.LOOKUP_CONTRACT, "full_attention")
         assert "shown through the engine as state_hit_bounds or state_hit_groups or state_hit_length" \
             in reproduction.summary
         engine = reproduction.program
