@@ -153,6 +153,11 @@ def _models_for(program: Program) -> list[str]:
     """The toy models whose layouts carry the program's group kinds, nearest first."""
     kinds = {g.kind for g in program.config.groups}
     models = []
+    if _full_attention_blocks(program) > 1:
+        # Full-attention groups of two block sizes: the toy Qwen3-Next's engine
+        # with its EAGLE3 drafter builds them (the drafter's group half the
+        # target's block), beside its Mamba groups.
+        models.append("toy-qwen3-next-eagle3")
     if GroupKind.MAMBA_ALIGN in kinds and any(g.eagle for g in program.config.groups):
         # Drafts over Mamba groups: the toy Qwen3-Next, with an EAGLE3 drafter
         # of its own KV page (the drafter's group a block unlike the others)
@@ -162,9 +167,14 @@ def _models_for(program: Program) -> list[str]:
         models.append("toy-nemotron-h")
     if GroupKind.SLIDING_WINDOW in kinds:
         models.append("toy-gpt-oss")
-    if not models:
+    if not models or kinds == {GroupKind.FULL_ATTENTION}:
         models.append("toy-llama")
-    return models
+    return list(dict.fromkeys(models))
+
+
+def _full_attention_blocks(program: Program) -> int:
+    """How many block sizes the program's full-attention groups have."""
+    return len({g.block_size for g in program.config.groups if g.kind is GroupKind.FULL_ATTENTION})
 
 
 def _pool(program: Program, toy, block: int) -> int:
@@ -205,9 +215,11 @@ def nearest_setups(program: Program, plain: bool = False) -> tuple[list[EngineSe
             flags["retention_interval"] = -(-program.retention_interval // unit) * unit
         if not program.reserve_full_sequence:
             flags["reserve_full_isl"] = False
-        if eagle and toy.spec_method is not None:
+        # The drafter is what gives the Qwen3-Next toy its second full-attention group.
+        drafter = toy.drafter is not None and _full_attention_blocks(program) > 1
+        if toy.spec_method is not None and (eagle or drafter):
             flags["num_speculative_tokens"] = max([op.get("drafts", 0) for op in program.ops] + [1])
-            if config.hash_scheme is not HashScheme.LOOKAHEAD:
+            if eagle and config.hash_scheme is not HashScheme.LOOKAHEAD:
                 flags["legacy_hashes"] = True  # the EAGLE drop live, as on the hand-built manager
         if name in QWEN3_NEXT_TOYS and config.hash_block_size < config.scheduler_block_size:
             flags["prefix_match_unit"] = 16  # partial hash hits, as the program's finer hash block gives

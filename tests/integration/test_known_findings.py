@@ -176,20 +176,32 @@ def test_a_block_aligned_mamba_prompt_loses_its_replay_hit_until_0_32(version, f
     assert ALIGNED_BUG.carried_by(version) == bool(lost) and ALIGNED_BUG.reproduction.endswith(ALIGNED.name)
 
 
-@pytest.mark.parametrize("version, status", [("0.31.0", "shown"), ("0.32.0", "not shown")])
-def test_a_known_bugs_range_comes_from_a_targeted_search_per_release(kvspec_release, version, status):
-    """The block-aligned prompt's lost replay state, asked of each release
-    through vLLM's Scheduler (``diff_tests/ranges.py``): the example engine
-    program shows it on 0.31.0, the last release carrying it; on 0.32.0 the
-    example, the programs around it and the targeted search show nothing
-    (no false alarm either: nothing else broke)."""
+# A bug, its example engine program, and the group kinds a setup must build to express it (None: the bug's own).
+_ALIGNED = ("mamba_align_block_aligned_prompt_replay_state_missing", "program_engine_block_aligned_prompt.json",
+            frozenset({"mamba_align"}))
+_SECOND = ("second_full_attention_group_untrimmed", "program_engine_second_full_attention_group.json", None)
+
+
+@pytest.mark.parametrize("bug_and_example, version, status", [(_ALIGNED, "0.31.0", "shown"),
+                                                             (_ALIGNED, "0.32.0", "not shown"),
+                                                             (_SECOND, "0.28.0", "shown")])
+def test_a_known_bugs_range_comes_from_a_targeted_search_per_release(kvspec_release, bug_and_example, version,
+                                                                      status):
+    """A known bug asked of each release through vLLM's Scheduler
+    (``diff_tests/ranges.py``): the block-aligned prompt's lost replay state
+    shows in its example engine program on 0.31.0, the last release carrying
+    it, and on 0.32.0 the example, the programs around it and the targeted
+    search show nothing (no false alarm either: nothing else broke); the
+    second full-attention group left untrimmed shows on 0.28.0 on the toy
+    Qwen3-Next with its EAGLE3 drafter (the engine builds two full-attention
+    groups of different blocks there)."""
     from kvspec.diff_tests.ranges import search_release
     from kvspec.model.engine import EngineProgram
 
-    bug = next(b for b in KNOWN_BUGS if b.name == "mamba_align_block_aligned_prompt_replay_state_missing")
-    example = EngineProgram.from_dict(json.loads(
-        (Path(__file__).parent.parent / "fixtures" / "program_engine_block_aligned_prompt.json").read_text()))
-    row = search_release(kvspec_release(version), bug, example, frozenset({"mamba_align"}))
+    name, fixture, needs = bug_and_example
+    bug = next(b for b in KNOWN_BUGS if b.name == name)
+    example = EngineProgram.from_dict(json.loads((Path(__file__).parent.parent / "fixtures" / fixture).read_text()))
+    row = search_release(kvspec_release(version), bug, example, needs)
     assert row["status"] == status, row
     if status == "shown":
         assert row["how"] == "the example as it is"

@@ -35,6 +35,12 @@ def test_the_model_is_the_toy_whose_layout_has_the_findings_group_kinds():
     eagle = KVCacheGroup(GroupKind.FULL_ATTENTION, 2, eagle=True)
     (first, *_), _ = nearest_setups(_program([eagle], OPS))
     assert first.num_speculative_tokens == 1 and first.legacy_hashes is True
+    # Full-attention groups of two blocks: the engine that builds them (the toy
+    # Qwen3-Next's EAGLE3 drafter gets half the target's block), with its
+    # drafter and the release's own hashes, then the plain full-attention toy.
+    setups, _ = nearest_setups(_program([full, KVCacheGroup(GroupKind.FULL_ATTENTION, 4)], OPS, S=4))
+    assert [s.model for s in setups][0] == "toy-qwen3-next-eagle3" and "toy-llama" in {s.model for s in setups}
+    assert setups[0].num_speculative_tokens == 1 and not setups[0].legacy_hashes
 
 
 def test_translation_keeps_prompts_and_says_what_it_drops():
