@@ -335,7 +335,7 @@ def reproduce_through_engine(proc: SubjectProcess, program: Program, found: Disc
                              reply: dict[str, Any]) -> Reproduction:
     """Look for the stateful finding (its program, its first discrepancy and
     the answer it came in) through vLLM's engine, within the fixed budget."""
-    return _reproduce(proc, program, target_of(program, found, reply))
+    return _reproduce(proc, program, target_of(program, found, reply), found)
 
 
 def reproduce_case_through_engine(proc: SubjectProcess, case, found: Discrepancy,
@@ -351,13 +351,18 @@ def reproduce_case_through_engine(proc: SubjectProcess, case, found: Discrepancy
     ``exception``: the same exception type)."""
     program = program_of_case(case)
     kinds = [g.kind.value for g in case.config.groups]
-    return _reproduce(proc, program, Target(found.category.value, mechanism_kind(found, kinds), exception))
+    return _reproduce(proc, program, Target(found.category.value, mechanism_kind(found, kinds), exception), found)
 
 
-def _reproduce(proc: SubjectProcess, program: Program, target: Target) -> Reproduction:
+def _reproduce(proc: SubjectProcess, program: Program, target: Target, found: Discrepancy) -> Reproduction:
     started = time.perf_counter()
     setups, notes = nearest_setups(program, plain=target.kind is None)
-    known = tuple(known_bugs(proc.describe().get("vllm_version")))
+    # The release's known bugs are passed over on the way, except the one the
+    # finding is (a run with --include-known reports it), under each of its
+    # entries (one bug seen by two differentials has one summary): that one is sought.
+    carried = known_bugs(proc.describe().get("vllm_version"))
+    itself = {b.summary for b in carried if recognise((b,), [found]) is not None}
+    known = tuple(b for b in carried if b.summary not in itself)
     others: dict[str, int] = {}
     searched: list[str] = []
     buildable: list[EngineSetup] = []
