@@ -43,7 +43,7 @@ from .fuzz import _Abort
 from .property import Failure
 from .stateful import StatefulResult, _failed_at, _machine_test, _violation, run_machine_test
 
-__all__ = ["EngineResult", "fuzz_engine", "replay_engine_program", "engine_setups", "engine_draw_scope",
+__all__ = ["EngineResult", "fuzz_engine", "replay_engine_program", "engine_setups", "release_setups", "engine_draw_scope",
            "engine_database_key", "engine_machine", "engine_crash"]
 
 STEPS_PER_PROGRAM = 40
@@ -257,10 +257,14 @@ def engine_machine(subject: SubjectProcess | Callable[[], SubjectProcess], on_pr
     tests are collected).  A program that meets a known vLLM bug of
     ``known`` (recognised by its mechanism; a function is asked once the
     subject is live) is handed to ``on_known`` and ends there; the search
-    goes on.  ``setups``: the engine configurations drawn (default:
-    ``engine_setups()``; a stateful finding's reproduction searches the
-    nearest ones, ``diff_tests/reproduce.py``)."""
+    goes on.  ``setups``: the engine configurations drawn (default: what
+    the release takes, asked of it on the first draw: ``release_setups``;
+    a stateful finding's reproduction searches the nearest ones,
+    ``diff_tests/reproduce.py``)."""
     live = subject if callable(subject) else (lambda: subject)
+    if setups is None:
+        # Asked when first drawn: the subject may not be live before (the shipped pytest test).
+        setups = st.deferred(lambda: release_setups(live())[0])
     known_bugs_of = known if callable(known) else (lambda: known)
 
     class EngineStateMachine(RuleBasedStateMachine):
@@ -282,7 +286,7 @@ def engine_machine(subject: SubjectProcess | Callable[[], SubjectProcess], on_pr
         # The first arrivals come with the engine: Hypothesis's swarm testing
         # switches some rules off for a whole program, and a program of steps
         # on an empty engine would check nothing.
-        @initialize(setup=setups if setups is not None else engine_setups(),
+        @initialize(setup=setups,
                     first=st.lists(st.tuples(_ARRIVAL, _LOAD), min_size=1, max_size=3))
         def open(self, setup: EngineSetup, first: list[tuple[tuple[int, int, int, int, int, int], Any]]) -> None:
             try:
@@ -538,9 +542,8 @@ def fuzz_engine(proc: SubjectProcess, max_examples: int, seed: int, database: Ex
         result.known_first.setdefault(bug.name, failure.case.describe())
 
     known = () if include_known else tuple(known_bugs(result.subject.get("vllm_version")))
-    result.not_drawn = not_drawn(proc)
-    machine_class = engine_machine(proc, on_program, on_violation, known, on_known,
-                                   setups=engine_setups(leaving_out=result.not_drawn))
+    setups, result.not_drawn = release_setups(proc)
+    machine_class = engine_machine(proc, on_program, on_violation, known, on_known, setups=setups)
 
     class Counted(machine_class):  # type: ignore[valid-type, misc]
         def teardown(self) -> None:
@@ -569,6 +572,15 @@ def fuzz_engine(proc: SubjectProcess, max_examples: int, seed: int, database: Ex
     result.seconds = time.perf_counter() - start
     result.restarts = tuple(proc.restarts[restarts_before:])
     return result
+
+
+def release_setups(proc: SubjectProcess) -> tuple[st.SearchStrategy[EngineSetup], dict[str, str]]:
+    """The engine setups drawn on this release, and what is left out of
+    them: what the release's engine does not take, asked of it
+    (``not_drawn``).  The one source of the draw for ``kvspec fuzz --engine``
+    and the pytest plugin's engine class (``engine_machine``'s default)."""
+    left_out = not_drawn(proc)
+    return engine_setups(leaving_out=left_out), left_out
 
 
 def _refusal(proc: SubjectProcess, probe: EngineSetup, refused: Callable[[Any], bool]) -> str:

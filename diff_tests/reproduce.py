@@ -1,4 +1,4 @@
-"""A stateful or registration finding, reproduced through vLLM's engine -- or labelled hand-built only.
+"""A stateful, registration or lookup finding, reproduced through vLLM's engine -- or labelled hand-built only.
 
 The stateful differential (``diff_tests/stateful.py``) is the fast inner
 level: it drives a ``KVCacheManager`` on a ``KVCacheConfig`` kvspec built by
@@ -32,7 +32,12 @@ case of one request on a hand-built geometry) takes the same path
 same configurations, translation and search, with every ``cache_blocks``
 call the real Scheduler makes held to the registration bound as the
 registration differential holds its own (on layouts of two or more groups
-with prefix caching on: the hybrid coordinator's bound).
+with prefix caching on: the hybrid coordinator's bound).  A lookup finding
+(a later request's hit breaking the lookup contract, or not the exact hit:
+``oracles/lookup.py``) takes it too: its case's later request is the
+program's second arrival, and every lookup the real Scheduler makes is held
+to the lookup rules of ``model.state`` (``model.nearest_engine.ENGINE_FORMS``
+says which rule is the engine's form of which lookup category).
 """
 
 from __future__ import annotations
@@ -64,7 +69,7 @@ from .property import Failure
 from .stateful import _exception, _machine_test, run_machine_test
 
 __all__ = ["SEARCH_EXAMPLES", "SEARCH_SEED", "SEARCH_STEPS", "REGISTRATION", "RegistrationBound", "Reproduction", "target_of",
-           "reproduce_through_engine", "reproduce_case_through_engine", "budget_text"]
+           "targeted_search", "reproduce_through_engine", "reproduce_case_through_engine", "budget_text"]
 
 SEARCH_EXAMPLES = 40  # engine programs of the targeted search
 SEARCH_SEED = 0
@@ -152,7 +157,7 @@ def target_of(program: Program, found: Discrepancy, reply: dict[str, Any]) -> Ta
 
 def _matches(target: Target, found: list[Discrepancy] | tuple[Discrepancy, ...], answer: dict[str, Any],
              derived: dict[str, Any]) -> bool:
-    if not found or found[0].category.value != target.category:
+    if not found or not target.shown_by(found[0].category.value):
         return False
     first = found[0]
     if target.exception is not None and _exception(answer) != target.exception:
@@ -281,9 +286,12 @@ def _under_pressure(proc: SubjectProcess, program: Program, setup: EngineSetup, 
     return driven, None, f"the request preempted in {preempted} of {len(PRESSURE_FILLERS)} pressure trial(s)"
 
 
-def _search(proc: SubjectProcess, setups: list[EngineSetup], target: Target, known,
-            others: dict[str, int]) -> tuple[EngineProgram | None, dict[str, Any] | None]:
-    """The engine machine over ``setups`` only: the first program that shows the target, or None."""
+def targeted_search(proc: SubjectProcess, setups: list[EngineSetup], target: Target, known,
+                    others: dict[str, int], shows=None) -> tuple[EngineProgram | None, dict[str, Any] | None]:
+    """The engine machine over ``setups`` only: the first program that shows
+    the target (``shows(found, reply, derived)``: default, the target's
+    mechanism), or None."""
+    shows = shows or (lambda found, reply, derived: _matches(target, found, reply, derived))
     result = EngineResult(subject=proc.describe(), capabilities=proc.capabilities, seed=SEARCH_SEED)
     failures: list[Failure] = []
     machine = engine_machine(proc, lambda machine, refused=None: None, failures.append, known,
@@ -300,7 +308,7 @@ def _search(proc: SubjectProcess, setups: list[EngineSetup], target: Target, kno
             return self.bound(answer)
 
         def _fail(self, found, reply):
-            if recognise(known, found) is None and not _matches(target, found, reply, self.derived):
+            if recognise(known, found) is None and not shows(found, reply, self.derived):
                 # Another mechanism: counted, the program ends there, the search goes on.
                 key = found[0].category.value
                 others[key] = others.get(key, 0) + 1
@@ -328,25 +336,34 @@ def reproduce_through_engine(proc: SubjectProcess, program: Program, found: Disc
                              reply: dict[str, Any]) -> Reproduction:
     """Look for the stateful finding (its program, its first discrepancy and
     the answer it came in) through vLLM's engine, within the fixed budget."""
-    return _reproduce(proc, program, target_of(program, found, reply))
+    return _reproduce(proc, program, target_of(program, found, reply), found)
 
 
-def reproduce_case_through_engine(proc: SubjectProcess, case, found: Discrepancy) -> Reproduction:
-    """Look for a registration finding (its minimal case and its first
-    discrepancy) through vLLM's engine the same way: the case as a stateful
-    program (``model.nearest_engine.program_of_case``), the same nearest
-    configurations, translation and targeted search, every ``cache_blocks``
-    call the scheduler makes held to the registration bound; the same
-    mechanism is the same category in a group of the same kind."""
+def reproduce_case_through_engine(proc: SubjectProcess, case, found: Discrepancy,
+                                  exception: str | None = None) -> Reproduction:
+    """Look for a registration or lookup finding (its minimal case and its
+    first discrepancy) through vLLM's engine the same way: the case as a
+    stateful program (``model.nearest_engine.program_of_case``), the same
+    nearest configurations, translation and targeted search, every
+    ``cache_blocks`` call the scheduler makes held to the registration bound
+    (a registration finding) and every lookup to the state's lookup rules;
+    the same mechanism is the same category (for a lookup finding, its engine
+    form: ``Target.shown_by``) in a group of the same kind (for a crash,
+    ``exception``: the same exception type)."""
     program = program_of_case(case)
     kinds = [g.kind.value for g in case.config.groups]
-    return _reproduce(proc, program, Target(found.category.value, mechanism_kind(found, kinds)))
+    return _reproduce(proc, program, Target(found.category.value, mechanism_kind(found, kinds), exception), found)
 
 
-def _reproduce(proc: SubjectProcess, program: Program, target: Target) -> Reproduction:
+def _reproduce(proc: SubjectProcess, program: Program, target: Target, found: Discrepancy) -> Reproduction:
     started = time.perf_counter()
     setups, notes = nearest_setups(program, plain=target.kind is None)
-    known = tuple(known_bugs(proc.describe().get("vllm_version")))
+    # The release's known bugs are passed over on the way, except the one the
+    # finding is (a run with --include-known reports it), under each of its
+    # entries (one bug seen by two differentials has one summary): that one is sought.
+    carried = known_bugs(proc.describe().get("vllm_version"))
+    itself = {b.summary for b in carried if recognise((b,), [found]) is not None}
+    known = tuple(b for b in carried if b.summary not in itself)
     others: dict[str, int] = {}
     searched: list[str] = []
     buildable: list[EngineSetup] = []
@@ -396,7 +413,7 @@ def _reproduce(proc: SubjectProcess, program: Program, target: Target) -> Reprod
                         return done("reproduced", program=candidate, how="pressure", settings=settings)
         search = "ran" if buildable else "none built"
         if buildable:
-            candidate, _ = _search(proc, buildable, target, known, others)
+            candidate, _ = targeted_search(proc, buildable, target, known, others)
             if candidate is not None:
                 again, _, settings = _replay(proc, candidate, target, known)
                 if again:

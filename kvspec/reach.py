@@ -43,6 +43,9 @@ Say = Callable[[str], None]
 # proposals), never on the target's outputs.
 ACCEPTANCE_ONLY: tuple[str, ...] = ()
 _REGISTRATION = (Category.UNDER_REGISTRATION, Category.OVER_REGISTRATION, Category.BLOCK_MISMATCH)
+# The lookup differential's categories (oracles/lookup.py): looked for
+# through vLLM's engine as registration findings are.
+_LOOKUP = (Category.LOOKUP_CONTRACT, Category.HIT_MISMATCH)
 
 
 def _quiet(message: str) -> None:
@@ -451,36 +454,51 @@ def configuration_line(line: str | None, reach: Reach) -> str | None:
 
 
 def _engine_reproduction(finding: Finding, proc, say: Say):
-    """A registration finding looked for through vLLM's engine
+    """A registration or lookup finding looked for through vLLM's engine
     (``diff_tests.reproduce.reproduce_case_through_engine``: the same path
     as a stateful finding's), on the live subject; None when there is none
     (another category, a stored finding, a stateful one)."""
     inputs = finding.inputs or {}
-    if proc is None or finding.category not in _REGISTRATION or "program" in inputs or "prompt_len" not in inputs:
+    observations = finding.observations or {}
+    # A crash is looked for too, by its exception's type, unless the worker
+    # itself died on the case (every engine driving it would die again).
+    died = observations.get("error_kind") == ErrorKind.CRASHED.value or bool(observations.get("crashed"))
+    crash = finding.category is Category.SUBJECT_CRASH and not died
+    if (proc is None or finding.category not in _REGISTRATION + _LOOKUP and not crash or "program" in inputs
+            or "prompt_len" not in inputs):
         return None
     from kvspec.diff_tests.reproduce import reproduce_case_through_engine
+    from kvspec.diff_tests.stateful import _exception
     from kvspec.model.case import Case
     from kvspec.oracles.registration import Discrepancy
 
     rows = finding.groups
     found = Discrepancy(finding.category, finding.call, finding.n,
                         tuple(r.expected_tokens for r in rows), tuple(r.observed_tokens for r in rows),
-                        tuple(r.expected_blocks for r in rows), tuple(r.observed_blocks for r in rows))
-    say("looking for it through vLLM's engine (the real Scheduler, the registration bound on every cache_blocks "
-        "call)")
-    return reproduce_case_through_engine(proc, Case.from_dict(inputs), found)
+                        tuple(r.expected_blocks for r in rows), tuple(r.observed_blocks for r in rows),
+                        detail=finding.detail)
+    held = ("the lookup rules on every lookup" if finding.category in _LOOKUP
+            else "its exception" if crash else "the registration bound on every cache_blocks call")
+    say(f"looking for it through vLLM's engine (the real Scheduler, {held})")
+    return reproduce_case_through_engine(proc, Case.from_dict(inputs), found,
+                                         exception=_exception(observations) if crash else None)
 
 
 def with_engine_reach(reach: Reach, record: dict[str, Any]) -> Reach:
-    """A registration finding's reach with what the engine showed: reproduced
-    through the real Scheduler, it is reachable with those settings (not
-    hardening, whatever the profiles said); not reproduced, the profiles'
-    verdict stands (a profile is a configuration vLLM's own code derives)
-    and the search is said with it; hardening only where no profile reaches
-    it either."""
+    """A registration or lookup finding's reach with what the engine showed:
+    reproduced through the real Scheduler, it is reachable with those
+    settings (not hardening, whatever the profiles said); not reproduced, the
+    profiles' verdict stands (a profile is a configuration vLLM's own code
+    derives) and the search is said with it; hardening where no profile
+    reaches it either, or none was assessed (a lookup finding's profiles are
+    not driven): then it is hand-built only."""
     if record.get("status") == "reproduced":
         return attrs.evolve(reach, summary=f"{record['summary']}. Deployment profiles: {reach.summary}",
                             hardening=False)
+    if record.get("status") == "not reproduced" and not reach.profiles and not reach.hardening:
+        # Neither the engine nor a profile reaches it (none was assessed).
+        return attrs.evolve(reach, summary=f"{record['summary']}; deployment profiles: {reach.summary}",
+                            hardening=True)
     if record.get("status") == "not reproduced":
         engine = record["summary"].replace("hand-built only: not reproduced", "not reproduced", 1)
         lead = "hand-built only: " if reach.hardening else ""

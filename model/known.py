@@ -56,6 +56,10 @@ class KnownBug:
     # The mechanism beyond the words: recognised only when every group the
     # broken rule names (model.state.Violation) is of these kinds (None: any).
     group_kinds: frozenset[GroupKind] | None = None
+    # The per-release targeted search through the engine that dates it
+    # (``diff_tests/ranges.py``: its record, with the command that made it;
+    # empty: none yet, the range stands on the reproduction and replays).
+    range_search: str = ""
 
     def matches(self, summary: str, category: Category | None = None,
                 group_kinds: tuple[GroupKind, ...] | None = None) -> bool:
@@ -90,10 +94,16 @@ def _has_mamba(config: CoordinatorConfig) -> bool:
 
 
 KNOWN_BUGS: tuple[KnownBug, ...] = (
+    # The targeted search through the engine per release shows it on 0.28.0 on
+    # the toy Qwen3-Next with its EAGLE3 drafter (a second full-attention group
+    # of half the target's block), not on 0.29.0-0.34.0; before 0.28.0 vLLM
+    # refuses that toy or builds a layout kvspec cannot model, so 0.23.0 stands
+    # on the hand-built stateful program's replays.
     KnownBug(Category.STATE_HIT_GROUPS, "0.23.0", "0.29.0",
              "the hybrid lookup trims only the first full-attention group to the reconciled hit; a second one "
              "(another block size, or a draft model's) returns blocks past the hit",
-             "hit_groups:", name="second_full_attention_group_untrimmed", group_kinds=frozenset({GroupKind.FULL_ATTENTION})),
+             "hit_groups:", name="second_full_attention_group_untrimmed", group_kinds=frozenset({GroupKind.FULL_ATTENTION}),
+             range_search="docs/results/known-ranges/second_full_attention_group_untrimmed.json"),
     # The same vLLM bug (#52828's shape), seen by the hit-length differential on one request.
     KnownBug(Category.LOOKUP_CONTRACT, "0.23.0", "0.29.0",
              "the hybrid lookup trims only the first full-attention group to the reconciled hit; a second one "
@@ -137,7 +147,12 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
     # below the allocation on every supported release (0.23.0-0.34.0), and the
     # crash with the pool tight.  Stateful and engine runs met it as three
     # crashes of different programs (0.27.1-0.31.0, 0.30.0-, 0.31.0-) whose
-    # ranges came from replaying one program each: pool sizes, not code.
+    # ranges came from replaying one program each: pool sizes, not code.  The
+    # targeted search through the engine per release shows it on every release
+    # from 0.28.0 to 0.34.0 (0.32.0 and 0.33.0 refuse the example's 22-block
+    # pool: a larger one shows it); before 0.28.0 the toy's engine defaults
+    # build no Mamba align group, so the engine's flags cannot express it there
+    # and 0.23.0 stands on the standalone reproduction (--mamba-cache-mode align).
     KnownBug(Category.STATE_BLOCK_ESTIMATE, "0.23.0", None,
              "after a synchronous KV-connector load on a Mamba 'align' hybrid, a Mamba group's block estimate "
              "(get_num_blocks_to_allocate) is one block while allocate_slots takes two, so the scheduler's check "
@@ -151,13 +166,18 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
              title="Mamba group's block estimate is below what allocate_slots takes after a synchronous KV "
                    "connector load (schedule() can raise 'Cannot get N free blocks from the pool')",
              fix="vLLM PR #46892 (open upstream) addresses this mechanism: the Mamba group's estimate after a "
-                 "synchronous connector load must count every block allocate_slots then takes"),
+                 "synchronous connector load must count every block allocate_slots then takes",
+             range_search="docs/results/known-ranges/mamba_estimate_below_allocation_after_connector_load.json"),
     # Found by retention_hit through the engine on 0.30.0/0.31.0 (toy-nemotron-h,
     # --max-num-batched-tokens 64); the probe through vLLM's Scheduler, built the
     # engine's way, shows it under dense (0.23.0-0.28.0) and sparse (0.29.0-0.31.0)
     # retention alike and not from 0.32.0: the chunk stop, not the retention mask.
     # Before 0.28.0 the toy's engine defaults build no align group (the flags in
-    # ``needs``); 0.23.0 is the oldest release the engine builder runs on.
+    # ``needs``); 0.23.0 is the oldest release the engine builder runs on.  The
+    # targeted search through the engine per release shows it on 0.28.0-0.31.0
+    # (its example engine program as it is) and not on 0.32.0-0.34.0 (the
+    # example, 20 programs around it and 40 searched, nothing else broken);
+    # before 0.28.0 the engine's flags cannot express it (no align group).
     KnownBug(Category.STATE_RETENTION_HIT, "0.23.0", "0.32.0",
              "prefill of a prompt whose length is a multiple of the Mamba block runs in one chunk to the prompt's "
              "end on a Mamba 'align' hybrid (_mamba_block_aligned_split stops at num_tokens - num_tokens % block), "
@@ -167,7 +187,8 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
              BLOCK_ALIGNED_REPLAY, name="mamba_align_block_aligned_prompt_replay_state_missing",
              needs="a Mamba 'align' hybrid with prefix caching and a prompt of a whole number of Mamba blocks "
                    "(before 0.28.0: --mamba-cache-mode align --enable-prefix-caching)",
-             reproduction="tests/fixtures/repro_mamba_align_block_aligned_prompt.py"),
+             reproduction="tests/fixtures/repro_mamba_align_block_aligned_prompt.py",
+             range_search="docs/results/known-ranges/mamba_align_block_aligned_prompt_replay_state_missing.json"),
     KnownBug(Category.SUBJECT_CRASH, "0.33.0", None,
              "SlidingWindowManager.find_longest_cache_hit raises IndexError (block_hashes[i]) on a request's "
              "first lookup when a sliding-window group is an EAGLE group, no group is full attention (the "

@@ -30,7 +30,7 @@ from .engine import OWN_CONNECTOR, QWEN3_NEXT_TOYS, TOY_MODELS, EngineProgram, E
 from .case import MAX_TOKENS
 from .program import Program
 
-__all__ = ["MAX_MODEL_LEN", "PRESSURE_ID", "nearest_setups", "translate", "scale_for", "reproduction_reach", "group_kind",
+__all__ = ["MAX_MODEL_LEN", "PRESSURE_ID", "ENGINE_FORMS", "nearest_setups", "translate", "scale_for", "reproduction_reach", "group_kind",
            "Target", "preempt_points", "pressure_pool", "pressure_trial", "after_preemption", "program_of_case",
            "mechanism_kind"]
 
@@ -43,20 +43,44 @@ MAX_MODEL_LEN = 256
 PRESSURE_ID = "pressure"
 
 
+# The lookup differential's categories (``oracles.lookup``: one later
+# request's hit on a hand-built manager) and the rules the engine holds every
+# lookup through the real Scheduler to (``model.state``): the same rules of a
+# hit, said over the manager's state.  A contract's hit off the landing
+# points or leaving no token to compute is ``hit_bounds``; one needing blocks
+# nothing registered, or a group holding another block count than the hit,
+# is ``hit_groups``; a hit other than the leading run of registered blocks
+# (one-group full attention) is ``hit_length``, which is also the exact hit
+# of a full-attention layout; a hit shorter than an earlier request kept is
+# ``retention_hit``.
+ENGINE_FORMS: dict[str, tuple[str, ...]] = {
+    "lookup_contract": ("state_hit_bounds", "state_hit_groups", "state_hit_length"),
+    "hit_mismatch": ("state_hit_length", "state_hit_groups", "state_retention_hit"),
+}
+
+
 @attrs.frozen
 class Target:
     """The mechanism a reproduction must show: the broken invariant's
     category (its value), the group kind it names (None: it names none), and
-    for a crash the exception's type."""
+    for a crash the exception's type.  A lookup finding's category is shown
+    through the engine by the lookup rules the engine holds every hit to
+    (``ENGINE_FORMS``)."""
 
     category: str
     kind: str | None = None
     exception: str | None = None
 
+    def shown_by(self, category: str) -> bool:
+        """Whether a discrepancy of ``category`` through the engine is this mechanism's."""
+        return category == self.category or category in ENGINE_FORMS.get(self.category, ())
+
     def describe(self) -> str:
         where = f" in a {self.kind} group" if self.kind else ""
         raised = f" ({self.exception})" if self.exception else ""
-        return f"{self.category}{where}{raised}"
+        forms = ENGINE_FORMS.get(self.category)
+        through = f", shown through the engine as {' or '.join(forms)}" if forms else ""
+        return f"{self.category}{where}{raised}{through}"
 
 
 _GROUP = re.compile(r"\bgroup (\d+)\b")
@@ -74,15 +98,19 @@ def group_kind(detail: str, kinds: list[str]) -> str | None:
 def mechanism_kind(found, kinds: list[str]) -> str | None:
     """The kind of the group a discrepancy is about: for a registration
     one, the first group whose tokens or blocks differ from the spec's; else
-    the first group its detail names (None: none)."""
+    the group kind its rule names (``model.state.Violation``), else the
+    first group its detail names (None: none).  A lookup discrepancy's
+    tokens are one hit, not a group's: its group is the one its detail names."""
     expected, observed = tuple(found.expected_tokens or ()), tuple(found.observed_tokens or ())
-    if expected and observed:
+    if expected and observed and found.category.value not in ENGINE_FORMS:
         pairs = list(zip(expected, observed))
         if expected == observed:
             pairs = list(zip(found.expected_blocks or (), found.observed_blocks or ()))
         for index, (want, got) in enumerate(pairs):
             if want != got and index < len(kinds):
                 return kinds[index]
+    if getattr(found, "group_kinds", ()):
+        return found.group_kinds[0].value
     return group_kind(found.detail, kinds)
 
 
@@ -125,6 +153,11 @@ def _models_for(program: Program) -> list[str]:
     """The toy models whose layouts carry the program's group kinds, nearest first."""
     kinds = {g.kind for g in program.config.groups}
     models = []
+    if _full_attention_blocks(program) > 1:
+        # Full-attention groups of two block sizes: the toy Qwen3-Next's engine
+        # with its EAGLE3 drafter builds them (the drafter's group half the
+        # target's block), beside its Mamba groups.
+        models.append("toy-qwen3-next-eagle3")
     if GroupKind.MAMBA_ALIGN in kinds and any(g.eagle for g in program.config.groups):
         # Drafts over Mamba groups: the toy Qwen3-Next, with an EAGLE3 drafter
         # of its own KV page (the drafter's group a block unlike the others)
@@ -134,9 +167,14 @@ def _models_for(program: Program) -> list[str]:
         models.append("toy-nemotron-h")
     if GroupKind.SLIDING_WINDOW in kinds:
         models.append("toy-gpt-oss")
-    if not models:
+    if not models or kinds == {GroupKind.FULL_ATTENTION}:
         models.append("toy-llama")
-    return models
+    return list(dict.fromkeys(models))
+
+
+def _full_attention_blocks(program: Program) -> int:
+    """How many block sizes the program's full-attention groups have."""
+    return len({g.block_size for g in program.config.groups if g.kind is GroupKind.FULL_ATTENTION})
 
 
 def _pool(program: Program, toy, block: int) -> int:
@@ -177,9 +215,11 @@ def nearest_setups(program: Program, plain: bool = False) -> tuple[list[EngineSe
             flags["retention_interval"] = -(-program.retention_interval // unit) * unit
         if not program.reserve_full_sequence:
             flags["reserve_full_isl"] = False
-        if eagle and toy.spec_method is not None:
+        # The drafter is what gives the Qwen3-Next toy its second full-attention group.
+        drafter = toy.drafter is not None and _full_attention_blocks(program) > 1
+        if toy.spec_method is not None and (eagle or drafter):
             flags["num_speculative_tokens"] = max([op.get("drafts", 0) for op in program.ops] + [1])
-            if config.hash_scheme is not HashScheme.LOOKAHEAD:
+            if eagle and config.hash_scheme is not HashScheme.LOOKAHEAD:
                 flags["legacy_hashes"] = True  # the EAGLE drop live, as on the hand-built manager
         if name in QWEN3_NEXT_TOYS and config.hash_block_size < config.scheduler_block_size:
             flags["prefix_match_unit"] = 16  # partial hash hits, as the program's finer hash block gives

@@ -588,7 +588,7 @@ def _hit_groups(t: Transition) -> list[str | Violation]:
     return out[:3]
 
 
-def _hit_length(t: Transition) -> list[str]:
+def _hit_length(t: Transition) -> list[str | Violation]:
     # One full-attention group (vLLM's unitary coordinator), its block the
     # hash block: the hit is the leading run of registered blocks, at most
     # (tokens - 1) / block of them (one token is always computed), one block
@@ -613,9 +613,10 @@ def _hit_length(t: Transition) -> list[str]:
         if drop and run:
             run -= 1
         if lk.hit != run * block:
-            out.append(f"request {lk.request}: a hit of {lk.hit} tokens; the map held its first {run} blocks "
-                       f"{'(less the one EAGLE recomputes) ' if drop else ''}at the lookup, a hit of "
-                       f"{run * block}")
+            # The rule is the one full-attention group's: it names that group.
+            out.append(Violation(f"request {lk.request}: a hit of {lk.hit} tokens; the map held its first {run} "
+                                 f"blocks {'(less the one EAGLE recomputes) ' if drop else ''}at the lookup, a hit "
+                                 f"of {run * block}", (GroupKind.FULL_ATTENTION,)))
     return out[:3]
 
 

@@ -228,8 +228,11 @@ def affected_lines(f: Finding) -> list[str]:
             if f.explanation and f.explanation.knobs else ""
         return [f"not assessed: no deployment profile was checked for this finding{knobs}"]
     if not f.reach.profiles:
+        engine = f.inputs.get("engine_reproduction") if isinstance(f.inputs, dict) else None
+        driven = ("not reproduced through vLLM's engine in the search the impact line states" if engine
+                  else "no engine configuration was driven for it")
         return ["no known deployment reaches it: hand-built geometry only (the catalog's profiles checked are "
-                "named in the impact line; no engine configuration was driven for it)"]
+                f"named in the impact line; {driven})"]
     out = [_profile_line(p) for p in f.reach.profiles]
     if f.reach.worst:
         out.append(f"worst affected: {_profile_line(f.reach.worst)}")

@@ -138,3 +138,34 @@ def test_the_50062_mutant_costs_a_resend_hit_through_the_scheduler_only_where_an
             hits[label] = {model: resend_hit(proc, model) for model in ("toy-qwen3-next", "toy-qwen3-next-eagle3")}
     assert hits["release"]["toy-qwen3-next"] == hits["mutant"]["toy-qwen3-next"] == [32]
     assert hits["release"]["toy-qwen3-next-eagle3"] == [32] and hits["mutant"]["toy-qwen3-next-eagle3"] == [0]
+
+
+def test_the_plugins_engine_class_draws_only_what_the_release_takes():
+    """The shipped pytest test's engine class (``engine_machine`` with no
+    setups given) asks the release what its engine takes, as ``kvspec fuzz
+    --engine`` does (``release_setups``, one source): 0.25.0's EngineArgs
+    takes no retention interval, no --prefix-match-unit and no legacy-hash
+    switch, so none is drawn and no drawn setup is refused for one."""
+    from hypothesis import HealthCheck, Phase, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from kvspec.diff_tests.engine import engine_machine, release_setups
+    from kvspec.model.known import known_bugs
+
+    refusals, drawn = [], []
+
+    def on_program(machine, refused=None) -> None:
+        refusals.append(refused) if refused is not None else drawn.append(machine.program.setup)
+
+    with SubjectProcess(release("0.25.0")) as proc:
+        _, left_out = release_setups(proc)
+        assert "prefix_cache_retention_interval" in left_out["retention"]
+        # --prefix-match-unit is drawn on the Qwen3-Next toys only, which 0.25.0 does not build.
+        assert "legacy_hashes" in left_out and ("match_unit" in left_out or "toy-qwen3-next" in left_out), left_out
+        machine = engine_machine(proc, on_program, lambda failure: None, tuple(known_bugs("0.25.0")))
+        run_state_machine_as_test(machine, settings=settings(
+            max_examples=12, stateful_step_count=2, database=None, deadline=None, derandomize=True,
+            phases=[Phase.generate], suppress_health_check=list(HealthCheck)))
+    assert len(drawn) >= 12 and not [r for r in refusals if "not expressible" in r], refusals
+    assert not any(s.retention_interval is not None or s.prefix_match_unit or s.legacy_hashes for s in drawn)
+    assert not any(s.model in left_out for s in drawn)

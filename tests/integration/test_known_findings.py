@@ -202,3 +202,36 @@ def test_a_connector_hit_past_a_mamba_groups_states_crashes_schedule_until_0_28(
     else:
         assert raised is None and set(out["scheduled"]) == {"r6", "r7"}
     assert TRUNCATE_BUG.reproduction.endswith(TRUNCATE.name)
+
+
+# A bug, its example engine program, and the group kinds a setup must build to express it (None: the bug's own).
+_ALIGNED = ("mamba_align_block_aligned_prompt_replay_state_missing", "program_engine_block_aligned_prompt.json",
+            frozenset({"mamba_align"}))
+_SECOND = ("second_full_attention_group_untrimmed", "program_engine_second_full_attention_group.json", None)
+
+
+@pytest.mark.parametrize("bug_and_example, version, status", [(_ALIGNED, "0.32.0", "not shown"),
+                                                             (_SECOND, "0.28.0", "shown")])
+def test_a_known_bugs_range_comes_from_a_targeted_search_per_release(kvspec_release, bug_and_example, version,
+                                                                      status):
+    """A known bug asked of a release through vLLM's Scheduler
+    (``diff_tests/ranges.py``): on 0.32.0, the first release without the
+    block-aligned prompt's lost replay state, its example, the programs
+    around it and the targeted search show nothing (no false alarm either:
+    nothing else broke); the second full-attention group left untrimmed
+    shows in its example on 0.28.0, the last release carrying it, on the toy
+    Qwen3-Next with its EAGLE3 drafter (the engine builds two full-attention
+    groups of different blocks there).  Every release's answer is in the
+    records under docs/results/known-ranges/ (tests/unit/test_ranges.py)."""
+    from kvspec.diff_tests.ranges import search_release
+    from kvspec.model.engine import EngineProgram
+
+    name, fixture, needs = bug_and_example
+    bug = next(b for b in KNOWN_BUGS if b.name == name)
+    example = EngineProgram.from_dict(json.loads((Path(__file__).parent.parent / "fixtures" / fixture).read_text()))
+    row = search_release(kvspec_release(version), bug, example, needs)
+    assert row["status"] == status, row
+    if status == "shown":
+        assert row["how"] == "the example as it is"
+    else:
+        assert row["replays"] == {"held": 20} and row["search_others"] == {}

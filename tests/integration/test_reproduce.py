@@ -24,9 +24,9 @@ pytestmark = pytest.mark.vllm
 NEWEST = "0.34.0"
 
 
-def _fuzz(tmp_path, mutant: str, examples: int, seed: int) -> tuple[int, dict, str]:
+def _fuzz(tmp_path, mutant: str, examples: int, seed: int, differential: str = "--stateful") -> tuple[int, dict, str]:
     findings = tmp_path / "findings"
-    code = main(["fuzz", "--vllm", NEWEST, "--mutant", mutant, "--stateful", "--max-examples", str(examples),
+    code = main(["fuzz", "--vllm", NEWEST, "--mutant", mutant, differential, "--max-examples", str(examples),
                  "--seed", str(seed), "--database", str(tmp_path / "db"), "--json", str(tmp_path / "fuzz.json"),
                  "--markdown", str(tmp_path / "fuzz.md"), "--findings-dir", str(findings)])
     (stored,) = findings.glob("*.json")
@@ -61,29 +61,32 @@ def test_a_mutants_stateful_finding_is_reachable_through_the_scheduler_with_its_
     assert f"Already caught by {catcher}: it fails on the subject and passes on the release" in markdown
 
 
-def test_a_finding_on_a_geometry_no_engine_builds_is_hand_built_only_and_exits_hardening(tmp_path):
-    # trim_first_group_only breaks the hit of a second full-attention group of
-    # another block size: no toy model's engine builds two.
-    code, finding, markdown = _fuzz(tmp_path, "trim_first_group_only", 100, 2)
+def test_a_finding_no_engine_configuration_reproduces_is_hand_built_only_and_exits_hardening(tmp_path):
+    # hit_alignment_removed no longer rounds a full-attention hit down to the
+    # alignment: its lookup finding (0.34.0, seed 0) is on two full-attention
+    # groups of blocks 1 and 2 under S=4.  The nearest engines (toy-llama; the
+    # toy Qwen3-Next with its EAGLE3 drafter, whose group is half the target's
+    # block) never show a hit off the scheduler block within the budget.
+    # (trim_first_group_only, once this test's stateful example, is reachable
+    # on that toy: a second full-attention group of another block is built.)
+    code, finding, markdown = _fuzz(tmp_path, "hit_alignment_removed", 200, 0, "--lookup")
     assert code == Outcome.HARDENING.exit_code == 6
-    program = Program.from_dict(finding["inputs"]["program"])
-    assert sum(g.kind.value == "full_attention" for g in program.config.groups) >= 2
+    assert finding["category"] == Category.LOOKUP_CONTRACT.value
     reproduction = finding["inputs"]["engine_reproduction"]
     assert reproduction["status"] == "not reproduced" and reproduction["engine_program"] is None
-    assert reproduction["target"]["category"] == Category.STATE_HIT_GROUPS.value
+    assert reproduction["target"]["category"] == Category.LOOKUP_CONTRACT.value
     # Scoped and honest: the budget and every configuration searched are said.
     assert reproduction["search"] == {"examples": 40, "seed": 0, "steps": 40, "ran": True}
     assert "a targeted engine search of 40 programs (seed 0" in reproduction["budget"]
     assert reproduction["configurations"] and all(c in reproduction["summary"] for c in reproduction["configurations"])
+    assert any(c.startswith("toy-qwen3-next-eagle3 ") for c in reproduction["configurations"])
     assert reproduction["summary"].startswith("hand-built only: not reproduced through the engine in ")
+    # No deployment profile is driven for a lookup finding: the engine decides, hand-built only.
     assert finding["reach"]["hardening"] is True
     assert "Hardening, not a regression: hand-built only: not reproduced through the engine" in markdown
+    assert "not reproduced through vLLM's engine in the search the impact line states" in markdown
     document = json.loads((tmp_path / "fuzz.json").read_text())
     assert document["outcome"] == "HARDENING"
-    # None of vLLM's own tests catches it: that is said, and kvspec's test is proposed.
-    asked = finding["vllm_tests"]
-    assert asked["caught_by"] == [] and asked["subject"]["outcome"] == "passed" and asked["subject"]["tests"] > 300
-    assert f"Not caught by vLLM's tests: its {asked['subject']['tests']} CPU tests of these files pass" in markdown
     assert finding["regression_test"]["proposed"] is True, finding["regression_test"]["why_not_proposed"]
 
 
@@ -123,16 +126,28 @@ def test_a_preemption_is_made_by_pool_pressure_and_the_finding_is_reachable():
         assert replay_engine_program(proc, engine)[0] == []  # the release holds: no false alarm
 
 
+def _case_reproduced(proc, case, category: Category, kind: str):
+    """The case's finding on ``proc`` (of ``category``), reproduced through
+    the engine with the mechanism's group ``kind``."""
+    from kvspec.diff_tests.reproduce import reproduce_case_through_engine
+    from kvspec.model.requests import Run
+    from kvspec.oracles.lookup import check_case
+
+    (found, *_) = check_case(case, proc.capabilities, proc.run(Run.of(case)))
+    assert found.category is category
+    reproduction = reproduce_case_through_engine(proc, case, found)
+    assert reproduction.status == "reproduced", reproduction.summary
+    assert reproduction.target.category == category.value and reproduction.target.kind == kind
+    return reproduction
+
+
 def test_a_registration_finding_is_looked_for_through_the_engine_and_reachable():
     # eagle_rule_everywhere applies the EAGLE bound to every group: the
     # registration differential's minimal case (0.34.0, seed 0) registers a
     # whole prompt where the spec floors it to the scheduler block.  The same
     # reproduction as a stateful finding's, every cache_blocks call the real
     # Scheduler makes held to the registration bound.
-    from kvspec.diff_tests.reproduce import reproduce_case_through_engine
     from kvspec.model.case import Case
-    from kvspec.oracles.lookup import check_case
-    from kvspec.model.requests import Run
 
     case = Case.from_dict({"config": {"groups": [
         {"block_size": 576, "eagle": False, "kind": "mamba_align", "sliding_window": 0},
@@ -141,11 +156,7 @@ def test_a_registration_finding_is_looked_for_through_the_engine_and_reachable()
         "dcp_world_size": 1, "allow_partial_hash_hits": True},
         "prompt_len": 1578, "steps": [{"kind": "prefill", "tokens": 1578, "drafts": 0, "accepted": 0}]})
     with SubjectProcess(mutant_subject(NEWEST, "eagle_rule_everywhere")) as proc:
-        (found, *_) = check_case(case, proc.capabilities, proc.run(Run.of(case)))
-        assert found.category is Category.OVER_REGISTRATION
-        reproduction = reproduce_case_through_engine(proc, case, found)
-        assert reproduction.status == "reproduced", reproduction.summary
-        assert reproduction.target.category == "over_registration" and reproduction.target.kind == "mamba_align"
+        reproduction = _case_reproduced(proc, case, Category.OVER_REGISTRATION, "mamba_align")
         assert reproduction.summary.startswith("reachable through vLLM's scheduler with settings")
         engine = reproduction.program
         assert engine.setup.model == "toy-nemotron-h" and engine.setup.max_model_len >= 1578 + 64
@@ -161,3 +172,32 @@ def test_a_registration_finding_is_looked_for_through_the_engine_and_reachable()
                 continue
             assert not record.found and bound(record.answer) == []
         assert sum(len(calls) for calls in bound.calls.values()) >= 2  # the bound was held on real calls
+
+
+def test_a_lookup_finding_is_looked_for_through_the_engine_and_reachable():
+    # eagle_drop_removed never drops the EAGLE tail from a full-attention
+    # hit: the lookup differential's minimal case (0.34.0, seed 0) is a later
+    # request's hit needing a block the writer never registered.  Looked for
+    # as a registration finding is, its engine form is a lookup rule the real
+    # Scheduler's lookups are held to (here hit_length: the leading run of
+    # registered blocks less the one EAGLE recomputes).
+    from kvspec.model.case import Case
+
+    case = Case.from_dict({"config": {"groups": [
+        {"block_size": 1, "eagle": False, "kind": "full_attention", "sliding_window": 0},
+        {"block_size": 2, "eagle": True, "kind": "full_attention", "sliding_window": 0}],
+        "scheduler_block_size": 2, "hash_block_size": 1, "enable_caching": True, "num_prefill_lookahead": 0,
+        "dcp_world_size": 1, "allow_partial_hash_hits": True}, "prompt_len": 1,
+        "steps": [{"kind": "prefill", "tokens": 1, "drafts": 0, "accepted": 0},
+                  {"kind": "decode", "tokens": 0, "drafts": 0, "accepted": 0}],
+        "probe": {"shared": 2, "extra": 1}})
+    with SubjectProcess(mutant_subject(NEWEST, "eagle_drop_removed")) as proc:
+        reproduction = _case_reproduced(proc, case, Category.LOOKUP_CONTRACT, "full_attention")
+        assert "shown through the engine as state_hit_bounds or state_hit_groups or state_hit_length" \
+            in reproduction.summary
+        engine = reproduction.program
+        assert engine.setup.model == "toy-llama" and engine.setup.legacy_hashes  # the EAGLE drop live
+        found, _ = replay_engine_program(proc, engine)
+        assert found and found[0].category.value.startswith("state_hit_")
+    with SubjectProcess(release(NEWEST)) as proc:
+        assert replay_engine_program(proc, engine)[0] == []  # the release holds: no false alarm

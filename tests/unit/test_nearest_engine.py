@@ -35,6 +35,12 @@ def test_the_model_is_the_toy_whose_layout_has_the_findings_group_kinds():
     eagle = KVCacheGroup(GroupKind.FULL_ATTENTION, 2, eagle=True)
     (first, *_), _ = nearest_setups(_program([eagle], OPS))
     assert first.num_speculative_tokens == 1 and first.legacy_hashes is True
+    # Full-attention groups of two blocks: the engine that builds them (the toy
+    # Qwen3-Next's EAGLE3 drafter gets half the target's block), with its
+    # drafter and the release's own hashes, then the plain full-attention toy.
+    setups, _ = nearest_setups(_program([full, KVCacheGroup(GroupKind.FULL_ATTENTION, 4)], OPS, S=4))
+    assert [s.model for s in setups][0] == "toy-qwen3-next-eagle3" and "toy-llama" in {s.model for s in setups}
+    assert setups[0].num_speculative_tokens == 1 and not setups[0].legacy_hashes
 
 
 def test_translation_keeps_prompts_and_says_what_it_drops():
@@ -126,3 +132,43 @@ def test_a_registration_findings_reach_says_what_the_engine_showed():
     assert "through vLLM's engine: not reproduced through the engine in" in kept.summary
     nowhere = with_engine_reach(Reach("no known deployment reaches it", hardening=True), missed)
     assert nowhere.hardening and nowhere.summary.startswith("hand-built only: no known deployment")
+
+
+def test_a_lookup_findings_mechanism_is_shown_through_the_engine_by_the_lookup_rules():
+    from kvspec.model.domain import GroupKind
+    from kvspec.model.finding import Category
+    from kvspec.model.nearest_engine import ENGINE_FORMS, mechanism_kind
+    from kvspec.oracles.registration import Discrepancy
+
+    contract = Target("lookup_contract", "full_attention")
+    assert contract.shown_by("lookup_contract") and contract.shown_by("state_hit_length")
+    assert contract.shown_by("state_hit_bounds") and not contract.shown_by("state_retention_hit")
+    assert Target("hit_mismatch").shown_by("state_retention_hit") and not Target("state_window").shown_by("state_hit_length")
+    assert "shown through the engine as state_hit_bounds or state_hit_groups" in contract.describe()
+    assert set(ENGINE_FORMS) == {Category.LOOKUP_CONTRACT.value, Category.HIT_MISMATCH.value}
+    # A lookup discrepancy's tokens are one hit, not a group's: the group is the one its detail names.
+    kinds = ["mamba_align", "full_attention"]
+    missed = Discrepancy(Category.HIT_MISMATCH, None, None, (16,), (0,), detail="hit expected 16, observed 0")
+    assert mechanism_kind(missed, kinds) is None
+    needs = Discrepancy(Category.LOOKUP_CONTRACT, None, None, (), (2,),
+                        detail="group 1 (full_attention(block 2, EAGLE)) needs 4 tokens for hit 2")
+    assert mechanism_kind(needs, kinds) == "full_attention"
+    # An engine rule that names its group's kind (model.state.Violation) is said by it.
+    length = Discrepancy(Category.STATE_HIT_LENGTH, None, None, detail="request r3: a hit of 32 tokens",
+                         group_kinds=(GroupKind.FULL_ATTENTION,))
+    assert mechanism_kind(length, ["full_attention"]) == "full_attention"
+
+
+def test_a_finding_neither_the_engine_nor_a_profile_reaches_is_hand_built_only():
+    from kvspec.model.finding import Reach
+    from kvspec.reach import with_engine_reach
+
+    # A lookup finding: the profiles are not driven for it, so only the engine can say who reaches it.
+    unassessed = Reach("Not assessed: no model variant explains this lookup-contract finding and the profiles are "
+                       "not driven for this category")
+    missed = {"status": "not reproduced", "summary": "hand-built only: not reproduced through the engine in ..."}
+    hand_built = with_engine_reach(unassessed, missed)
+    assert hand_built.hardening and hand_built.summary.startswith("hand-built only: not reproduced")
+    assert "deployment profiles: Not assessed" in hand_built.summary
+    unknown = with_engine_reach(unassessed, {"status": "unknown", "summary": "hand-built; reachability unknown"})
+    assert not unknown.hardening  # never called hardening for want of a search that ran to its end

@@ -132,3 +132,33 @@ def test_a_stateful_finding_is_not_assessed_and_never_hardening(modelled):
     finding = attrs.evolve(_finding(), inputs={"program": {"ops": []}, "describe": "a program"})
     result = reach.attach(finding).reach
     assert result.summary.startswith("Not assessed: a stateful finding") and not result.hardening
+
+
+def test_a_hand_built_findings_affected_line_says_the_engine_search_ran():
+    from kvspec.report.finding import affected_lines
+
+    missed = {"status": "not reproduced", "summary": "hand-built only: not reproduced through the engine in ..."}
+    finding = attrs.evolve(_finding(), reach=Reach("hand-built only: ...", hardening=True),
+                           inputs={**_finding().inputs, "engine_reproduction": missed})
+    (line,) = affected_lines(finding)
+    assert line.endswith("not reproduced through vLLM's engine in the search the impact line states)")
+    (line,) = affected_lines(attrs.evolve(finding, inputs=_finding().inputs))
+    assert line.endswith("no engine configuration was driven for it)")
+
+
+def test_a_case_crash_is_looked_for_through_the_engine_by_its_exception(monkeypatch):
+    import kvspec.diff_tests.reproduce as reproduce
+    from kvspec.model.finding import Category
+
+    asked = []
+    monkeypatch.setattr(reproduce, "reproduce_case_through_engine",
+                        lambda proc, case, found, exception=None: asked.append((found.category, exception)) or "r")
+    inputs = {"config": _finding().inputs["config"], "prompt_len": 8,
+              "steps": [{"kind": "prefill", "tokens": 8, "drafts": 0, "accepted": 0}]}
+    crash = attrs.evolve(_finding(), category=Category.SUBJECT_CRASH, inputs=inputs, groups=(),
+                         observations={"ok": False, "error_kind": "drive", "error": "AssertionError: x"})
+    assert reach._engine_reproduction(crash, object(), lambda line: None) == "r"
+    assert asked == [(Category.SUBJECT_CRASH, "AssertionError")]
+    # The worker itself died on the case: every engine driving it would die again.
+    died = attrs.evolve(crash, observations={"ok": False, "error_kind": "crashed", "error": "worker exited"})
+    assert reach._engine_reproduction(died, object(), lambda line: None) is None
