@@ -43,7 +43,8 @@ from .fuzz import _Abort
 from .property import Failure
 from .stateful import StatefulResult, _failed_at, _machine_test, _violation, run_machine_test
 
-__all__ = ["EngineResult", "fuzz_engine", "replay_engine_program", "engine_setups", "release_setups", "engine_draw_scope",
+__all__ = ["EngineResult", "fuzz_engine", "replay_engine_program", "engine_setups", "release_setups",
+           "as_the_release_takes", "engine_draw_scope",
            "engine_database_key", "engine_machine", "engine_crash"]
 
 STEPS_PER_PROGRAM = 40
@@ -159,12 +160,10 @@ def engine_setups(draw, leaving_out: Collection[str] = ()) -> EngineSetup:
     (before 0.29); ``legacy_hashes``, --speculative-config's
     disable_lookahead_block_hashes (before 0.33); ``match_unit``,
     --prefix-match-unit (before 0.28); a toy model's name, a toy the release
-    cannot build or whose layout kvspec cannot model."""
+    cannot build or whose layout kvspec cannot model; ``mamba_default``, a
+    hybrid's default Mamba caching (``as_the_release_takes``)."""
     retention, legacy_hashes, match_unit = (key not in leaving_out for key in ("retention", "legacy_hashes",
                                                                                "match_unit"))
-    # A release whose hybrid default kvspec cannot model (no prefix caching for
-    # Mamba groups) runs its hybrids aligned with caching on (flags, not draws).
-    mamba_mode = "align" if "mamba_default" in leaving_out else None
     models = [m.name for m in TOY_MODELS if m.name not in leaving_out] or [m.name for m in TOY_MODELS]
     model = draw(st.sampled_from(models))
     toy = next(m for m in TOY_MODELS if m.name == model)
@@ -183,16 +182,25 @@ def engine_setups(draw, leaving_out: Collection[str] = ()) -> EngineSetup:
     # the EAGLE branch of the registration bound reads it): 8 and 16 divide
     # every block a release chose for it (32 on 0.33, 64 on 0.34).
     unit_drawn = draw(st.sampled_from((None, None, 8, 16))) if match_unit and model in QWEN3_NEXT_TOYS else None
-    return EngineSetup(
+    return as_the_release_takes(EngineSetup(
         model=model, num_gpu_blocks=draw(st.integers(need, 2 * need)), max_model_len=max_model_len,
         max_num_batched_tokens=draw(st.sampled_from((None, 64, 128, 256))),
         max_num_seqs=draw(st.sampled_from((None, 4))), block_size=block,
-        prefix_caching=draw(st.sampled_from((None, None, None, False))) if not toy.hybrid else mamba_mode and True,
+        prefix_caching=draw(st.sampled_from((None, None, None, False))) if not toy.hybrid else None,
         retention_interval=draw(st.sampled_from((None, None, None, 0, 64))) if retention and (
             toy.hybrid or "sliding" in "".join(toy.layers)) else None,
         async_scheduling=draw(_MAYBE_BOOL), reserve_full_isl=draw(_MAYBE_BOOL), prefix_match_unit=unit_drawn,
-        mamba_cache_mode=mamba_mode if toy.hybrid else None,
-        **_connector(draw), **_speculative(draw, toy, legacy_hashes))
+        **_connector(draw), **_speculative(draw, toy, legacy_hashes)), leaving_out)
+
+
+def as_the_release_takes(setup: EngineSetup, leaving_out: Collection[str]) -> EngineSetup:
+    """``setup`` on a release whose hybrid default kvspec cannot model (no
+    prefix caching for Mamba groups: ``not_drawn``'s ``mamba_default``, before
+    0.28): its hybrids aligned with prefix caching on, the flags a user sets
+    there (flags, not draws).  Any other setup as it is."""
+    if "mamba_default" not in leaving_out or not setup.toy.hybrid:
+        return setup
+    return attrs.evolve(setup, mamba_cache_mode="align", prefix_caching=True)
 
 
 def _connector(draw) -> dict[str, Any]:

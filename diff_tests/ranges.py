@@ -46,7 +46,7 @@ from kvspec.model.errors import InfrastructureError, KvspecError
 from kvspec.model.known import KNOWN_BUGS, KnownBug, recognise
 from kvspec.model.nearest_engine import Target
 
-from .engine import drive_engine_program
+from .engine import as_the_release_takes, drive_engine_program, not_drawn
 from .reproduce import SEARCH_EXAMPLES, SEARCH_SEED, SEARCH_STEPS, targeted_search
 
 __all__ = ["POOL_DELTAS", "LENGTH_DELTAS", "variants", "needed_kinds", "search_release", "release_range", "main"]
@@ -95,7 +95,7 @@ def _replay(proc, program: EngineProgram, bug: KnownBug, needs: frozenset[str]) 
             if record.op["do"] == "open":
                 if record.found:
                     return "refused"
-                kinds = {g["kind"] for g in (record.answer.get("derived") or {}).get("groups", ())}
+                kinds = {g["kind"] for g in (record.record.get("derived") or {}).get("groups", ())}
                 if needs and not needs <= kinds:
                     return "no layout"
                 continue
@@ -117,6 +117,8 @@ def search_release(proc, bug: KnownBug, example: EngineProgram,
     mechanism (default: the kinds the bug names)."""
     needs = needed_kinds(bug) if needs is None else needs
     started = time.perf_counter()
+    # The example's setup as this release takes it (its hybrids aligned before 0.28), as the draw does.
+    example = attrs.evolve(example, setup=as_the_release_takes(example.setup, not_drawn(proc)))
     answers: dict[str, int] = {}
     buildable = []
     row: dict[str, Any] = {"release": proc.describe().get("vllm_version")}
