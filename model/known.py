@@ -94,11 +94,11 @@ def _has_mamba(config: CoordinatorConfig) -> bool:
 
 
 KNOWN_BUGS: tuple[KnownBug, ...] = (
-    # The targeted search through the engine per release shows it on 0.28.0 on
-    # the toy Qwen3-Next with its EAGLE3 drafter (a second full-attention group
-    # of half the target's block), not on 0.29.0-0.34.0; before 0.28.0 vLLM
-    # refuses that toy or builds a layout kvspec cannot model, so 0.23.0 stands
-    # on the hand-built stateful program's replays.
+    # The targeted search through the engine per release shows it on
+    # 0.26.0-0.28.0 on the toy Qwen3-Next with its EAGLE3 drafter (a second
+    # full-attention group of half the target's block; before 0.28 run aligned
+    # with prefix caching on), not on 0.29.0-0.34.0; 0.23.0-0.25.1 refuse that
+    # toy, so 0.23.0 stands on the hand-built stateful program's replays.
     KnownBug(Category.STATE_HIT_GROUPS, "0.23.0", "0.29.0",
              "the hybrid lookup trims only the first full-attention group to the reconciled hit; a second one "
              "(another block size, or a draft model's) returns blocks past the hit",
@@ -149,10 +149,9 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
     # crashes of different programs (0.27.1-0.31.0, 0.30.0-, 0.31.0-) whose
     # ranges came from replaying one program each: pool sizes, not code.  The
     # targeted search through the engine per release shows it on every release
-    # from 0.28.0 to 0.34.0 (0.32.0 and 0.33.0 refuse the example's 22-block
-    # pool: a larger one shows it); before 0.28.0 the toy's engine defaults
-    # build no Mamba align group, so the engine's flags cannot express it there
-    # and 0.23.0 stands on the standalone reproduction (--mamba-cache-mode align).
+    # from 0.23.0 to 0.34.0 (before 0.28.0 the toy runs aligned with prefix
+    # caching on, the flags a user sets there; 0.32.0 and 0.33.0 refuse the
+    # example's 22-block pool: a larger one shows it).
     KnownBug(Category.STATE_BLOCK_ESTIMATE, "0.23.0", None,
              "after a synchronous KV-connector load on a Mamba 'align' hybrid, a Mamba group's block estimate "
              "(get_num_blocks_to_allocate) is one block while allocate_slots takes two, so the scheduler's check "
@@ -174,10 +173,10 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
     # retention alike and not from 0.32.0: the chunk stop, not the retention mask.
     # Before 0.28.0 the toy's engine defaults build no align group (the flags in
     # ``needs``); 0.23.0 is the oldest release the engine builder runs on.  The
-    # targeted search through the engine per release shows it on 0.28.0-0.31.0
-    # (its example engine program as it is) and not on 0.32.0-0.34.0 (the
-    # example, 20 programs around it and 40 searched, nothing else broken);
-    # before 0.28.0 the engine's flags cannot express it (no align group).
+    # targeted search through the engine per release shows it on 0.23.0-0.31.0
+    # (its example engine program as it is; before 0.28.0 aligned with prefix
+    # caching on) and not on 0.32.0-0.34.0 (the example, 20 programs around it
+    # and 40 searched, nothing else broken).
     KnownBug(Category.STATE_RETENTION_HIT, "0.23.0", "0.32.0",
              "prefill of a prompt whose length is a multiple of the Mamba block runs in one chunk to the prompt's "
              "end on a Mamba 'align' hybrid (_mamba_block_aligned_split stops at num_tokens - num_tokens % block), "
