@@ -243,20 +243,28 @@ def assert_one_group_per_block(scheduler, processed=None):
 ''', True),
 }
 
-# Rules after each schedule() and each update_from_output(), over the groups of one kind (@GROUPS@: their
-# ids in the layout vLLM built).
-_AFTER_SCHEDULE = {
-    Category.STATE_MAMBA_STATE: ("assert_mamba_state_held", "mamba_align", """
+def _per_table(function: str, doc: str, check: str) -> str:
+    """A check over each running request's block table in the groups
+    @GROUPS@ names (``check``: its lines, with ``num_computed`` and ``blocks``)."""
+    return f'''
 
-def assert_mamba_state_held(scheduler, processed=None):
-    \"\"\"Each running request's Mamba groups hold a real block at the slot of its
-    last computed token, where its running state is kept.\"\"\"
+def {function}(scheduler, processed=None):
+    """{doc}"""
     managers = scheduler.kv_cache_manager.coordinator.single_type_managers
     for request in scheduler.running:
         num_computed = request.num_computed_tokens
         for group_id in @GROUPS@:
             manager = managers[group_id]
             blocks = manager.req_to_blocks.get(request.request_id, [])
+{check}'''
+
+
+# Rules after each schedule() and each update_from_output(), over the groups
+# of one kind (@GROUPS@: their ids in the layout vLLM built).
+_AFTER_SCHEDULE = {
+    Category.STATE_MAMBA_STATE: ("assert_mamba_state_held", "mamba_align", _per_table(
+        "assert_mamba_state_held", "Each running request's Mamba groups hold a real block at the slot of its\n"
+        "    last computed token, where its running state is kept.", """\
             slot = (num_computed + manager.block_size - 1) // manager.block_size - 1
             held = slot < len(blocks) and not blocks[slot].is_null
             assert num_computed == 0 or held, (
@@ -265,25 +273,17 @@ def assert_mamba_state_held(scheduler, processed=None):
                 f"group {group_id} holds {len(blocks)} slots, slot {slot} "
                 f"{'the null block' if slot < len(blocks) else 'missing'}"
             )
-"""),
-    Category.STATE_TABLE_COVERAGE: ("assert_full_attention_tables_cover", "full_attention", """
-
-def assert_full_attention_tables_cover(scheduler, processed=None):
-    \"\"\"Each running request's full-attention block tables cover its computed
-    tokens.\"\"\"
-    managers = scheduler.kv_cache_manager.coordinator.single_type_managers
-    for request in scheduler.running:
-        num_computed = request.num_computed_tokens
-        for group_id in @GROUPS@:
-            manager = managers[group_id]
-            blocks = manager.req_to_blocks.get(request.request_id, [])
+""")),
+    Category.STATE_TABLE_COVERAGE: ("assert_full_attention_tables_cover", "full_attention", _per_table(
+        "assert_full_attention_tables_cover", "Each running request's full-attention block tables cover its computed\n"
+        "    tokens.", """\
             need = (num_computed + manager.block_size - 1) // manager.block_size
             assert len(blocks) >= need, (
 @MESSAGE16@
                 f"request {request.request_id} computed {num_computed} tokens; "
                 f"group {group_id} holds {len(blocks)} blocks of {need}"
             )
-"""),
+""")),
 }
 
 # ... and after each update_from_output() (the engine step's end).
