@@ -15,6 +15,12 @@ assertion of what the finding measured, named after the behaviour:
   more free blocks than the groups' ``get_num_blocks_to_allocate`` estimated;
 - a sliding window freed early: after each ``schedule()``, every running
   request keeps real blocks for the window its step attends to.
+- a pool rule (leak, ref_cnt, the free queue, ...): read off the scheduler's
+  KV cache manager after each ``schedule()`` and at the end;
+- a Mamba state or a full-attention table short of the computed tokens:
+  after each ``schedule()`` and ``update_from_output()``;
+- a rule on one call (free order, the lookup rules, reset, zeroing): that
+  call wrapped on the scheduler's manager or block pool, where it is made.
 
 It imports vLLM and torch only and names neither kvspec nor the finding.
 vLLM's ``create_scheduler`` (``tests/v1/core/utils.py``) builds one
