@@ -15,6 +15,12 @@ assertion of what the finding measured, named after the behaviour:
   more free blocks than the groups' ``get_num_blocks_to_allocate`` estimated;
 - a sliding window freed early: after each ``schedule()``, every running
   request keeps real blocks for the window its step attends to.
+- a pool rule (leak, ref_cnt, the free queue, ...): read off the scheduler's
+  KV cache manager after each ``schedule()`` and at the end;
+- a Mamba state or a full-attention table short of the computed tokens:
+  after each ``schedule()`` and ``update_from_output()``;
+- a rule on one call (free order, the lookup rules, reset, zeroing): that
+  call wrapped on the scheduler's manager or block pool, where it is made.
 
 It imports vLLM and torch only and names neither kvspec nor the finding.
 vLLM's ``create_scheduler`` (``tests/v1/core/utils.py``) builds one
@@ -26,7 +32,7 @@ from __future__ import annotations
 
 import re
 
-from kvspec.emit.stateful_test import CACHED_BLOCK_IDS, assertion_message
+from kvspec.emit.stateful_test import CACHED_BLOCK_IDS, FREE_ORDER_PARTS, assertion_message
 from kvspec.model.engine import EngineProgram
 from kvspec.model.finding import Category, Finding
 from kvspec.subjects.upstream_repro import IMPORTS, Unscriptable, engine_code, engine_values, wrap
@@ -60,18 +66,49 @@ _BEHAVIOUR.update({category: (name, assertion_message(category)) for category, n
 _BEHAVIOUR[Category.STATE_RETENTION_HIT] = (
     "test_request_hits_the_prefix_blocks_earlier_requests_left_cached",
     "a request must hit the prefix blocks earlier requests left in the prefix cache for it")
+# Rules read through the manager's own calls or after each schedule(), in the
+# stateful tests' words (one wording for a rule): free_order's part is the
+# finding's (FREE_ORDER_PARTS), by the words of the rule's message.
+_CALL_RULES = {
+    Category.STATE_MAMBA_STATE: "test_mamba_group_keeps_the_block_of_the_running_state",
+    Category.STATE_TABLE_COVERAGE: "test_full_attention_block_table_covers_computed_tokens",
+    Category.STATE_HIT_GROUPS: "test_every_group_trims_its_hit_blocks_to_the_common_hit",
+    Category.STATE_HIT_LENGTH: "test_prefix_cache_hit_is_the_leading_run_of_cached_blocks",
+    Category.STATE_LOOKUP_PURITY: "test_get_computed_blocks_takes_no_reference",
+    Category.STATE_RESET: "test_reset_prefix_cache_succeeds_iff_no_block_is_in_use",
+    Category.STATE_ZEROING_MISSED: "test_new_attention_blocks_are_handed_out_for_zeroing",
+}
+_BEHAVIOUR.update({category: (name, assertion_message(category)) for category, name in _CALL_RULES.items()})
+_BEHAVIOUR[Category.STATE_FREE_ORDER] = ("", None)  # by part: _free_order_part
 ENGINE_TEST_KINDS = tuple(_BEHAVIOUR)
 # What the test drives: the release's test module calling it most is where it goes.
 CALL_CHECKED = "update_from_output"
 
 
-def engine_test_name(category: Category) -> str | None:
-    entry = _BEHAVIOUR.get(category)
+def _free_order_part(detail: str | None) -> str | None:
+    """The part of free_order a finding broke, by its rule's words (None: no test)."""
+    return next((part for part, (words, _, _) in FREE_ORDER_PARTS.items() if words in (detail or "")), None)
+
+
+def _entry(category: Category | Finding) -> tuple[str, str | None] | None:
+    if isinstance(category, Finding):
+        if category.category is Category.STATE_FREE_ORDER:
+            part = _free_order_part(category.detail)
+            return FREE_ORDER_PARTS[part][1:] if part else None
+        category = category.category
+    if category is Category.STATE_FREE_ORDER:
+        return None
+    return _BEHAVIOUR.get(category)
+
+
+def engine_test_name(category: Category | Finding) -> str | None:
+    """The test's name (free_order's: by the part the finding broke)."""
+    entry = _entry(category)
     return entry[0] if entry else None
 
 
-def engine_assertion_message(category: Category) -> str | None:
-    entry = _BEHAVIOUR.get(category)
+def engine_assertion_message(category: Category | Finding) -> str | None:
+    entry = _entry(category)
     return entry[1] if entry else None
 
 
@@ -212,6 +249,258 @@ def assert_one_group_per_block(scheduler, processed=None):
 ''', True),
 }
 
+def _per_table(function: str, doc: str, check: str) -> str:
+    """A check over each running request's block table in the groups
+    @GROUPS@ names (``check``: its lines, with ``num_computed`` and ``blocks``)."""
+    return f'''
+
+def {function}(scheduler, processed=None):
+    """{doc}"""
+    managers = scheduler.kv_cache_manager.coordinator.single_type_managers
+    for request in scheduler.running:
+        num_computed = request.num_computed_tokens
+        for group_id in @GROUPS@:
+            manager = managers[group_id]
+            blocks = manager.req_to_blocks.get(request.request_id, [])
+{check}'''
+
+
+# Rules after each schedule() and each update_from_output(), over the groups
+# of one kind (@GROUPS@: their ids in the layout vLLM built).
+_AFTER_SCHEDULE = {
+    Category.STATE_MAMBA_STATE: ("assert_mamba_state_held", "mamba_align", _per_table(
+        "assert_mamba_state_held", "Each running request's Mamba groups hold a real block at the slot of its\n"
+        "    last computed token, where its running state is kept.", """\
+            slot = (num_computed + manager.block_size - 1) // manager.block_size - 1
+            held = slot < len(blocks) and not blocks[slot].is_null
+            assert num_computed == 0 or held, (
+@MESSAGE16@
+                f"request {request.request_id} computed {num_computed} tokens; "
+                f"group {group_id} holds {len(blocks)} slots, slot {slot} "
+                f"{'the null block' if slot < len(blocks) else 'missing'}"
+            )
+""")),
+    Category.STATE_TABLE_COVERAGE: ("assert_full_attention_tables_cover", "full_attention", _per_table(
+        "assert_full_attention_tables_cover", "Each running request's full-attention block tables cover its computed\n"
+        "    tokens.", """\
+            need = (num_computed + manager.block_size - 1) // manager.block_size
+            assert len(blocks) >= need, (
+@MESSAGE16@
+                f"request {request.request_id} computed {num_computed} tokens; "
+                f"group {group_id} holds {len(blocks)} blocks of {need}"
+            )
+""")),
+}
+
+# ... and after each update_from_output() (the engine step's end).
+_AFTER_OUTPUTS = """\
+    update_from_output = scheduler.update_from_output
+
+    def checked_update_from_output(*args, **kwargs):
+        outputs = update_from_output(*args, **kwargs)
+        @CHECK@(scheduler)
+        return outputs
+
+    scheduler.update_from_output = checked_update_from_output
+    drive(scheduler, OPS, check=@CHECK@)"""
+
+# Rules on what one of the manager's calls returns or leaves: the call
+# wrapped on the scheduler's manager (the engine calls it there).
+_LOOKUP_WATCH = """
+
+def watch_lookups(scheduler):
+    \"\"\"Check each prefix cache hit get_computed_blocks() returns.\"\"\"
+    manager = scheduler.kv_cache_manager
+    lookup = manager.get_computed_blocks
+
+    def get_computed_blocks(request, *args, **kwargs):
+@BEFORE@        found = lookup(request, *args, **kwargs)
+        computed_blocks, num_computed_tokens = found[0], found[1]
+@CHECK@        return found
+
+    manager.get_computed_blocks = get_computed_blocks
+"""
+_LOOKUP_CHECKS = {
+    Category.STATE_HIT_GROUPS: ("", """\
+        groups = manager.coordinator.single_type_managers
+        for group_id, blocks in enumerate(computed_blocks.blocks):
+            block_size = groups[group_id].block_size
+            num_blocks = (num_computed_tokens + block_size - 1) // block_size
+            assert len(blocks) == num_blocks, (
+@MESSAGE16@
+                f"request {request.request_id}: group {group_id} returned "
+                f"{len(blocks)} blocks for a hit of {num_computed_tokens} tokens"
+            )
+"""),
+    Category.STATE_HIT_LENGTH: ("""\
+        # The leading run of the request's full blocks the prefix cache holds.
+        num_full_blocks = (request.num_tokens - 1) // @BLOCK@
+        num_cached = 0
+        for block_hash in request.block_hashes[:num_full_blocks]:
+            if not manager.block_pool.get_cached_block(block_hash, [0]):
+                break
+            num_cached += 1
+""", """\
+        assert num_computed_tokens == num_cached * @BLOCK@, (
+@MESSAGE12@
+            f"request {request.request_id} hit {num_computed_tokens} tokens; the "
+            f"prefix cache held its first {num_cached} blocks"
+        )
+"""),
+    Category.STATE_LOOKUP_PURITY: ("""\
+        ref_cnts = [block.ref_cnt for block in manager.block_pool.blocks]
+        num_free = manager.block_pool.get_num_free_blocks()
+""", """\
+        assert [block.ref_cnt for block in manager.block_pool.blocks] == ref_cnts, (
+@MESSAGE12@
+            f"request {request.request_id}'s lookup changed a ref_cnt"
+        )
+        assert manager.block_pool.get_num_free_blocks() == num_free
+"""),
+}
+_RESET_WATCH = """
+
+def watch_resets(scheduler):
+    \"\"\"Check each reset_prefix_cache() of the block pool.\"\"\"
+    pool = scheduler.kv_cache_manager.block_pool
+    reset_prefix_cache = pool.reset_prefix_cache
+
+    def checked_reset_prefix_cache():
+        in_use = [block.block_id for block in pool.blocks if block.ref_cnt > 0]
+        reset = reset_prefix_cache()
+        assert bool(reset) is not bool(in_use), (
+@MESSAGE12@
+            f"reset_prefix_cache() returned {reset} with blocks {in_use} in use"
+        )
+        return reset
+
+    pool.reset_prefix_cache = checked_reset_prefix_cache
+"""
+_ZEROING_WATCH = """
+
+def watch_zeroing(scheduler):
+    \"\"\"Every block allocate_slots() newly gives an attention group is handed out
+    by the next take_new_block_ids().\"\"\"
+    manager = scheduler.kv_cache_manager
+    allocate_slots = manager.allocate_slots
+    take_new_block_ids = manager.take_new_block_ids
+    allocated = set()
+
+    def checked_allocate_slots(request, *args, **kwargs):
+        new_blocks = allocate_slots(request, *args, **kwargs)
+        if new_blocks is not None and not kwargs.get("num_external_computed_tokens"):
+            allocated.update(
+                block.block_id
+                for group_id in @GROUPS@
+                for block in new_blocks.blocks[group_id]
+                if not block.is_null
+            )
+        return new_blocks
+
+    def checked_take_new_block_ids():
+        zeroed = take_new_block_ids()
+        assert allocated <= set(zeroed), (
+@MESSAGE12@
+            f"blocks {sorted(allocated - set(zeroed))} were not handed out"
+        )
+        allocated.clear()
+        return zeroed
+
+    manager.allocate_slots = checked_allocate_slots
+    manager.take_new_block_ids = checked_take_new_block_ids
+"""
+# free_order, by part: a freed request's blocks (KVCacheManager.free), or the
+# free block queue around each BlockPool.free_blocks call.
+_FREE_QUEUE = """
+
+def free_queue(pool):
+    return [block.block_id for block in pool.free_block_queue.get_all_free_blocks()]
+"""
+_FREE_REVERSE = _FREE_QUEUE + """
+
+def watch_frees(scheduler):
+    \"\"\"Check the free block queue after each request's blocks are freed.\"\"\"
+    manager = scheduler.kv_cache_manager
+    pool, free = manager.block_pool, manager.free
+    managers = manager.coordinator.single_type_managers
+
+    def checked_free(request):
+        tables = []
+        for group_id in @GROUPS@:
+            blocks = managers[group_id].req_to_blocks.get(request.request_id, [])
+            tables.append(list(blocks))
+        free_before = free_queue(pool)
+        free(request)
+        free_after = free_queue(pool)
+        for blocks in tables:
+            freed = [
+                block.block_id
+                for block in reversed(blocks)
+                if block.block_id in free_after and block.block_id not in free_before
+            ]
+            # Cached blocks join the tail, uncached ones the head: each in order.
+            for cached in (True, False):
+                positions = [
+                    free_after.index(block_id)
+                    for block_id in freed
+                    if (pool.blocks[block_id].block_hash is not None) is cached
+                ]
+                assert positions == sorted(positions), (
+@MESSAGE20@
+                    f"request {request.request_id} freed blocks {freed} (tail "
+                    f"first), now at queue positions {positions}"
+                )
+
+    manager.free = checked_free
+"""
+_FREE_BLOCKS_WATCH = _FREE_QUEUE + """
+
+def watch_frees(scheduler):
+    \"\"\"Check the free block queue around each free_blocks() of the block pool.\"\"\"
+    pool = scheduler.kv_cache_manager.block_pool
+    free_blocks = pool.free_blocks
+
+    def checked_free_blocks(ordered_blocks, *args, **kwargs):
+        free_before = free_queue(pool)
+        free_blocks(ordered_blocks, *args, **kwargs)
+        free_after = free_queue(pool)
+        stayed = [block_id for block_id in free_after if block_id in free_before]
+@PART@
+    pool.free_blocks = checked_free_blocks
+"""
+_FREE_PARTS = {
+    "tail": """\
+        if args or kwargs.get("evict_first"):
+            return
+        behind = free_after
+        if stayed:
+            behind = free_after[free_after.index(stayed[-1]) + 1 :]
+        for block_id in free_after:
+            block = pool.blocks[block_id]
+            if block_id not in free_before and block.block_hash is not None:
+                assert block_id in behind, (
+@MESSAGE20@
+                    f"block {block_id} was freed with its block hash ahead of "
+                    f"blocks that stayed free"
+                )
+""",
+    "order": """\
+        assert stayed == [block_id for block_id in free_before if block_id in stayed], (
+@MESSAGE12@
+            f"the blocks that stayed free went from {free_before} to {stayed}"
+        )
+""",
+    "end": """\
+        if stayed:
+            first = free_after.index(stayed[0])
+            assert free_after[first : first + len(stayed)] == stayed, (
+@MESSAGE16@
+                f"the free block queue went from {free_before} to {free_after}"
+            )
+""",
+}
+
+
 _TEST_TEMPLATE = '''\
 """@DOC@
 """
@@ -278,7 +567,7 @@ _ABOUT = ("Driven through vLLM's Scheduler on CPU, on a toy model of the {family
 
 def _string_lines(text: str, indent: str, width: int = 88) -> str:
     """``text`` as adjacent string literals, one a line, within ``width``."""
-    pieces = wrap(text, width - len(indent) - 3).split("\n")
+    pieces = wrap(text, width - len(indent) - 4).split("\n")  # quotes and ": "
     return "\n".join(f'{indent}"{piece}{" " if i < len(pieces) - 1 else ": "}"' for i, piece in enumerate(pieces))
 
 
@@ -297,6 +586,58 @@ def _retention_body(detail: str | None) -> str:
     return (_RETENTION_BODY.replace("@ID@", f'"{rid}"').replace("@RID@", rid).replace("@OWED@", str(owed)))
 
 
+_WATCHED = (*_AFTER_SCHEDULE, *_LOOKUP_CHECKS, Category.STATE_RESET, Category.STATE_ZEROING_MISSED,
+            Category.STATE_FREE_ORDER)
+
+
+def _group_ids(settings, *kinds: str) -> list[int]:
+    """The ids of the groups of these kinds in the layout vLLM built (validated ints)."""
+    groups = (settings or {}).get("groups")
+    if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+        raise Unscriptable("the finding's settings name no KV cache groups: no test")
+    return [i for i, g in enumerate(groups) if g.get("kind") in kinds]
+
+
+def _watched(category: Category, settings, detail: str | None) -> tuple[str, str, str, str | None]:
+    """A rule checked after each schedule() or on one of the manager's calls:
+    (the check's code, the test's body, its name, its message)."""
+    name, message = _BEHAVIOUR[category]
+    groups = (settings or {}).get("groups") or []
+    if category in _AFTER_SCHEDULE:
+        function, kind, code = _AFTER_SCHEDULE[category]
+        code = code.replace("@GROUPS@", str(_group_ids(settings, kind)))
+        return code, _AFTER_OUTPUTS.replace("@CHECK@", function), name, message
+    if category in _LOOKUP_CHECKS:
+        before, after = _LOOKUP_CHECKS[category]
+        if category is Category.STATE_HIT_LENGTH:
+            size = settings.get("hash_block_size") if isinstance(settings, dict) else None
+            if (len(groups) != 1 or groups[0].get("kind") != "full_attention" or groups[0].get("eagle")
+                    or type(size) is not int or groups[0].get("block_size") != size):
+                raise Unscriptable("hit_length's test is written for one full-attention group whose block is the "
+                                   "hash block, without EAGLE: no test")
+            before, after = before.replace("@BLOCK@", str(size)), after.replace("@BLOCK@", str(size))
+        code = _LOOKUP_WATCH.replace("@BEFORE@", before).replace("@CHECK@", after)
+        return code, "    watch_lookups(scheduler)\n    drive(scheduler, OPS)", name, message
+    if category is Category.STATE_RESET:
+        return _RESET_WATCH, "    watch_resets(scheduler)\n    drive(scheduler, OPS)", name, message
+    if category is Category.STATE_ZEROING_MISSED:
+        if not _group_ids(settings, "mamba_align"):
+            raise Unscriptable("vLLM zeroes new blocks only on layouts with Mamba groups: no test")
+        code = _ZEROING_WATCH.replace("@GROUPS@", str(_group_ids(settings, "full_attention", "sliding_window")))
+        return code, "    watch_zeroing(scheduler)\n    drive(scheduler, OPS)", name, message
+    # free_order: the part the finding broke
+    part = _free_order_part(detail)
+    if part is None:
+        raise Unscriptable("no test is written for this part of free_order (written for: "
+                           + "; ".join(words for words, _, _ in FREE_ORDER_PARTS.values()) + ")")
+    _, name, message = FREE_ORDER_PARTS[part]
+    if part == "reverse":
+        code = _FREE_REVERSE.replace("@GROUPS@", str(_group_ids(settings, "full_attention")))
+    else:
+        code = _FREE_BLOCKS_WATCH.replace("@PART@", _FREE_PARTS[part])
+    return code, "    watch_frees(scheduler)\n    drive(scheduler, OPS)", name, message
+
+
 def emit_engine_test(program: EngineProgram, settings, category: Category, version: str,
                      detail: str | None = None) -> str:
     """The test's code, or ``Unscriptable`` saying why there is none
@@ -305,17 +646,21 @@ def emit_engine_test(program: EngineProgram, settings, category: Category, versi
         raise Unscriptable(f"no engine regression test for {category.value} findings yet (written for: "
                            f"{', '.join(k.value for k in ENGINE_TEST_KINDS)})")
     values = engine_values(program, settings, version, category is Category.STATE_BLOCK_ESTIMATE)
-    body = _retention_body(detail) if category is Category.STATE_RETENTION_HIT else _BODIES[category]
+    name, message = _BEHAVIOUR[category]
+    body = _retention_body(detail) if category is Category.STATE_RETENTION_HIT else _BODIES.get(category, "")
     check = ""
     if category is Category.STATE_WINDOW:
         check = _WINDOW_CHECK.replace("@MESSAGE@", "@MESSAGE16@")
     elif category in _STATE_CHECKS:
         check = _STATE_CHECKS[category][1]
+    elif category in _WATCHED:
+        check, body, name, message = _watched(category, settings, detail)
     template = (_TEST_TEMPLATE.replace("@IMPORTS@", IMPORTS).replace("@CHECK@", check)
-                .replace("@DOC@", wrap(_DOCS[category]) + "\n\n"
+                .replace("@DOC@", wrap(_DOCS.get(category) or f"{(message or '')[:1].upper()}{(message or '')[1:]}.")
+                         + "\n\n"
                          + wrap(_ABOUT.format(family=program.setup.toy.family, version=version)))
-                .replace("@NAME@", _BEHAVIOUR[category][0]).replace("@BODY@", body))
-    return engine_code(_messages(template, engine_assertion_message(category) or ""), program, values)
+                .replace("@NAME@", name).replace("@BODY@", body))
+    return engine_code(_messages(template, message or ""), program, values)
 
 
 def engine_test_code(finding: Finding, version: str) -> str:

@@ -106,7 +106,7 @@ def with_engine_test(finding: Finding, path: Path, subject, verify: bool = True)
 
     from .completion import offered_test
 
-    name = engine_test_name(finding.category)
+    name = engine_test_name(finding)
     try:
         code = engine_test_code(finding, subject.version or "")
     except (Unscriptable, KeyError, TypeError, ValueError) as exc:
@@ -117,7 +117,7 @@ def with_engine_test(finding: Finding, path: Path, subject, verify: bool = True)
     test_dir.mkdir(exist_ok=True)
     test_path = test_dir / file_name
     test_path.write_text(code)
-    message = engine_assertion_message(finding.category)
+    message = engine_assertion_message(finding)
     if not verify:  # written, not offered: a test is offered once it failed as the finding did
         return attrs.evolve(finding, artifacts={**finding.artifacts, "regression_test": str(test_path)},
                             regression_test={"file_name": file_name, "path": str(test_path), "code": code,

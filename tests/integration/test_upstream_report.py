@@ -87,6 +87,19 @@ def test_a_retention_hit_findings_test_asserts_the_hit_a_user_loses(tmp_path):
                                                "request r3 hit 0 tokens; at least 64 were left in the cache for it")
 
 
+FREE_ORDER = FIXTURE.parent / "finding_engine_free_head_first_0.34.0.json"
+
+
+def test_a_free_order_findings_test_wraps_the_managers_free(tmp_path):
+    """``kvspec fuzz --vllm 0.34.0 --mutant free_head_first --engine --seed 0``'s
+    finding (toy-llama: a 128-token request finishes): the test checks the
+    free block queue around KVCacheManager.free, fails on the mutant on its
+    assertion and passes on 0.34.0."""
+    _fails_on_the_mutant_passes_on_the_release(tmp_path, FREE_ORDER, "free_head_first",
+                                               "test_freed_request_blocks_join_the_free_queue_in_reverse_order",
+                                               "so that its last block is evicted first")
+
+
 def test_a_script_that_does_not_reproduce_is_not_offered(tmp_path, capsys):
     """The same program read as a crash of schedule(): with the finding's
     22-block pool the allocation fits, so the script runs to its end; the

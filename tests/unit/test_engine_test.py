@@ -112,6 +112,84 @@ def test_a_retention_hit_test_asserts_the_hit_the_request_was_owed():
             engine_test_code(attrs.evolve(finding, detail=detail), "0.34.0")
 
 
+@pytest.mark.parametrize("category, name, check, body", [
+    (Category.STATE_MAMBA_STATE, "test_mamba_group_keeps_the_block_of_the_running_state",
+     "    for request in scheduler.running:\n        num_computed = request.num_computed_tokens\n"
+     "        for group_id in [0, 1]:", "        assert_mamba_state_held(scheduler)\n        return outputs\n"),
+    (Category.STATE_TABLE_COVERAGE, "test_full_attention_block_table_covers_computed_tokens",
+     "        for group_id in [2]:", "drive(scheduler, OPS, check=assert_full_attention_tables_cover)"),
+    (Category.STATE_HIT_GROUPS, "test_every_group_trims_its_hit_blocks_to_the_common_hit",
+     "num_blocks = (num_computed_tokens + block_size - 1) // block_size", "watch_lookups(scheduler)"),
+    (Category.STATE_LOOKUP_PURITY, "test_get_computed_blocks_takes_no_reference",
+     "ref_cnts = [block.ref_cnt for block in manager.block_pool.blocks]", "watch_lookups(scheduler)"),
+    (Category.STATE_RESET, "test_reset_prefix_cache_succeeds_iff_no_block_is_in_use",
+     "assert bool(reset) is not bool(in_use), (", "watch_resets(scheduler)"),
+    (Category.STATE_ZEROING_MISSED, "test_new_attention_blocks_are_handed_out_for_zeroing",
+     "                for group_id in [2]\n", "watch_zeroing(scheduler)"),
+])
+def test_a_rule_on_the_managers_calls_is_checked_where_the_scheduler_makes_them(category, name, check, body):
+    """Mamba state, coverage, the lookup rules, reset and zeroing: checked
+    after each schedule() on the groups of the layout vLLM built, or on the
+    manager's own call wrapped where the scheduler calls it, in the stateful
+    test's words for the same rule."""
+    from kvspec.emit.stateful_test import assertion_message
+
+    code = engine_test_code(_finding(category), "0.34.0")
+    compile(code, f"{name}.py", "exec")
+    test = code[code.index(f"\ndef {name}(tmp_path):\n    scheduler = make_scheduler(str(tmp_path))\n"):]
+    assert check in code and body in test
+    assert test.rstrip().endswith("drive(scheduler, OPS)" if "watch" in body else ")")
+    assert " ".join(assertion_message(category).split()[:5]) in code
+    assert all(len(line) <= 88 for line in code.splitlines()) and "kvspec" not in code
+
+
+def test_hit_length_and_zeroing_say_where_no_test_is_written():
+    """hit_length's leading run is written for one full-attention group (its
+    block the hash block, no EAGLE drop); zeroing for layouts vLLM zeroes
+    (with a Mamba group)."""
+    with pytest.raises(Unscriptable, match="one full-attention group"):
+        engine_test_code(_finding(Category.STATE_HIT_LENGTH), "0.34.0")
+    one = _finding(Category.STATE_HIT_LENGTH)
+    settings = {**one.run["engine_settings"], "groups": one.run["engine_settings"]["groups"][2:]}
+    code = engine_test_code(attrs.evolve(one, run={**one.run, "engine_settings": settings}), "0.34.0")
+    assert "num_full_blocks = (request.num_tokens - 1) // 64" in code
+    assert "assert num_computed_tokens == num_cached * 64, (" in code
+    with pytest.raises(Unscriptable, match="only on layouts with Mamba groups"):
+        engine_test_code(attrs.evolve(one, category=Category.STATE_ZEROING_MISSED,
+                                      run={**one.run, "engine_settings": settings}), "0.34.0")
+
+
+@pytest.mark.parametrize("words, name, check", [
+    ("request r1, group 0: freed block 1 (slot 0) lies ahead of block 2 (slot 1) in the free queue; a freed "
+     "request's blocks join it tail first (reverse slot order)",
+     "test_freed_request_blocks_join_the_free_queue_in_reverse_order",
+     "        for group_id in [2]:\n            blocks = managers[group_id].req_to_blocks.get("),
+    ("block 5, newly free and cached, lies ahead of blocks that stayed free (a freed cached block joins the "
+     "tail: least recently used first)", "test_freed_cached_blocks_join_the_free_queue_tail",
+     "assert block_id in behind, ("),
+    ("blocks 3 and 4 stayed free but changed their order in the queue",
+     "test_blocks_that_stay_free_keep_their_eviction_order", "assert stayed == [block_id for block_id in"),
+    ("block 3, newly free, lies among blocks that stayed free", "test_freed_blocks_join_the_free_queue_at_an_end",
+     "assert free_after[first : first + len(stayed)] == stayed, ("),
+])
+def test_a_free_order_test_pins_the_part_the_finding_broke(words, name, check):
+    """The part by the words of the rule's message, as the stateful test
+    picks it: a freed request's blocks around KVCacheManager.free, the
+    others around each BlockPool.free_blocks; the test's name and message
+    are the part's (what with_engine_test runs and expects)."""
+    from kvspec.emit.engine_test import engine_assertion_message, engine_test_name
+
+    finding = attrs.evolve(_finding(Category.STATE_FREE_ORDER), detail=f"state_free_order: free_order: {words}")
+    code = engine_test_code(finding, "0.34.0")
+    compile(code, f"{name}.py", "exec")
+    assert engine_test_name(finding) == name and f"\ndef {name}(tmp_path):\n" in code and check in code
+    assert " ".join(engine_assertion_message(finding).split()[:6]) in code
+    assert "    watch_frees(scheduler)\n    drive(scheduler, OPS)\n" in code
+    assert all(len(line) <= 88 for line in code.splitlines()) and "kvspec" not in code
+    with pytest.raises(Unscriptable, match="no test is written for this part of free_order"):
+        engine_test_code(attrs.evolve(finding, detail="free_order: block 1 left the free queue's head"), "0.34.0")
+
+
 def test_a_kind_without_a_test_says_why():
     other = next(c for c in Category if c.value.startswith("state_") and c not in ENGINE_TEST_KINDS)
     with pytest.raises(Unscriptable, match=f"no engine regression test for {other.value} findings yet"):
@@ -160,8 +238,8 @@ def test_with_no_verify_test_the_test_is_written_not_offered(tmp_path):
     assert test["proposed"] is False and test["why_not_proposed"] == "not run (--no-verify-test)"
     assert (tmp_path / "f" / test["file_name"]).read_text() == test["code"] and not test["verified"]
     # A kind no test is written for says why, and nothing is written.
-    other = with_engine_test(_finding(Category.STATE_MAMBA_STATE), tmp_path / "g.json",
+    other = with_engine_test(_finding(Category.STATE_TABLE_APPEND_ONLY), tmp_path / "g.json",
                              mutant_subject("0.34.0", "window_frees_early"), verify=False)
     assert other.regression_test["why_not_proposed"].startswith("no test written: no engine regression test for "
-                                                                "state_mamba_state findings yet")
+                                                                "state_table_append_only findings yet")
     assert not (tmp_path / "g").exists()
