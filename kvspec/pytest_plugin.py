@@ -275,10 +275,9 @@ def kvspec_stats(request: pytest.FixtureRequest, kvspec_subject):
         properties.append((f"kvspec_{'cache_blocks_' if key == 'calls' else ''}{key}", value))
     report = request.node.stash.get(_CALL_REPORT, None)
     if report is not None and report.passed and hasattr(request.node.obj, "hypothesis"):
-        from hypothesis import settings
+        from kvspec.diff_tests.hypothesis_compat import settings_of
 
-        budget = (getattr(request.node.obj, "_hypothesis_internal_use_settings", None)
-                  or settings()).max_examples
+        budget = settings_of(request.node.obj).max_examples
         if stats.examples < budget or stats.cases < stats.examples:
             pytest.fail(f"kvspec: the property ran {stats.examples} of {budget} examples "
                         f"({stats.cases} cases): it did not exercise the subject", pytrace=False)

@@ -140,3 +140,20 @@ def test_a_shrink_budget_counts_runs_and_reports_the_smallest_failure_found_with
 
     assert engine.ConjectureRunner.test_function.__name__ == "test_function"  # restored on exit
     assert engine.ConjectureRunner.test_function.__module__ == engine.__name__
+
+
+def test_no_other_module_reaches_into_hypothesis():
+    """Every Hypothesis internal kvspec touches is in hypothesis_compat (so
+    this module's tests cover each one): no other source file names one."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    internal = re.compile(r"hypothesis\.internal|_hypothesis_internal|_hypothesis_state_machine|\._get_local_constants")
+    offenders = [str(path.relative_to(root)) for folder in ("model", "oracles", "proofs", "subjects", "diff_tests",
+                                                             "kvspec")
+                 for path in sorted((root / folder).rglob("*.py"))
+                 if not path.is_symlink() and path.name != "hypothesis_compat.py"
+                 and not any(part.is_symlink() for part in path.parents if part != root and root in part.parents)
+                 and internal.search(path.read_text(encoding="utf-8"))]
+    assert offenders == []
