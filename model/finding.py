@@ -311,8 +311,10 @@ class Impact:
 
     ``kind``: "crash" (vLLM raised: the engine process dies), "hit_lost"
     (a resend hit fewer tokens than ``expected``: the difference is
-    recomputed), "blocks_leaked" (blocks not free once every request
-    finished), "no_loss" (measured, nothing a user sees) or "not_measured".
+    recomputed), "hit_gained" (a mutant's lookup hit more than the unmutated
+    release's: KV the release recomputes is reused), "blocks_leaked" (blocks
+    not free once every request finished), "no_loss" (measured, nothing a
+    user sees) or "not_measured".
     ``measured`` and ``expected`` are in ``unit`` (tokens, blocks, steps);
     ``how_measured`` says on what, at which configuration and against what
     the expectation is; ``summary`` is the report's impact sentence;

@@ -247,6 +247,19 @@ def impact_from_runs(finding: Finding, subject: EngineRun, reference: EngineRun 
                                   f"admitting lookups lose hits).",
                       measured=row["hit"], expected=expected, unit="tokens", how_measured=how, lookups=tuple(rows),
                       reference=None if reference is None else reference.label)
+    gained = [(row["hit"] - row["reference_hit"], row) for row in rows
+              if reference is not None and row["reference_hit"] is not None and row["hit"] > row["reference_hit"]]
+    if gained:
+        # More hit than the release is no gain: the tokens the release
+        # recomputes are served from blocks it would not reuse.
+        gap, row = max(gained, key=lambda t: t[0])
+        return Impact("hit_gained", f"Measured {where}: {_who(row)} hits {row['hit']} tokens of the prefix cache "
+                                    f"where the unmutated {reference.label} hits {row['reference_hit']}: {gap} "
+                                    f"prompt tokens served from cached KV the release recomputes ({len(gained)} of "
+                                    f"{len(rows)} requests' admitting lookups); whether that KV is stale shows on the "
+                                    f"model's outputs, which this drive does not compute (not measured).",
+                      measured=row["hit"], expected=row["reference_hit"], unit="tokens", how_measured=how,
+                      lookups=tuple(rows), reference=reference.label)
     measured_rows = [r for r in rows if r["resend_of"] is not None]
     if not measured_rows:
         why = ("vLLM raised first" if crash is not None else "no resend was scheduled")

@@ -73,6 +73,17 @@ def test_a_release_hitting_less_than_the_model_owes_loses_the_difference():
     assert "request r5 of the finding's program" in impact.summary and "owes 48: 32 prompt tokens" in impact.summary
 
 
+def test_a_mutant_hitting_more_than_the_release_is_not_called_no_loss():
+    """A dropped EAGLE block (eagle_drop_removed on 0.34.0 hits 80 where the
+    release hits 64) reuses KV the release recomputes: said as such."""
+    impact = impact_from_runs(_finding(mutant=True), _run("vllm 0.34.0 + some_mutant", {"resend0": (80, None)}),
+                              _run("vllm 0.34.0", {"resend0": (64, None)}), RESENDS)
+    assert (impact.kind, impact.measured, impact.expected) == ("hit_gained", 80, 64)
+    assert "hits 80 tokens of the prefix cache where the unmutated vllm 0.34.0 hits 64" in impact.summary
+    assert "16 prompt tokens served from cached KV the release recomputes" in impact.summary
+    assert "no hit lost" not in impact.summary
+
+
 def test_no_loss_is_said_and_no_loss_invented():
     impact = impact_from_runs(_finding(mutant=True), _run("vllm 0.34.0 + some_mutant", {"resend0": (64, None)}),
                               _run("vllm 0.34.0", {"resend0": (64, None)}), RESENDS)
