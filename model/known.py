@@ -119,7 +119,8 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
              "on a layout with Mamba layers (where vLLM zeroes new attention blocks), blocks newly allocated to a "
              "sliding-window group are never handed out by take_new_block_ids: the managers recorded only an "
              "exact list of full-attention spec types (vLLM #51749 records every AttentionSpec)",
-             "zeroing_missed:", name="sliding_window_blocks_not_zeroed"),
+             "zeroing_missed:", name="sliding_window_blocks_not_zeroed",
+             group_kinds=frozenset({GroupKind.SLIDING_WINDOW})),
     KnownBug(Category.SUBJECT_CRASH, "0.26.0", "0.28.0",
              "find_longest_cache_hit asserts 'SlidingWindowManager does not support fine-grained (partial) cache "
              "hits' with partial hash hits and a sliding-window group whose block differs from the hash block",

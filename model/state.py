@@ -659,7 +659,7 @@ def _zeroing(t: Transition) -> list[str]:
     return []
 
 
-def _zeroing_missed(t: Transition) -> list[str]:
+def _zeroing_missed(t: Transition) -> list[str | Violation]:
     # vLLM zeroes new attention blocks on layouts with Mamba layers
     # (KVCacheConfig.needs_kv_cache_zeroing); since #51749 (0.28) sliding-window
     # ones too.  A block a lookup gave the request holds cached data and is
@@ -683,8 +683,9 @@ def _zeroing_missed(t: Transition) -> list[str]:
             fresh = block != null and (old[slot:slot + 1] != (block,)) and block not in hit
             if fresh and block not in handed:
                 group = t.config.groups[table.group]
-                out.append(f"request {table.request}, group {table.group} ({group.label()}): block {block}, new in "
-                           f"slot {slot} and not a cache hit, was not handed out for zeroing")
+                out.append(Violation(f"request {table.request}, group {table.group} ({group.label()}): block "
+                                     f"{block}, new in slot {slot} and not a cache hit, was not handed out for "
+                                     f"zeroing", (group.kind,)))
                 break
     return out[:3]
 
@@ -731,15 +732,16 @@ def groups_over_estimate(groups: tuple[KVCacheGroup, ...], a: Allocation, verb: 
 # How the two formatters above and _hit_groups name a group, read back from a
 # summary recorded before findings carried the kinds as data.
 _NAMED_GROUP = re.compile(r"group \d+ \((\w+)\) (?:took|asked for) \d+ against its estimate"
-                          r"|group \d+ \((\w+)\(block \d+[^)]*\)\) returned \d+ blocks for a hit")
+                          r"|group \d+ \((\w+)\(block \d+[^)]*\)\) returned \d+ blocks for a hit"
+                          r"|group \d+ \((\w+)\(block \d+[^)]*\)\): block \d+, new in slot")
 
 
 def named_group_kinds(summary: str) -> tuple[GroupKind, ...]:
     """The kinds of the groups a recorded summary names as breaking its rule."""
     kinds = []
-    for estimate, hit in _NAMED_GROUP.findall(summary):
+    for named in _NAMED_GROUP.findall(summary):
         try:
-            kinds.append(GroupKind(estimate or hit))
+            kinds.append(GroupKind(next(kind for kind in named if kind)))
         except ValueError:
             continue
     return tuple(kinds)
