@@ -583,24 +583,14 @@ class _Emitter:
         if c is Category.STATE_TABLE_COVERAGE:
             self.helpers.add("block_tables")
             fa = {i: g.block_size for i, g in enumerate(self.groups) if g.kind.value == "full_attention"}
-            running = self._running_at_end()
-            out = ["    requests = {" + ", ".join(f'"{r}": {r}' for r in running) + "}",
-                   f"    block_sizes = {fa}",
-                   "    for (request_id, group_id), blocks in block_tables(manager).items():",
-                   "        if request_id in requests and group_id in block_sizes:",
-                   "            num_computed = requests[request_id].num_computed_tokens",
-                   "            need = -(-num_computed // block_sizes[group_id])",
-                   *_assert("            ", "len(blocks) >= need", m)]
-            return out
+            return [*self._each_running_table("block_sizes", fa),
+                    "            num_computed = requests[request_id].num_computed_tokens",
+                    "            need = -(-num_computed // block_sizes[group_id])",
+                    *_assert("            ", "len(blocks) >= need", m)]
         if c is Category.STATE_MAMBA_STATE:
             self.helpers.add("block_tables")
             mamba = {i: g.block_size for i, g in enumerate(self.groups) if g.kind.value == "mamba_align"}
-            running = self._running_at_end()
-            return ["    requests = {" + ", ".join(f'"{r}": {r}' for r in running) + "}",
-                    f"    block_sizes = {mamba}",
-                    "    null_block_id = manager.block_pool.null_block.block_id",
-                    "    for (request_id, group_id), blocks in block_tables(manager).items():",
-                    "        if request_id in requests and group_id in block_sizes:",
+            return [*self._each_running_table("block_sizes", mamba, null_block=True),
                     "            num_computed = requests[request_id].num_computed_tokens",
                     "            slot = -(-num_computed // block_sizes[group_id]) - 1",
                     "            held = slot < len(blocks) and blocks[slot] != null_block_id",
@@ -609,12 +599,7 @@ class _Emitter:
             self.helpers.add("block_tables")
             windows = {i: (g.block_size, g.sliding_window) for i, g in enumerate(self.groups)
                        if g.kind.value == "sliding_window"}
-            running = self._running_at_end()
-            return ["    requests = {" + ", ".join(f'"{r}": {r}' for r in running) + "}",
-                    f"    windows = {windows}",
-                    "    null_block_id = manager.block_pool.null_block.block_id",
-                    "    for (request_id, group_id), blocks in block_tables(manager).items():",
-                    "        if request_id in requests and group_id in windows:",
+            return [*self._each_running_table("windows", windows, null_block=True),
                     "            block_size, window = windows[group_id]",
                     "            num_computed = requests[request_id].num_computed_tokens",
                     "            first = max(0, num_computed - window + 1) // block_size",
@@ -704,6 +689,16 @@ class _Emitter:
         return out + ["    if stayed:",
                       "        first = free_after.index(stayed[0])",
                       *_assert("        ", "free_after[first : first + len(stayed)] == stayed", m)]
+
+    def _each_running_table(self, name: str, groups: dict, null_block: bool = False) -> list[str]:
+        """The emitted loop over the block tables of the requests still
+        running at the end, in the groups ``name`` maps (its body follows)."""
+        running = self._running_at_end()
+        return ["    requests = {" + ", ".join(f'"{r}": {r}' for r in running) + "}",
+                f"    {name} = {groups}",
+                *(["    null_block_id = manager.block_pool.null_block.block_id"] if null_block else []),
+                "    for (request_id, group_id), blocks in block_tables(manager).items():",
+                f"        if request_id in requests and group_id in {name}:"]
 
     def _running_at_end(self) -> list[str]:
         running: list[str] = []
