@@ -102,8 +102,39 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
     KnownBug(Category.STATE_HIT_GROUPS, "0.23.0", "0.29.0",
              "the hybrid lookup trims only the first full-attention group to the reconciled hit; a second one "
              "(another block size, or a draft model's) returns blocks past the hit",
-             "hit_groups:", name="second_full_attention_group_untrimmed", group_kinds=frozenset({GroupKind.FULL_ATTENTION}),
+             "blocks for a hit of", name="second_full_attention_group_untrimmed",
+             group_kinds=frozenset({GroupKind.FULL_ATTENTION}),
              range_search="docs/results/known-ranges/second_full_attention_group_untrimmed.json"),
+    # Found through the engine on 0.24.0 once the scheduler's per-group lookup
+    # was observed; dated by its mechanism with a standalone probe (both modes
+    # of tests/fixtures/repro_full_attention_short_of_mamba_hit.py): the
+    # fixed-point lookup's order on 0.23.0-0.25.1 (0.26.0 gives Mamba no EAGLE
+    # margin), the connector's per-group lookup on 0.24.0-0.26.0 (0.27.0 reports
+    # full attention's hit and reconciles a deeper group).
+    KnownBug(Category.STATE_HIT_GROUPS, "0.23.0", "0.26.0",
+             "on a Mamba 'align' hybrid with speculative decoding (MTP or EAGLE), the hybrid lookup answers the "
+             "Mamba groups' hit while full attention, which drops its last matched block for the drafter, holds one "
+             "block less: the request is scheduled with prompt tokens counted computed whose attention KV no block "
+             "holds, and no step computes them (wrong outputs, no error)",
+             "short of the hit of", name="hybrid_lookup_full_attention_short_of_mamba_hit",
+             group_kinds=frozenset({GroupKind.FULL_ATTENTION}),
+             needs="a Mamba 'align' hybrid with prefix caching and a drafter (on the toy Qwen3-Next, its MTP module), "
+                   "a prompt whose chunks end on block boundaries",
+             reproduction="tests/fixtures/repro_full_attention_short_of_mamba_hit.py",
+             title="Hybrid prefix-cache hit counts prompt tokens whose full-attention KV is not cached "
+                   "(Mamba align + MTP)"),
+    KnownBug(Category.STATE_HIT_GROUPS, "0.24.0", "0.27.0",
+             "with a KV connector on a Mamba hybrid, the scheduler looks the request up group by group "
+             "(find_longest_cache_hit_per_group) and takes the deepest group's hit as the local hit; where full "
+             "attention's is shorter (its drafter's dropped block, or an evicted tail), prompt tokens are counted "
+             "computed whose attention KV no block holds (0.27.0 reports full attention's hit and reconciles a "
+             "deeper group)",
+             "short of the connector lookup's hit", name="connector_lookup_takes_deepest_group_hit",
+             group_kinds=frozenset({GroupKind.FULL_ATTENTION}),
+             needs="a KV connector and a Mamba 'align' hybrid with prefix caching",
+             reproduction="tests/fixtures/repro_full_attention_short_of_mamba_hit.py",
+             title="With a KV connector, hybrid models take the deepest group's prefix hit: full-attention KV "
+                   "missing for counted tokens"),
     # The same vLLM bug (#52828's shape), seen by the hit-length differential on one request.
     KnownBug(Category.LOOKUP_CONTRACT, "0.23.0", "0.29.0",
              "the hybrid lookup trims only the first full-attention group to the reconciled hit; a second one "

@@ -575,7 +575,16 @@ def _hit_groups(t: Transition) -> list[str | Violation]:
             need = hit_blocks(INT, lk.hit, group.block_size)
             if lk.diverged and group.kind is not GroupKind.FULL_ATTENTION and len(blocks) <= need:
                 continue  # a group lagging the connector lookup's full-attention hit
-            if len(blocks) != need:
+            if len(blocks) < need and group.kind is GroupKind.FULL_ATTENTION:
+                # Tokens counted as computed whose attention KV no block of the
+                # request holds: the step computes past them, never them.
+                whose = "the connector lookup's hit (its deepest group's)" if lk.diverged else "the hit"
+                out.append(Violation(
+                    f"request {lk.request}: group {index} ({group.label()}) holds {len(blocks)} blocks, short of "
+                    f"{whose} of {lk.hit} tokens, which needs cdiv(hit, {group.block_size}) = {need}: "
+                    f"{lk.hit - len(blocks) * group.block_size} tokens counted computed without their KV",
+                    (group.kind,)))
+            elif len(blocks) != need:
                 out.append(Violation(
                     f"request {lk.request}: group {index} ({group.label()}) returned {len(blocks)} blocks for a hit "
                     f"of {lk.hit} tokens; every group must hold cdiv(hit, {group.block_size}) = {need}",
@@ -732,7 +741,7 @@ def groups_over_estimate(groups: tuple[KVCacheGroup, ...], a: Allocation, verb: 
 # How the two formatters above and _hit_groups name a group, read back from a
 # summary recorded before findings carried the kinds as data.
 _NAMED_GROUP = re.compile(r"group \d+ \((\w+)\) (?:took|asked for) \d+ against its estimate"
-                          r"|group \d+ \((\w+)\(block \d+[^)]*\)\) returned \d+ blocks for a hit"
+                          r"|group \d+ \((\w+)\(block \d+[^)]*\)\) (?:returned|holds) \d+ blocks(?: for a hit|, short of)"
                           r"|group \d+ \((\w+)\(block \d+[^)]*\)\): block \d+, new in slot")
 
 

@@ -275,40 +275,65 @@ class EngineMachine:
         connector_lookup = getattr(manager, "get_computed_blocks_for_connector", None)
         inside = []
 
-        def observed(call, request, args, kwargs, diverges):
+        def observed(call, request, args, kwargs, read):
             if inside:
-                return call(request, *args, **kwargs)
+                return call(*args, **kwargs)
             before = reader.digest()
             mapped = reader.mapped(request) if len(reader.groups) == 1 and self.derived["enable_caching"] else None
             inside.append(True)
             try:
-                found = call(request, *args, **kwargs)
+                found = call(*args, **kwargs)
             finally:
                 inside.pop()
-            blocks, hit = found[0], found[1]
+            group_blocks, hit, junction, diverged = read(found)
             entry = {"request": request.request_id, "hit": hit, "num_tokens": request.num_tokens,
-                     "group_blocks": [[b.block_id for b in g] for g in getattr(blocks, "blocks", ())],
-                     "before": before, "after": reader.digest()}
+                     "group_blocks": group_blocks, "before": before, "after": reader.digest()}
             if mapped is not None:
                 entry["mapped"] = mapped
             # 0.30+: the shared-prefix junction the scheduler pins on the
             # request (sparse retention keeps its state for siblings).
-            if len(found) > 2 and isinstance(found[2], int):
-                entry["junction"] = found[2]
-            if diverges and len(found) > 3 and found[3]:
+            if junction is not None:
+                entry["junction"] = junction
+            if diverged:
                 entry["diverged"] = True
             self.lookups.append(entry)
             return found
 
-        manager.get_computed_blocks = lambda request, *a, **k: observed(lookup, request, a, k, False)
+        def read_lookup(found):
+            blocks = [[b.block_id for b in g] for g in getattr(found[0], "blocks", ())]
+            junction = found[2] if len(found) > 2 and isinstance(found[2], int) else None
+            return blocks, found[1], junction, len(found) > 3 and bool(found[3])
+
+        manager.get_computed_blocks = lambda request, *a, **k: observed(
+            lookup, request, (request, *a), k, read_lookup)
         if connector_lookup is not None:
-            manager.get_computed_blocks_for_connector = (
-                lambda request, *a, **k: observed(connector_lookup, request, a, k, True))
+            manager.get_computed_blocks_for_connector = lambda request, *a, **k: observed(
+                connector_lookup, request, (request, *a), k, read_lookup)
+        # 0.24-0.26: with a KV connector on a Mamba hybrid the scheduler looks
+        # up each group on its own through the coordinator and takes the
+        # deepest group's hit as the local hit; the groups may end at
+        # different points (``diverged``).  Called with the request's block
+        # hashes, which name the request.
+        coordinator = manager.coordinator
+        per_group = getattr(coordinator, "find_longest_cache_hit_per_group", None)
+        if per_group is not None:
+            def read_per_group(found):
+                blocks, hits = found
+                hit = max(hits, default=0)
+                return [[b.block_id for b in g] for g in blocks], hit, None, min(hits, default=0) < hit
+
+            def per_group_lookup(block_hashes, *a, **k):
+                request = next((r for r in self.scheduler.requests.values() if r.block_hashes is block_hashes),
+                               None)
+                if request is None:  # not a request's lookup: not the scheduler's
+                    return per_group(block_hashes, *a, **k)
+                return observed(per_group, request, (block_hashes, *a), k, read_per_group)
+
+            coordinator.find_longest_cache_hit_per_group = per_group_lookup
         # Each cache_blocks call as the registration differential records it
         # (one recorder: manager_driver's), with the request it was for.
         from .manager_driver import record_call, record_group
 
-        coordinator = manager.coordinator
         group_managers = list(coordinator.single_type_managers)
         coordinator.cache_blocks = record_call(coordinator.cache_blocks, self.derived["hash_block_size"],
                                                group_managers, lambda: self.registrations, with_request=True)

@@ -204,6 +204,41 @@ def test_a_connector_hit_past_a_mamba_groups_states_crashes_schedule_until_0_28(
     assert TRUNCATE_BUG.reproduction.endswith(TRUNCATE.name)
 
 
+SHORT = Path(__file__).parent.parent / "fixtures" / "repro_full_attention_short_of_mamba_hit.py"
+(LOOKUP_BUG,) = [b for b in KNOWN_BUGS if b.name == "hybrid_lookup_full_attention_short_of_mamba_hit"]
+(CONNECTOR_BUG,) = [b for b in KNOWN_BUGS if b.name == "connector_lookup_takes_deepest_group_hit"]
+
+
+@pytest.mark.parametrize("version", ["0.25.1", "0.26.0", "0.27.0"])
+def test_a_hybrid_hit_counts_tokens_whose_full_attention_kv_is_not_cached(version):
+    """The probe through vLLM's Scheduler built the engine's way (toy
+    Qwen3-Next with its MTP module, chunks ending on the block boundaries):
+    a resent prompt is scheduled with 64 computed tokens while full
+    attention holds cached KV for 32, without a connector until 0.26.0 (the
+    hybrid lookup) and with one until 0.27.0 (the connector's per-group
+    lookup takes the deepest group's hit); 32 on the fixed releases."""
+    python, tree = ensure_runtime(), ensure_release(version)
+    env = {**os.environ, "KVSPEC_SUBJECT_TREE": str(tree), "VLLM_TARGET_DEVICE": "cpu", "VLLM_LOGGING_LEVEL": "ERROR"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(worker.__file__)))
+    run = subprocess.run([str(python), "-I", "-B", str(SHORT), root], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["vllm"] == version
+    for mode, bug in (("without_connector", LOOKUP_BUG), ("with_connector", CONNECTOR_BUG)):
+        seen = out[mode]
+        assert seen["engine"]["groups"] == ["mamba_align", "mamba_align", "full_attention"], seen
+        assert seen["engine"]["use_eagle_block_drop"] and seen["engine"]["scheduler_block_size"] == 32
+        assert seen["first_full_attention_blocks"] and len(seen["first_full_attention_blocks"]) == 2
+        if bug.carried_by(version):
+            assert seen["second"]["num_computed_tokens"] == 64 and seen["computed_slots_without_cached_kv"] == [1]
+        else:
+            assert seen["second"]["num_computed_tokens"] == 32 and seen["computed_slots_without_cached_kv"] == []
+        assert bug.reproduction.endswith(SHORT.name)
+    # The connector's lookup is the per-group one where the release has it (its mechanism, not the first's).
+    assert out["with_connector"]["lookup"] == [{"find_longest_cache_hit_per_group": [64, 64, 32]}]
+
+
 # A bug, its example engine program, and the group kinds a setup must build to express it (None: the bug's own).
 _ALIGNED = ("mamba_align_block_aligned_prompt_replay_state_missing", "program_engine_block_aligned_prompt.json",
             frozenset({"mamba_align"}))

@@ -9,9 +9,12 @@ from kvspec.model.known import KNOWN_BUGS, known_bugs, recognise, stateful_exclu
 
 
 def test_release_ranges_are_half_open():
-    hit_groups = [b for b in KNOWN_BUGS if b.category is Category.STATE_HIT_GROUPS]
-    assert hit_groups and all(b.fixed_in == "0.29.0" for b in hit_groups)
-    assert known_bugs("0.28.0", Category.STATE_HIT_GROUPS)
+    hit_groups = {b.name: (b.first, b.fixed_in) for b in KNOWN_BUGS if b.category is Category.STATE_HIT_GROUPS}
+    assert hit_groups == {"second_full_attention_group_untrimmed": ("0.23.0", "0.29.0"),
+                          "hybrid_lookup_full_attention_short_of_mamba_hit": ("0.23.0", "0.26.0"),
+                          "connector_lookup_takes_deepest_group_hit": ("0.24.0", "0.27.0")}
+    assert [b.name for b in known_bugs("0.28.0", Category.STATE_HIT_GROUPS)] == ["second_full_attention_group_untrimmed"]
+    assert len(known_bugs("0.25.1", Category.STATE_HIT_GROUPS)) == 3
     assert not known_bugs("0.29.0", Category.STATE_HIT_GROUPS)
     assert not known_bugs("0.22.0", Category.STATE_HIT_GROUPS)
 
@@ -158,3 +161,21 @@ def test_the_sliding_window_zeroing_bug_is_not_a_full_attention_groups_miss():
     [bug] = known_bugs("0.25.0", Category.STATE_ZEROING_MISSED, window)
     assert bug.name == "sliding_window_blocks_not_zeroed"
     assert known_bugs("0.25.0", Category.STATE_ZEROING_MISSED, said, (GroupKind.FULL_ATTENTION,)) == []
+
+
+def test_a_full_attention_group_short_of_the_hit_is_its_own_bug_by_the_lookup_that_answered():
+    """A full-attention group holding fewer blocks than the hit (tokens
+    counted computed without their KV) is not the second group left
+    untrimmed (more blocks than the hit): the hybrid lookup's and the
+    connector's per-group lookup's are told apart by the state rule's words,
+    which name the lookup."""
+    short = ("state_hit_groups: hit_groups: request r1: group 2 (full_attention(block 32, EAGLE)) holds 1 blocks, "
+             "short of the hit of 64 tokens, which needs cdiv(hit, 32) = 2: 32 tokens counted computed without "
+             "their KV")
+    connector = short.replace("the hit of", "the connector lookup's hit (its deepest group's) of")
+    assert [b.name for b in known_bugs("0.25.1", Category.STATE_HIT_GROUPS, short)] == [
+        "hybrid_lookup_full_attention_short_of_mamba_hit"]
+    assert [b.name for b in known_bugs("0.26.0", Category.STATE_HIT_GROUPS, connector)] == [
+        "connector_lookup_takes_deepest_group_hit"]
+    assert known_bugs("0.26.0", Category.STATE_HIT_GROUPS, short) == []  # fixed there: a finding
+    assert known_bugs("0.27.0", Category.STATE_HIT_GROUPS, connector) == []

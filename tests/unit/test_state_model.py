@@ -121,6 +121,30 @@ def test_a_connector_lookup_whose_groups_diverged_may_leave_a_lagging_group_shor
     assert Category.STATE_HIT_GROUPS in _broken(_transition(_state(), lookups=(too_many,)))
 
 
+def test_a_full_attention_group_short_of_the_hit_is_named_by_the_lookup_and_recognised_so():
+    """Full attention holding fewer blocks than the hit counts tokens as
+    computed without their KV: the rule says how many, and whose hit (the
+    connector's per-group lookup takes its deepest group's); each wording is
+    the known bug of that lookup, never the second group left untrimmed."""
+    from kvspec.model.known import known_bugs
+
+    short = Lookup("r2", hit=4, group_blocks=((1,), (3,)), num_tokens=9, before=(1,), after=(1,))
+
+    def message(lookup):
+        (found,) = [v for i, v in check_transition(_transition(_state(), lookups=(lookup,))) if i.name == "hit_groups"]
+        return f"state_hit_groups: hit_groups: {found.message}", found.group_kinds
+
+    words, kinds = message(short)
+    assert "holds 1 blocks, short of the hit of 4 tokens" in words and "2 tokens counted computed" in words
+    assert kinds == (CONFIG.groups[0].kind,)
+    assert [b.name for b in known_bugs("0.25.1", Category.STATE_HIT_GROUPS, words)] == [
+        "hybrid_lookup_full_attention_short_of_mamba_hit"]
+    words, _ = message(attrs.evolve(short, diverged=True))
+    assert "short of the connector lookup's hit (its deepest group's) of 4 tokens" in words
+    assert [b.name for b in known_bugs("0.26.0", Category.STATE_HIT_GROUPS, words)] == [
+        "connector_lookup_takes_deepest_group_hit"]
+
+
 def test_reset_leak_and_zeroing():
     idle = _state(tables=(), blocks=tuple(attrs.evolve(b, ref_cnt=0) for b in _state().blocks),
                   free_queue=(1, 2, 3, 4, 5, 6, 7), num_free=7)
