@@ -229,9 +229,12 @@ def nearest_setups(program: Program, plain: bool = False) -> tuple[list[EngineSe
         nearest = EngineSetup(num_gpu_blocks=pool, **flags)
         setups.append(nearest)
         if evicts:
-            # vLLM evicts cached blocks on a failed KV load: kvspec's connector
-            # fails the load, under the policy that recomputes from the failed
-            # block (as the program's evict truncated the computed tokens).
+            # vLLM evicts cached blocks on a failed synchronous KV load, and only
+            # under its default policy ('fail': the request fails, its blocks
+            # leave the cache); under 'recompute' it keeps them and recomputes
+            # from the failed block, as the program's evict truncated the
+            # request's computed tokens: both are tried, the evicting one first.
+            setups.append(attrs.evolve(nearest, kv_connector=OWN_CONNECTOR, kv_load_failure_policy=None))
             setups.append(attrs.evolve(nearest, kv_connector=OWN_CONNECTOR, kv_load_failure_policy="recompute"))
         if budgets and budgets[0] >= 8:
             # A step's token budget is a setting of the engine, not of a step: the smallest the program used.
@@ -273,7 +276,8 @@ def translate(program: Program, setup: EngineSetup, scale: int = 1) -> tuple[Eng
     resets; an eviction (the blocks from a drawn one on lose their hashes) as
     a load kvspec's connector fails from that block at the request's
     admission, on a setup with that connector (vLLM evicts cached blocks on a
-    failed KV load only; it reports failures on one-group layouts only).  A
+    failed KV load under its default policy only; it reports failures on
+    one-group layouts only).  A
     preemption happens in the engine only under pool pressure: it is not sent
     here (``pressure_trial`` makes it)."""
     dropped: dict[str, int] = {}

@@ -126,6 +126,35 @@ def test_a_preemption_is_made_by_pool_pressure_and_the_finding_is_reachable():
         assert replay_engine_program(proc, engine)[0] == []  # the release holds: no false alarm
 
 
+_EVICTED = {"config": {"groups": [{"kind": "full_attention", "block_size": 1}, {"kind": "mamba_align", "block_size": 1}],
+                       "scheduler_block_size": 1, "hash_block_size": 1},
+            "max_model_len": 128, "num_blocks": 258, "num_hash_lookahead_tokens": 0,
+            "ops": [{"do": "arrive", "id": "r0", "tokens": [0]}, {"do": "schedule"},
+                    {"do": "evict", "id": "r0", "from_block": 0}],
+            "reserve_full_sequence": True, "retention_interval": None}
+
+
+def test_an_eviction_is_a_failed_load_under_the_policy_that_evicts_and_the_finding_is_reachable():
+    """The stateful machine's evict (a failed KV load's evict_blocks) becomes
+    a load kvspec's connector fails, under vLLM's default policy: the only one
+    under which the scheduler calls evict_blocks (under 'recompute' nothing
+    is evicted and the finding was hand-built only)."""
+    from kvspec.diff_tests.reproduce import reproduce_through_engine
+    from kvspec.diff_tests.stateful import replay_program
+
+    program = Program.from_dict(_EVICTED)
+    with SubjectProcess(mutant_subject(NEWEST, "evict_skips_held_blocks")) as proc:
+        found, reply = replay_program(proc, program)
+        assert found and found[0].category is Category.STATE_EVICTED_FINDABLE, [d.summary() for d in found]
+        reproduction = reproduce_through_engine(proc, program, found[0], reply)
+        assert reproduction.status == "reproduced", reproduction.summary
+        engine = reproduction.program
+        assert engine.setup.model == "toy-llama" and engine.setup.kv_load_failure_policy is None
+        assert engine.ops[0]["load"]["fail"] == 0
+    with SubjectProcess(release(NEWEST)) as proc:
+        assert replay_engine_program(proc, engine)[0] == []  # the release holds: no false alarm
+
+
 def _case_reproduced(proc, case, category: Category, kind: str):
     """The case's finding on ``proc`` (of ``category``), reproduced through
     the engine with the mechanism's group ``kind``."""

@@ -76,9 +76,10 @@ def test_an_eviction_is_a_failed_connector_load_and_a_preemption_is_made_by_pool
     full = KVCacheGroup(GroupKind.FULL_ATTENTION, 2)
     program = _program([full], OPS)
     setups, _ = nearest_setups(program)
-    # The program evicts: a setup with kvspec's connector, recomputing from the failed block.
-    (failing,) = [s for s in setups if s.kv_connector == OWN_CONNECTOR]
-    assert failing.kv_load_failure_policy == "recompute"
+    # The program evicts: setups with kvspec's connector failing the load, first under vLLM's default
+    # policy (the only one under which vLLM evicts), then recomputing from the failed block.
+    failing, recomputing = [s for s in setups if s.kv_connector == OWN_CONNECTOR]
+    assert failing.kv_load_failure_policy is None and recomputing.kv_load_failure_policy == "recompute"
     engine, notes = translate(program, failing)
     assert engine.ops[0]["load"] == {"offer": 2, "async": False, "delay": 0, "fail": 0}
     assert not any("evict" in n for n in notes) and any("preempt" in n for n in notes)
