@@ -144,6 +144,18 @@ def test_a_later_groups_hit_is_taken_before_external_blocks_from_0_24(kvspec_rel
         assert found == []
 
 
+def _probe(script: Path, version: str, *args: str) -> dict:
+    """A standalone probe run on ``version`` in a fresh isolated process (vLLM's platform-free target, the
+    kvspec namespace on this checkout: the package's parent, links not followed): its one JSON line."""
+    python, tree = ensure_runtime(), ensure_release(version)
+    env = {**os.environ, "KVSPEC_SUBJECT_TREE": str(tree), "VLLM_TARGET_DEVICE": "cpu", "VLLM_LOGGING_LEVEL": "ERROR"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(worker.__file__)))
+    run = subprocess.run([str(python), "-I", "-B", str(script), root, *args], capture_output=True, text=True,
+                         env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
 ALIGNED = Path(__file__).parent.parent / "fixtures" / "repro_mamba_align_block_aligned_prompt.py"
 (ALIGNED_BUG,) = [b for b in KNOWN_BUGS if b.name == "mamba_align_block_aligned_prompt_replay_state_missing"]
 
@@ -160,15 +172,7 @@ def test_a_block_aligned_mamba_prompt_loses_its_replay_hit_until_0_32(version, f
     at that length, so each gets 64): resends and siblings of the 32- and
     48-token prompts hit 0 on the first and last releases carrying the bug,
     and what they are owed once 0.32.0 stops the chunk at the replay boundary."""
-    python, tree = ensure_runtime(), ensure_release(version)
-    env = {**os.environ, "KVSPEC_SUBJECT_TREE": str(tree), "VLLM_TARGET_DEVICE": "cpu", "VLLM_LOGGING_LEVEL": "ERROR"}
-    # The folder the worker points its kvspec namespace at (the package's parent, links not followed).
-    root = os.path.dirname(os.path.dirname(os.path.abspath(worker.__file__)))
-    run = subprocess.run([str(python), "-I", "-B", str(ALIGNED), root,
-                          json.dumps({"num_gpu_blocks_override": 64, **flags})],
-                         capture_output=True, text=True, env=env, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    out = json.loads(run.stdout.strip().splitlines()[-1])
+    out = _probe(ALIGNED, version, json.dumps({"num_gpu_blocks_override": 64, **flags}))
     assert out["vllm"] == version and out["engine"]["scheduler_block_size"] == 16
     assert out["lost_at_prompt_lengths"] == lost
     if lost:
@@ -187,13 +191,7 @@ def test_a_connector_hit_past_a_mamba_groups_states_crashes_schedule_until_0_28(
     written against KVConnectorBase_V1 offering 128 tokens): schedule()
     raises in truncate_computed_blocks on 0.27.1 and schedules both requests
     on 0.28.0, which lets a Mamba group end before the truncation point."""
-    python, tree = ensure_runtime(), ensure_release(version)
-    env = {**os.environ, "KVSPEC_SUBJECT_TREE": str(tree), "VLLM_TARGET_DEVICE": "cpu", "VLLM_LOGGING_LEVEL": "ERROR"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(worker.__file__)))
-    run = subprocess.run([str(python), "-I", "-B", str(TRUNCATE), root], capture_output=True, text=True, env=env,
-                         timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    out = json.loads(run.stdout.strip().splitlines()[-1])
+    out = _probe(TRUNCATE, version)
     assert out["vllm"] == version and out["engine"]["groups"] == ["mamba_align", "mamba_align", "full_attention"]
     assert out["engine"]["hash_block_size"] < out["engine"]["scheduler_block_size"]
     raised = out["schedule_raised"]
@@ -217,19 +215,13 @@ def test_a_hybrid_hit_counts_tokens_whose_full_attention_kv_is_not_cached(versio
     attention holds cached KV for 32, without a connector until 0.26.0 (the
     hybrid lookup) and with one until 0.27.0 (the connector's per-group
     lookup takes the deepest group's hit); 32 on the fixed releases."""
-    python, tree = ensure_runtime(), ensure_release(version)
-    env = {**os.environ, "KVSPEC_SUBJECT_TREE": str(tree), "VLLM_TARGET_DEVICE": "cpu", "VLLM_LOGGING_LEVEL": "ERROR"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(worker.__file__)))
-    run = subprocess.run([str(python), "-I", "-B", str(SHORT), root], capture_output=True, text=True, env=env,
-                         timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    out = json.loads(run.stdout.strip().splitlines()[-1])
+    out = _probe(SHORT, version)
     assert out["vllm"] == version
     for mode, bug in (("without_connector", LOOKUP_BUG), ("with_connector", CONNECTOR_BUG)):
         seen = out[mode]
         assert seen["engine"]["groups"] == ["mamba_align", "mamba_align", "full_attention"], seen
         assert seen["engine"]["use_eagle_block_drop"] and seen["engine"]["scheduler_block_size"] == 32
-        assert seen["first_full_attention_blocks"] and len(seen["first_full_attention_blocks"]) == 2
+        assert len(seen["first_full_attention_blocks"]) == 3  # the first request ran its 81 tokens to the end
         if bug.carried_by(version):
             assert seen["second"]["num_computed_tokens"] == 64 and seen["computed_slots_without_cached_kv"] == [1]
         else:
