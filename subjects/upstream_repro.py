@@ -74,7 +74,20 @@ def _bool(settings: dict[str, Any], key: str) -> bool:
     return value
 
 
-def _groups(settings: dict[str, Any]) -> list[tuple[str, int, int, int]]:
+def _checkpoint(group: dict[str, Any]) -> tuple[int, int | None]:
+    """A Mamba group's prefill checkpoint as vLLM built its spec (blocks,
+    alignment): the scheduler splits a prefill at block boundaries or not by
+    it, so a spec built without it schedules otherwise than the engine did."""
+    if "prefill_checkpoint_blocks" not in group or "prefill_checkpoint_alignment" not in group:
+        raise Unscriptable("the finding's engine settings do not record its Mamba groups' prefill checkpoint (how "
+                           "vLLM schedules their prefills): rerun `kvspec fuzz --engine` to record it; no upstream "
+                           "script")
+    blocks = _int(group, "prefill_checkpoint_blocks", 0, 16)
+    alignment = group["prefill_checkpoint_alignment"]
+    return blocks, None if alignment is None else _int(group, "prefill_checkpoint_alignment", 1, 1 << 20)
+
+
+def _groups(settings: dict[str, Any]) -> list[tuple[str, int, int, int, int, int | None]]:
     raw = settings.get("groups")
     if not isinstance(raw, list) or not 1 <= len(raw) <= 16:
         raise Unscriptable("the finding's engine settings list no KV-cache groups: no upstream script")
@@ -85,8 +98,10 @@ def _groups(settings: dict[str, Any]) -> list[tuple[str, int, int, int]]:
                                "cannot build: no upstream script")
         if g.get("eagle") or g.get("eagle_group"):
             raise Unscriptable("no upstream script for EAGLE groups yet")
-        groups.append((_SPEC_KINDS[_SPEC_KINDS.index(g["kind"])], _int(g, "block_size", 1, 1 << 12),
-                       _int(g, "sliding_window", 0, 1 << 20), _int(g, "layers", 1, 64)))
+        kind = _SPEC_KINDS[_SPEC_KINDS.index(g["kind"])]
+        checkpoint = _checkpoint(g) if kind == "mamba_align" else (0, None)
+        groups.append((kind, _int(g, "block_size", 1, 1 << 12), _int(g, "sliding_window", 0, 1 << 20),
+                       _int(g, "layers", 1, 64), *checkpoint))
     return groups
 
 
@@ -398,7 +413,8 @@ HASH_BLOCK_SIZE = @H@
 MAMBA_CACHE_MODE = @MAMBA_MODE@
 RETENTION_INTERVAL = @RETENTION@
 KV_CONNECTOR = @CONNECTOR@
-# (kind, block size, sliding window, layers)
+# (kind, block size, sliding window, layers, a Mamba layer's prefill checkpoint
+# blocks and alignment)
 GROUPS = @GROUPS@
 # The engine inputs, in order.
 OPS = @OPS@
@@ -411,13 +427,18 @@ def accepted(cls, **kwargs):
     return cls(**{k: v for k, v in kwargs.items() if k in names})
 
 
-def spec(kind, block_size, window):
+def spec(kind, block_size, window, checkpoint_blocks, checkpoint_alignment):
     if kind == "mamba_align":
-        return MambaSpec(
+        # The prefill checkpoint as the model's Mamba layer declares it (the
+        # scheduler splits prefills at block boundaries without one).
+        return accepted(
+            MambaSpec,
             block_size=block_size,
             shapes=((4, 4),),
             dtypes=(torch.float16,),
             mamba_cache_mode="align",
+            num_prefill_checkpoint_blocks=checkpoint_blocks,
+            prefill_checkpoint_alignment=checkpoint_alignment,
         )
     if kind == "sliding_window":
         return SlidingWindowSpec(
@@ -438,7 +459,7 @@ def make_scheduler(model_dir):
     transfer = None
     if KV_CONNECTOR is not None:
         transfer = KVTransferConfig(kv_connector=KV_CONNECTOR, kv_role="kv_both")
-    cache_block = min(block for _, block, _, _ in GROUPS)
+    cache_block = min(group[1] for group in GROUPS)
     vllm_config = VllmConfig(
         model_config=ModelConfig(
             model=model_dir, skip_tokenizer_init=True, max_model_len=MAX_MODEL_LEN
@@ -466,10 +487,10 @@ def make_scheduler(model_dir):
     # Built here rather than by the engine's KV-cache planning (which runs in
     # the GPU worker): the groups, block sizes and pool vLLM derived for these flags.
     groups, index = [], 0
-    for kind, block, window, layers in GROUPS:
+    for kind, block, window, layers, *checkpoint in GROUPS:
         names = [f"model.layers.{index + i}" for i in range(layers)]
         index += layers
-        groups.append(KVCacheGroupSpec(names, spec(kind, block, window)))
+        groups.append(KVCacheGroupSpec(names, spec(kind, block, window, *checkpoint)))
     kv_cache_config = accepted(
         KVCacheConfig,
         num_blocks=NUM_BLOCKS,

@@ -189,7 +189,13 @@ def build_engine(setup):
                     "sliding_window": getattr(g.kv_cache_spec, "sliding_window", None) or 0,
                     # The granularity the group's retention floors boundaries to.
                     "alignment": getattr(m, "cache_hit_alignment_tokens", None) or S,
-                    "layers": len(g.layer_names)}
+                    "layers": len(g.layer_names),
+                    # A Mamba layer's prefill checkpoint (0.30+; MambaMixer2
+                    # declares one from 0.32): whether the scheduler splits a
+                    # prefill at block boundaries or the state is exported
+                    # from inside the chunk.  Scheduling depends on it, so an
+                    # upstream script or test builds its spec with these.
+                    **(_checkpoint_fields(g.kv_cache_spec) if spec_kind(g.kv_cache_spec).startswith("mamba") else {})}
                    for g, m in zip(groups, coordinator.single_type_managers)],
         "scheduler_block_size": S, "hash_block_size": H,
         "num_blocks": config.num_blocks,
@@ -215,6 +221,13 @@ def build_engine(setup):
     }
     return scheduler, hasher, derived
 
+
+def _checkpoint_fields(spec):
+    """A Mamba spec's prefill-checkpoint fields as vLLM built them (a release
+    whose MambaSpec has none: 0 blocks, no alignment, its only behaviour)."""
+    alignment = getattr(spec, "prefill_checkpoint_alignment", None)
+    return {"prefill_checkpoint_blocks": int(getattr(spec, "num_prefill_checkpoint_blocks", 0) or 0),
+            "prefill_checkpoint_alignment": None if alignment is None else int(alignment)}
 
 
 class _CountingPool:

@@ -100,6 +100,23 @@ def test_a_free_order_findings_test_wraps_the_managers_free(tmp_path):
                                                "so that its last block is evicted first")
 
 
+MAMBA_STATE = FIXTURE.parent / "finding_engine_mamba_state_slot_nulled_0.34.0.json"
+
+
+def test_a_mamba_state_findings_test_schedules_the_prefills_as_the_engine_did(tmp_path):
+    """``kvspec fuzz --vllm 0.34.0 --mutant mamba_state_slot_nulled --engine
+    --seed 0``'s finding (toy-nemotron-h, the release's defaults: a 128- and a
+    129-token request, one async step that admits both whole): the test builds
+    the Mamba groups' specs with the prefill checkpoint vLLM's Mamba2 layer
+    declares, so its scheduler admits both as the engine did (without it,
+    prefills split at block boundaries, r7 waited and the test passed on the
+    mutant); it fails on the mutant on its assertion and passes on 0.34.0."""
+    _fails_on_the_mutant_passes_on_the_release(tmp_path, MAMBA_STATE, "mamba_state_slot_nulled",
+                                               "test_mamba_group_keeps_the_block_of_the_running_state",
+                                               "request r7 computed 128 tokens; group 0 holds 2 slots, slot 1 "
+                                               "the null block")
+
+
 def test_a_script_that_does_not_reproduce_is_not_offered(tmp_path, capsys):
     """The same program read as a crash of schedule(): with the finding's
     22-block pool the allocation fits, so the script runs to its end; the

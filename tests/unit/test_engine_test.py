@@ -50,7 +50,7 @@ def test_the_test_is_the_scripts_engine_code_with_the_findings_assertion(categor
                               finding.run["engine_settings"], category, "0.34.0")
         assert _shared(code) == _shared(script.code)
     assert _shared(code).startswith(ENGINE_CODE.split("@", 1)[0])
-    assert "NUM_BLOCKS = 22" in code and '("mamba_align", 64, 0, 1)' in code
+    assert "NUM_BLOCKS = 22" in code and '("mamba_align", 64, 0, 1, 1, 1)' in code
     assert ("(add_request, schedule, update_from_output" in ENGINE_CODE
             or "update_from_output" in _shared(code))
 

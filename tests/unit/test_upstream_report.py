@@ -44,7 +44,9 @@ def test_the_script_carries_the_findings_settings_and_inputs_and_nothing_of_kvsp
     compile(script.code, "repro.py", "exec")
     assert "kvspec" not in script.code.split('"""', 2)[2]  # the docstring may say who wrote it; the code imports none
     assert "NUM_BLOCKS = 22" in script.code and "ASYNC_SCHEDULING = True" in script.code
-    assert '("mamba_align", 64, 0, 1)' in script.code
+    # Each Mamba group with the prefill checkpoint vLLM's Mamba2 layer gave its spec.
+    assert script.code.count('("mamba_align", 64, 0, 1, 1, 1)') == 2
+    assert '("full_attention", 64, 0, 1, 0, None)' in script.code
     assert '    # add_request: 65 prompt tokens, max_tokens 1\n    ("arrive", "r0", list(range(0, 65)), 1),' \
         in script.code
     assert '    # one engine step, as EngineCore.step / step_with_batch_queue\n    ("step",),' in script.code
@@ -102,6 +104,43 @@ def test_the_cli_says_so_in_one_line_with_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no upstream reproduction script is available for state_hash_map" in err[0]
     assert not (tmp_path / "r.md").exists()
+
+
+def test_the_mamba_spec_is_built_with_the_prefill_checkpoint_vllm_built():
+    """The scheduler splits a Mamba prefill at block boundaries unless the
+    layer's spec declares prefill checkpoint blocks (MambaMixer2 does from
+    0.32): a spec built without them scheduled mamba_state_slot_nulled's
+    finding otherwise than the engine did (its test passed on the mutant)."""
+    code = _script(_finding()).code
+    assert "num_prefill_checkpoint_blocks=checkpoint_blocks," in code
+    assert "prefill_checkpoint_alignment=checkpoint_alignment," in code
+    assert "spec(kind, block, window, *checkpoint)" in code
+    doc = _doc()
+    for group in doc["run"]["engine_settings"]["groups"][:2]:
+        group.update(prefill_checkpoint_blocks=0, prefill_checkpoint_alignment=None)
+    assert _script(_finding(doc)).code.count('("mamba_align", 64, 0, 1, 0, None)') == 2
+
+
+@pytest.mark.parametrize("field, value", [("prefill_checkpoint_blocks", None), ("prefill_checkpoint_blocks", "1"),
+                                          ("prefill_checkpoint_alignment", 0), ("prefill_checkpoint_alignment", True)])
+def test_a_mamba_groups_checkpoint_is_a_validated_number(field, value):
+    doc = _doc()
+    doc["run"]["engine_settings"]["groups"][0][field] = value
+    with pytest.raises(Unscriptable, match=field):
+        _script(_finding(doc))
+
+
+def test_a_mamba_group_without_its_recorded_checkpoint_gets_no_script():
+    """Settings recorded before the checkpoint was: guessing it would make the
+    script schedule otherwise than the engine, silently."""
+    doc = _doc()
+    del doc["run"]["engine_settings"]["groups"][1]["prefill_checkpoint_blocks"]
+    with pytest.raises(Unscriptable, match="prefill checkpoint .* rerun `kvspec fuzz --engine`"):
+        _script(_finding(doc))
+    attention_only = _doc()
+    settings = attention_only["run"]["engine_settings"]
+    settings.update(groups=settings["groups"][2:], mamba_cache_mode=None)
+    assert '("full_attention", 64, 0, 1, 0, None)' in _script(_finding(attention_only)).code
 
 
 def test_a_finding_without_engine_settings_says_how_to_get_them():
