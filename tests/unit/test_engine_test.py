@@ -349,6 +349,27 @@ def test_the_report_folds_the_test_anew_with_both_runs_and_its_command():
     assert "not proposed: it did not fail on X as the finding did" in markdown and "```python" not in markdown
 
 
+def test_a_free_order_test_is_folded_and_run_under_its_parts_name():
+    """free_order's test is named by the part broken: the Markdown's file
+    and pytest command say that name (they said None.py before)."""
+    from kvspec.report.finding import render_markdown
+
+    window = FIXTURE.parent / "finding_engine_window_frees_early_0.34.0.json"
+    finding = Finding.from_dict(json.loads(window.read_text()))
+    name = "test_allocation_takes_blocks_from_the_free_queue_head"
+    runs = [{"against": "vllm 0.34.0 + allocate_from_queue_tail", "must": "failed", "outcome": "failed",
+             "failure": "the test's assertion", "as_expected": True},
+            {"against": "unmutated vllm 0.34.0", "must": "passed", "outcome": "passed", "as_expected": True}]
+    finding = attrs.evolve(finding, category=Category.STATE_FREE_ORDER,
+                           detail="state_free_order: free_order: block 1 left the free queue's head while block 17, "
+                                  "behind it, was taken (allocation pops from the head) (after step)",
+                           regression_test={"test_name": name, "module": None, "proposed": True, "code": "",
+                                            "verified": runs, "other_side": None, "lint": {"outcome": "passed"}})
+    markdown = render_markdown(finding)
+    assert f"Add as `tests/v1/core/{name}.py` of vLLM" in markdown and "None.py" not in markdown
+    assert f"pytest tests/v1/core/{name}.py::{name}" in markdown
+
+
 def test_with_no_verify_test_the_test_is_written_not_offered(tmp_path):
     from kvspec.findings.engine import with_engine_test
     from kvspec.subjects.subject import mutant_subject
