@@ -212,8 +212,9 @@ def test_an_evicted_block_test_is_not_written_for_kvspecs_own_connector():
 def _every_test() -> list[tuple[str, Finding]]:
     """A finding of every kind an engine test is written for, free_order by
     each part (on one full-attention group where the kind asks for it)."""
-    from kvspec.emit.engine_test import _FREE_ORDER_PARTS
+    from kvspec.emit.stateful_test import FREE_ORDER_HEAD, FREE_ORDER_PARTS
 
+    parts = {**FREE_ORDER_PARTS, "head": FREE_ORDER_HEAD}
     base = _no_connector(Category.STATE_LEAK)
     settings = base.run["engine_settings"]
     one_group = {**base.run, "engine_settings": {**settings, "groups": settings["groups"][2:]}}
@@ -221,7 +222,7 @@ def _every_test() -> list[tuple[str, Finding]]:
     for category in ENGINE_TEST_KINDS:
         if category is Category.STATE_FREE_ORDER:
             out += [(f"free_order {part}", attrs.evolve(base, category=category, detail=f"free_order: {words}"))
-                    for part, (words, _, _) in _FREE_ORDER_PARTS.items()]
+                    for part, (words, _, _) in parts.items()]
         elif category is Category.STATE_RETENTION_HIT:
             out.append((category.value, attrs.evolve(base, category=category, detail="request r0: a hit of 0 "
                                                      "tokens; retention owes at least 64, r1's replay boundary")))
