@@ -17,10 +17,12 @@ assertion of what the finding measured, named after the behaviour:
   request keeps real blocks for the window its step attends to.
 - a pool rule (leak, ref_cnt, the free queue, ...): read off the scheduler's
   KV cache manager after each ``schedule()`` and at the end;
-- a Mamba state or a full-attention table short of the computed tokens:
+- a Mamba state or a full-attention table short of the computed tokens, a
+  running request's table changed other than by growing or nulling a slot:
   after each ``schedule()`` and ``update_from_output()``;
-- a rule on one call (free order, the lookup rules, reset, zeroing): that
-  call wrapped on the scheduler's manager or block pool, where it is made.
+- a rule on one call (free order, allocation from the free queue's head, the
+  lookup rules, reset, zeroing, eviction after a failed KV load): that call
+  wrapped on the scheduler's manager or block pool, where it is made.
 
 It imports vLLM and torch only and names neither kvspec nor the finding.
 vLLM's ``create_scheduler`` (``tests/v1/core/utils.py``) builds one
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import re
 
-from kvspec.emit.stateful_test import CACHED_BLOCK_IDS, FREE_ORDER_PARTS, assertion_message
+from kvspec.emit.stateful_test import CACHED_BLOCK_IDS, FREE_ORDER_HEAD, FREE_ORDER_PARTS, assertion_message
 from kvspec.model.engine import EngineProgram
 from kvspec.model.finding import Category, Finding
 from kvspec.subjects.upstream_repro import IMPORTS, Unscriptable, engine_code, engine_values, wrap
@@ -77,9 +79,16 @@ _CALL_RULES = {
     Category.STATE_LOOKUP_PURITY: "test_get_computed_blocks_takes_no_reference",
     Category.STATE_RESET: "test_reset_prefix_cache_succeeds_iff_no_block_is_in_use",
     Category.STATE_ZEROING_MISSED: "test_new_attention_blocks_are_handed_out_for_zeroing",
+    Category.STATE_ZEROING: "test_only_newly_allocated_blocks_are_handed_out_for_zeroing",
+    Category.STATE_HIT_BOUNDS: "test_prefix_cache_hit_leaves_a_token_to_compute",
+    Category.STATE_TABLE_APPEND_ONLY: "test_running_request_block_table_is_append_only",
+    Category.STATE_EVICTED_FINDABLE: "test_evicted_blocks_are_no_longer_cached",
 }
 _BEHAVIOUR.update({category: (name, assertion_message(category)) for category, name in _CALL_RULES.items()})
 _BEHAVIOUR[Category.STATE_FREE_ORDER] = ("", None)  # by part: _free_order_part
+# free_order's parts: the stateful tests' (by the rule's words), and the one
+# on allocation, which only the engine test checks (get_new_blocks wrapped).
+_FREE_ORDER_PARTS = {**FREE_ORDER_PARTS, "head": FREE_ORDER_HEAD}
 ENGINE_TEST_KINDS = tuple(_BEHAVIOUR)
 # What the test drives: the release's test module calling it most is where it goes.
 CALL_CHECKED = "update_from_output"
@@ -87,14 +96,14 @@ CALL_CHECKED = "update_from_output"
 
 def _free_order_part(detail: str | None) -> str | None:
     """The part of free_order a finding broke, by its rule's words (None: no test)."""
-    return next((part for part, (words, _, _) in FREE_ORDER_PARTS.items() if words in (detail or "")), None)
+    return next((part for part, (words, _, _) in _FREE_ORDER_PARTS.items() if words in (detail or "")), None)
 
 
 def _entry(category: Category | Finding) -> tuple[str, str | None] | None:
     if isinstance(category, Finding):
         if category.category is Category.STATE_FREE_ORDER:
             part = _free_order_part(category.detail)
-            return FREE_ORDER_PARTS[part][1:] if part else None
+            return _FREE_ORDER_PARTS[part][1:] if part else None
         category = category.category
     if category is Category.STATE_FREE_ORDER:
         return None
@@ -315,13 +324,13 @@ def watch_lookups(scheduler):
 
     def get_computed_blocks(request, *args, **kwargs):
 @BEFORE@        found = lookup(request, *args, **kwargs)
-        computed_blocks, num_computed_tokens = found[0], found[1]
 @CHECK@        return found
 
     manager.get_computed_blocks = get_computed_blocks
 """
 _LOOKUP_CHECKS = {
     Category.STATE_HIT_GROUPS: ("", """\
+        computed_blocks, num_computed_tokens = found[0], found[1]
         groups = manager.coordinator.single_type_managers
         for group_id, blocks in enumerate(computed_blocks.blocks):
             block_size = groups[group_id].block_size
@@ -341,10 +350,27 @@ _LOOKUP_CHECKS = {
                 break
             num_cached += 1
 """, """\
+        num_computed_tokens = found[1]
         assert num_computed_tokens == num_cached * @BLOCK@, (
 @MESSAGE12@
             f"request {request.request_id} hit {num_computed_tokens} tokens; the "
             f"prefix cache held its first {num_cached} blocks"
+        )
+"""),
+    # hit_bounds: @UNIT@, the block a hit ends on (the hash block under
+    # partial hash hits, the scheduler block otherwise); with prefix caching
+    # off, _hit_bounds_check asks for no hit at all.
+    Category.STATE_HIT_BOUNDS: ("", """\
+        num_computed_tokens = found[1]
+        assert 0 <= num_computed_tokens < request.num_tokens, (
+@MESSAGE12@
+            f"request {request.request_id} hit {num_computed_tokens} of its "
+            f"{request.num_tokens} tokens"
+        )
+        assert num_computed_tokens % @UNIT@ == 0, (
+@MESSAGE12@
+            f"request {request.request_id} hit {num_computed_tokens} tokens, not a "
+            f"multiple of the @UNIT_NAME@ block size @UNIT@"
         )
 """),
     Category.STATE_LOOKUP_PURITY: ("""\
@@ -409,6 +435,99 @@ def watch_zeroing(scheduler):
     manager.allocate_slots = checked_allocate_slots
     manager.take_new_block_ids = checked_take_new_block_ids
 """
+_ZEROED_WATCH = """
+
+def watch_zeroed_blocks(scheduler):
+    \"\"\"Each take_new_block_ids() returns only blocks placed in a block table slot
+    since the last one (a new slot, or a slot holding another block).\"\"\"
+    manager = scheduler.kv_cache_manager
+    managers = manager.coordinator.single_type_managers
+    null_block_id = manager.block_pool.null_block.block_id
+    take_new_block_ids = manager.take_new_block_ids
+    tables = {}
+
+    def checked_take_new_block_ids():
+        zeroed = take_new_block_ids()
+        now = {
+            (request_id, group_id): [block.block_id for block in blocks]
+            for group_id, group in enumerate(managers)
+            for request_id, blocks in group.req_to_blocks.items()
+        }
+        placed = {
+            block_id
+            for key, blocks in now.items()
+            for slot, block_id in enumerate(blocks)
+            if block_id != null_block_id
+            and tables.get(key, [])[slot : slot + 1] != [block_id]
+        }
+        assert set(zeroed) <= placed, (
+@MESSAGE12@
+            f"blocks {sorted(set(zeroed) - placed)} were handed out, yet no block "
+            f"table slot took them since the last take_new_block_ids()"
+        )
+        tables.clear()
+        tables.update(now)
+        return zeroed
+
+    manager.take_new_block_ids = checked_take_new_block_ids
+"""
+# append_only: each running request's tables against the last check's, after
+# each schedule() and each update_from_output() (the check keeps them).
+_APPEND_ONLY_CHECK = """
+
+def block_table_check(scheduler):
+    \"\"\"A check that each running request's block tables only grew since the last
+    check, a slot keeping its block or turning null (the blocks a sliding window
+    or a Mamba group no longer needs).\"\"\"
+    managers = scheduler.kv_cache_manager.coordinator.single_type_managers
+    null_block_id = scheduler.kv_cache_manager.block_pool.null_block.block_id
+    tables = {}
+
+    def assert_block_tables_append_only(scheduler, processed=None):
+        running = {request.request_id for request in scheduler.running}
+        now = {
+            (request_id, group_id): [block.block_id for block in blocks]
+            for group_id, manager in enumerate(managers)
+            for request_id, blocks in manager.req_to_blocks.items()
+            if request_id in running
+        }
+        for (request_id, group_id), blocks in now.items():
+            before = tables.get((request_id, group_id), [])
+            kept = all(new in (old, null_block_id) for old, new in zip(before, blocks))
+            assert len(blocks) >= len(before) and kept, (
+@MESSAGE16@
+                f"request {request_id}, group {group_id}: the block table went "
+                f"from {before} to {blocks}"
+            )
+        tables.clear()
+        tables.update(now)
+
+    return assert_block_tables_append_only
+"""
+_EVICT_WATCH = "\n\n" + "\n".join(CACHED_BLOCK_IDS) + """
+
+
+def watch_evictions(scheduler):
+    \"\"\"Check the prefix cache after each evict_blocks() of the manager (the
+    scheduler's recovery from a failed KV load).\"\"\"
+    manager = scheduler.kv_cache_manager
+    evict_blocks = manager.evict_blocks
+
+    def checked_evict_blocks(block_ids, *args, **kwargs):
+        evicted = evict_blocks(block_ids, *args, **kwargs)
+        pool = manager.block_pool
+        mapped = cached_block_ids(pool)
+        for block_id in sorted(block_ids):
+            block = pool.blocks[block_id]
+            assert block.block_hash is None and block_id not in mapped, (
+@MESSAGE16@
+                f"block {block_id} is still cached (block hash: {block.block_hash}, "
+                f"in the hash map: {block_id in mapped})"
+            )
+        return evicted
+
+    manager.evict_blocks = checked_evict_blocks
+"""
 # free_order, by part: a freed request's blocks (KVCacheManager.free), or the
 # free block queue around each BlockPool.free_blocks call.
 _FREE_QUEUE = """
@@ -468,6 +587,27 @@ def watch_frees(scheduler):
 @PART@
     pool.free_blocks = checked_free_blocks
 """
+# ... or the blocks each BlockPool.get_new_blocks takes: the queue's head.
+_ALLOCATION_WATCH = _FREE_QUEUE + """
+
+def watch_allocations(scheduler):
+    \"\"\"Check the free block queue around each get_new_blocks() of the block pool.\"\"\"
+    pool = scheduler.kv_cache_manager.block_pool
+    get_new_blocks = pool.get_new_blocks
+
+    def checked_get_new_blocks(*args, **kwargs):
+        free_before = free_queue(pool)
+        blocks = get_new_blocks(*args, **kwargs)
+        still_free = set(free_queue(pool))
+        taken = [block_id for block_id in free_before if block_id not in still_free]
+        assert taken == free_before[: len(taken)], (
+@MESSAGE12@
+            f"blocks {taken} were taken from the free block queue {free_before}"
+        )
+        return blocks
+
+    pool.get_new_blocks = checked_get_new_blocks
+"""
 _FREE_PARTS = {
     "tail": """\
         if args or kwargs.get("evict_first"):
@@ -526,6 +666,20 @@ _DOCS = {
 }
 _DOCS.update({category: f"{(assertion_message(category) or '')[:1].upper()}{(assertion_message(category) or '')[1:]}."
               for category in _STATE_CHECKS})
+# Where the test checks less than the rule, its docstring says so.
+_DOCS[Category.STATE_TABLE_APPEND_ONLY] = (
+    "A running request's block table may only grow or null out skipped blocks: checked after each schedule() "
+    "and each update_from_output() on the requests running at both checks (not a table held while a request "
+    "waits for a KV load).")
+_DOCS[Category.STATE_ZEROING] = (
+    "take_new_block_ids() must return only blocks this step allocated: blocks placed in a block table slot "
+    "(a new one, or one holding another block) since the last take_new_block_ids().")
+_DOCS[Category.STATE_HIT_BOUNDS] = (
+    "A prefix cache hit must leave one token to compute and end on a block boundary (the hash block under "
+    "partial hash hits, the scheduler block otherwise); with prefix caching off, every lookup misses.")
+_DOCS[Category.STATE_EVICTED_FINDABLE] = (
+    "The blocks evict_blocks() is given (the scheduler's recovery from a failed KV load) must leave the prefix "
+    "cache, so no later lookup hits KV that failed to load.")
 _DOCS[Category.STATE_RETENTION_HIT] = ("A request must hit the prefix blocks earlier requests left in the prefix "
                                        "cache for it: the tokens a user does not recompute.")
 
@@ -587,6 +741,7 @@ def _retention_body(detail: str | None) -> str:
 
 
 _WATCHED = (*_AFTER_SCHEDULE, *_LOOKUP_CHECKS, Category.STATE_RESET, Category.STATE_ZEROING_MISSED,
+            Category.STATE_ZEROING, Category.STATE_TABLE_APPEND_ONLY, Category.STATE_EVICTED_FINDABLE,
             Category.STATE_FREE_ORDER)
 
 
@@ -596,6 +751,30 @@ def _group_ids(settings, *kinds: str) -> list[int]:
     if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
         raise Unscriptable("the finding's settings name no KV cache groups: no test")
     return [i for i, g in enumerate(groups) if g.get("kind") in kinds]
+
+
+def _hit_bounds_check(settings, check: str) -> str:
+    """hit_bounds' check for the finding's settings: a hit ends on the hash
+    block under partial hash hits, else on the scheduler block (validated
+    ints); with prefix caching off there is no hit at all."""
+    partial, caching = settings.get("partial_hash_hits"), settings.get("enable_caching")
+    if type(partial) is not bool or type(caching) is not bool:
+        raise Unscriptable("the finding's engine settings do not say whether prefix caching and partial hash "
+                           "hits are on: no test")
+    if not caching:
+        return """\
+        num_computed_tokens = found[1]
+        assert num_computed_tokens == 0, (
+@MESSAGE12@
+            f"request {request.request_id} hit {num_computed_tokens} tokens with "
+            f"prefix caching off"
+        )
+"""
+    key = "hash_block_size" if partial else "scheduler_block_size"
+    unit = settings.get(key)
+    if type(unit) is not int or not 0 < unit <= 1 << 12:
+        raise Unscriptable(f"the finding's engine settings have no valid {key}: no test")
+    return check.replace("@UNIT_NAME@", "hash" if partial else "scheduler").replace("@UNIT@", str(unit))
 
 
 def _watched(category: Category, settings, detail: str | None) -> tuple[str, str, str, str | None]:
@@ -616,10 +795,20 @@ def _watched(category: Category, settings, detail: str | None) -> tuple[str, str
                 raise Unscriptable("hit_length's test is written for one full-attention group whose block is the "
                                    "hash block, without EAGLE: no test")
             before, after = before.replace("@BLOCK@", str(size)), after.replace("@BLOCK@", str(size))
+        if category is Category.STATE_HIT_BOUNDS:
+            after = _hit_bounds_check(settings, after)
         code = _LOOKUP_WATCH.replace("@BEFORE@", before).replace("@CHECK@", after)
         return code, "    watch_lookups(scheduler)\n    drive(scheduler, OPS)", name, message
     if category is Category.STATE_RESET:
         return _RESET_WATCH, "    watch_resets(scheduler)\n    drive(scheduler, OPS)", name, message
+    if category is Category.STATE_ZEROING:
+        return _ZEROED_WATCH, "    watch_zeroed_blocks(scheduler)\n    drive(scheduler, OPS)", name, message
+    if category is Category.STATE_TABLE_APPEND_ONLY:
+        body = ("    assert_block_tables_append_only = block_table_check(scheduler)\n"
+                + _AFTER_OUTPUTS.replace("@CHECK@", "assert_block_tables_append_only"))
+        return _APPEND_ONLY_CHECK, body, name, message
+    if category is Category.STATE_EVICTED_FINDABLE:
+        return _EVICT_WATCH, "    watch_evictions(scheduler)\n    drive(scheduler, OPS)", name, message
     if category is Category.STATE_ZEROING_MISSED:
         if not _group_ids(settings, "mamba_align"):
             raise Unscriptable("vLLM zeroes new blocks only on layouts with Mamba groups: no test")
@@ -629,10 +818,12 @@ def _watched(category: Category, settings, detail: str | None) -> tuple[str, str
     part = _free_order_part(detail)
     if part is None:
         raise Unscriptable("no test is written for this part of free_order (written for: "
-                           + "; ".join(words for words, _, _ in FREE_ORDER_PARTS.values()) + ")")
-    _, name, message = FREE_ORDER_PARTS[part]
+                           + "; ".join(words for words, _, _ in _FREE_ORDER_PARTS.values()) + ")")
+    _, name, message = _FREE_ORDER_PARTS[part]
     if part == "reverse":
         code = _FREE_REVERSE.replace("@GROUPS@", str(_group_ids(settings, "full_attention")))
+    elif part == "head":
+        return _ALLOCATION_WATCH, "    watch_allocations(scheduler)\n    drive(scheduler, OPS)", name, message
     else:
         code = _FREE_BLOCKS_WATCH.replace("@PART@", _FREE_PARTS[part])
     return code, "    watch_frees(scheduler)\n    drive(scheduler, OPS)", name, message

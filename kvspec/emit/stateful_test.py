@@ -36,7 +36,8 @@ from kvspec.model.program import Program
 from .vllm_tests import SPEC_CLASSES, Idiom, kv_cache_group_lines
 
 __all__ = ["emit_stateful_test", "stateful_test_name", "assertion_message", "expected_failure", "STATE_CALLS",
-           "CALL_CHECKED", "IN_HELPER_MODULE", "CACHED_BLOCK_IDS", "FREE_ORDER_PARTS", "free_order_part", "no_test_why"]
+           "CALL_CHECKED", "IN_HELPER_MODULE", "CACHED_BLOCK_IDS", "FREE_ORDER_PARTS", "FREE_ORDER_HEAD",
+           "free_order_part", "no_test_why"]
 
 WIDTH = 88  # vLLM's line length (its pyproject.toml, [tool.ruff] line-length)
 
@@ -121,6 +122,15 @@ FREE_ORDER_PARTS: dict[str, tuple[str, str, str]] = {
             "test_freed_blocks_join_the_free_queue_at_an_end",
             "a freed block must join the free block queue at its head or its tail"),
 }
+# free_order's part on allocation (the blocks taken are the queue's head), in
+# the same form: written for the engine test only, which wraps the pool's
+# get_new_blocks; a stateful test would have to tell the lookup's hits
+# (taken where they lie) from the operation's allocations, and is not written.
+FREE_ORDER_HEAD: tuple[str, str, str] = (
+    "left the free queue's head",
+    "test_allocation_takes_blocks_from_the_free_queue_head",
+    "allocation must take blocks from the head of the free block queue (least "
+    "recently used first)")
 
 
 def free_order_part(finding: Finding) -> str | None:

@@ -624,7 +624,8 @@ def _reproduce(f: Finding, path=lambda p: p) -> list[str]:
     elif f.source == "fuzz" and f.compared.get("differential") == "engine":
         from kvspec.emit.engine_test import engine_test_name
 
-        name = engine_test_name(f.category)  # from the category, never the finding's text
+        # From the rule (free_order's part by its fixed words), never copied from the finding's text.
+        name = engine_test_name(f)
         if name and proposes_test(f):
             out.append(f"pytest tests/v1/core/{name}.py::{name}   # in a vLLM checkout, with the test added")
     elif f.source == "fuzz" and f.regression_test:
@@ -781,7 +782,7 @@ def _engine_test_fold(f: Finding) -> list[str]:
     if isinstance(module, str) and _TEST_FILE.fullmatch(module):
         where, how = module, f"Add to `{module}`"
     else:
-        where = f"tests/v1/core/{engine_test_name(f.category)}.py"
+        where = f"tests/v1/core/{engine_test_name(f)}.py"  # free_order: its part's name
         how = f"Add as `{where}`"
     body = [f"{how} of vLLM (it imports vLLM and torch only and builds its scheduler from the settings vLLM "
             "derived):", "", *_fence(code, "python")]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 
 from .operator import COORDINATOR_FILE, MANAGER_FILE, MutationOperator
-from .source import Edit, Missing, Source, exactly_one, find_class, find_method, is_attr, is_const, walk
+from .source import Edit, Missing, Source, exactly_one, find_class, find_method, is_attr, is_const, is_name, walk
 
 __all__ = ["STATE_MUTANTS", "BLOCK_POOL_FILE"]
 
@@ -199,6 +199,44 @@ def _free_head_first(src: Source) -> tuple[str, list[Edit]]:
     return where, [src.replace(call, src.segment(call.args[0]))]
 
 
+def _allocate_from_queue_tail(src: Source) -> tuple[str, list[Edit]]:
+    where, method = _method(src, "BlockPool", "get_new_blocks")
+    call = exactly_one([n for n in walk(method.body)
+                        if isinstance(n, ast.Call) and is_attr(n.func, "popleft_n")
+                        and is_attr(n.func.value, "free_block_queue", "self")],
+                       f"`self.free_block_queue.popleft_n(num_blocks)` in {where}")
+    # The same number of blocks, taken from the tail (the most recently freed
+    # first), each removed from the queue as the head's would be.
+    count = src.segment(call.args[0])
+    return where, [src.replace(call, "[(self.free_block_queue.remove(b), b)[1] for b in "
+                                     f"self.free_block_queue.get_all_free_blocks()[::-1][:{count}]]")]
+
+
+def _zeroing_ids_undrained(src: Source) -> tuple[str, list[Edit]]:
+    where, method = _method(src, "SingleTypeKVCacheManager", "take_new_block_ids")
+    reset = exactly_one([n for n in method.body
+                         if isinstance(n, ast.Assign) and len(n.targets) == 1
+                         and is_attr(n.targets[0], "new_block_ids", "self")],
+                        f"`self.new_block_ids = []` in {where}")
+    return where, [src.replace(reset, "pass")]
+
+
+def _skipped_slots_deleted(src: Source) -> tuple[str, list[Edit]]:
+    # The loop nulling the slots of skipped blocks: `_remove_blocks_in_range`
+    # (0.25 on), `remove_skipped_blocks` before; the base class's only.
+    cls = find_class(src.tree, "SingleTypeKVCacheManager")
+    method = find_method(cls, "_remove_blocks_in_range") or find_method(cls, "remove_skipped_blocks")
+    if method is None:
+        raise Missing("SingleTypeKVCacheManager.remove_skipped_blocks")
+    where = f"SingleTypeKVCacheManager.{method.name}"
+    stmt = exactly_one([n for n in walk(method.body)
+                        if isinstance(n, ast.Assign) and len(n.targets) == 1
+                        and isinstance(n.targets[0], ast.Subscript) and is_name(n.targets[0].value, "blocks")
+                        and is_attr(n.value, "_null_block", "self")],
+                       f"`blocks[i] = self._null_block` in {where}")
+    return where, [src.replace(stmt, f"del {src.segment(stmt.targets[0])}")]
+
+
 def _window_frees_early(src: Source) -> tuple[str, list[Edit]]:
     where, method = _method(src, "SlidingWindowManager", "get_num_skipped_tokens")
     # `return max(0, num_computed_tokens - self.sliding_window + 1 [- extra])`: one block more skipped.
@@ -239,6 +277,23 @@ STATE_MUTANTS: tuple[MutationOperator, ...] = (
         "SlidingWindowManager.get_num_skipped_tokens counts one block more than the tokens before the window "
         "(the block holding the window's first tokens is freed while the next step still reads it)",
         "", _window_frees_early, MANAGER_FILE, side="state"),
+    MutationOperator(
+        "allocate_from_queue_tail",
+        "BlockPool.get_new_blocks takes its blocks from the free queue's tail instead of its head (the most "
+        "recently freed cached blocks are evicted first: LRU eviction broken, hit rate falls)",
+        "", _allocate_from_queue_tail, BLOCK_POOL_FILE, side="state"),
+    MutationOperator(
+        "zeroing_ids_undrained",
+        "SingleTypeKVCacheManager.take_new_block_ids returns the blocks recorded for zeroing without draining "
+        "them: every later step hands them out to be zeroed again, wiping KV computed since (layouts with "
+        "Mamba layers, where vLLM zeroes new attention blocks)",
+        "", _zeroing_ids_undrained, MANAGER_FILE, side="state"),
+    MutationOperator(
+        "skipped_slots_deleted",
+        "SingleTypeKVCacheManager deletes the block-table slots of blocks no longer attended to (a sliding "
+        "window's) instead of nulling them: a running request's table shrinks and every later block shifts "
+        "onto an earlier token's slot",
+        "", _skipped_slots_deleted, MANAGER_FILE, side="state"),
     MutationOperator(
         "new_block_double_ref",
         "BlockPool.get_new_blocks hands blocks out with a reference count of 2 (freed blocks never free)",

@@ -91,6 +91,9 @@ TARGETED = {
     "free_head_first": (Category.STATE_FREE_ORDER, "tail first (reverse slot order)"),
     "window_frees_early": (Category.STATE_WINDOW, "the next step reads slots"),
     "mamba_state_slot_nulled": (Category.STATE_MAMBA_STATE, "keep their state in slot"),
+    "allocate_from_queue_tail": (Category.STATE_FREE_ORDER, "left the free queue's head"),
+    "zeroing_ids_undrained": (Category.STATE_ZEROING, "is not a block this operation placed"),
+    "skipped_slots_deleted": (Category.STATE_TABLE_APPEND_ONLY, "append_only: request"),
 }
 
 

@@ -143,6 +143,118 @@ def test_a_rule_on_the_managers_calls_is_checked_where_the_scheduler_makes_them(
     assert all(len(line) <= 88 for line in code.splitlines()) and "kvspec" not in code
 
 
+def _no_connector(category: Category, **settings) -> Finding:
+    """The fixture's finding as one of ``category`` with no KV connector (an
+    evicted block's test is written for a connector vLLM ships), its settings
+    changed as given."""
+    finding = _finding(category)
+    engine = {k: v for k, v in finding.run["engine_settings"].items() if k != "kv_connector"}
+    return attrs.evolve(finding, run={**finding.run, "engine_settings": {**engine, **settings}})
+
+
+@pytest.mark.parametrize("category, name, check, body", [
+    (Category.STATE_TABLE_APPEND_ONLY, "test_running_request_block_table_is_append_only",
+     "kept = all(new in (old, null_block_id) for old, new in zip(before, blocks))",
+     "    assert_block_tables_append_only = block_table_check(scheduler)\n"),
+    (Category.STATE_ZEROING, "test_only_newly_allocated_blocks_are_handed_out_for_zeroing",
+     "and tables.get(key, [])[slot : slot + 1] != [block_id]", "    watch_zeroed_blocks(scheduler)\n"),
+    (Category.STATE_HIT_BOUNDS, "test_prefix_cache_hit_leaves_a_token_to_compute",
+     "assert num_computed_tokens % 64 == 0, (", "    watch_lookups(scheduler)\n"),
+    (Category.STATE_EVICTED_FINDABLE, "test_evicted_blocks_are_no_longer_cached",
+     "assert block.block_hash is None and block_id not in mapped, (", "    watch_evictions(scheduler)\n"),
+])
+def test_each_remaining_rule_is_checked_where_the_scheduler_changes_what_it_reads(category, name, check, body):
+    """Append-only tables after each schedule() and update_from_output();
+    zeroing around take_new_block_ids(), the hit's bounds around
+    get_computed_blocks(), eviction around evict_blocks(): in the stateful
+    test's words for the same rule, named after the behaviour."""
+    from kvspec.emit.engine_test import engine_assertion_message, engine_test_name
+    from kvspec.emit.stateful_test import assertion_message
+
+    finding = _no_connector(category)
+    code = engine_test_code(finding, "0.34.0")
+    compile(code, f"{name}.py", "exec")
+    assert engine_test_name(finding) == name and engine_assertion_message(finding) == assertion_message(category)
+    test = code[code.index(f"\ndef {name}(tmp_path):\n    scheduler = make_scheduler(str(tmp_path))\n"):]
+    assert check in code and body in test
+    drive = "drive(scheduler, OPS, check=assert_block_tables_append_only)" \
+        if category is Category.STATE_TABLE_APPEND_ONLY else "drive(scheduler, OPS)"
+    assert test.rstrip().endswith(drive)
+    assert " ".join(assertion_message(category).split()[:5]) in code
+    assert all(len(line) <= 88 for line in code.splitlines())
+    assert "kvspec" not in code and "finding" not in code.lower()
+
+
+def test_hit_bounds_is_checked_on_the_block_the_settings_end_a_hit_on():
+    """The hash block under partial hash hits, the scheduler block otherwise;
+    no hit at all with prefix caching off; settings that do not say are no test."""
+    partial = engine_test_code(_no_connector(Category.STATE_HIT_BOUNDS, partial_hash_hits=True, hash_block_size=16),
+                               "0.34.0")
+    assert "assert num_computed_tokens % 16 == 0, (" in partial and "hash block size 16" in partial
+    plain = engine_test_code(_no_connector(Category.STATE_HIT_BOUNDS, hash_block_size=16), "0.34.0")
+    assert "assert num_computed_tokens % 64 == 0, (" in plain and "scheduler block size 64" in plain
+    off = engine_test_code(_no_connector(Category.STATE_HIT_BOUNDS, enable_caching=False), "0.34.0")
+    assert "assert num_computed_tokens == 0, (" in off and "% 64" not in off
+    with pytest.raises(Unscriptable, match="do not say whether prefix caching and partial hash hits are on"):
+        engine_test_code(_no_connector(Category.STATE_HIT_BOUNDS, partial_hash_hits=None), "0.34.0")
+    with pytest.raises(Unscriptable, match="no valid scheduler_block_size"):
+        engine_test_code(_no_connector(Category.STATE_HIT_BOUNDS, scheduler_block_size="64; import os"), "0.34.0")
+
+
+def test_an_evicted_block_test_is_not_written_for_kvspecs_own_connector():
+    """Only kvspec's connector fails loads, and the test drives vLLM's own
+    classes only: such a finding says why it has no test."""
+    finding = _no_connector(Category.STATE_EVICTED_FINDABLE, kv_connector="KvspecConnector")
+    with pytest.raises(Unscriptable, match="kvspec's own KV connector"):
+        engine_test_code(finding, "0.34.0")
+
+
+def _every_test() -> list[tuple[str, Finding]]:
+    """A finding of every kind an engine test is written for, free_order by
+    each part (on one full-attention group where the kind asks for it)."""
+    from kvspec.emit.stateful_test import FREE_ORDER_HEAD, FREE_ORDER_PARTS
+
+    parts = {**FREE_ORDER_PARTS, "head": FREE_ORDER_HEAD}
+    base = _no_connector(Category.STATE_LEAK)
+    settings = base.run["engine_settings"]
+    one_group = {**base.run, "engine_settings": {**settings, "groups": settings["groups"][2:]}}
+    out = []
+    for category in ENGINE_TEST_KINDS:
+        if category is Category.STATE_FREE_ORDER:
+            out += [(f"free_order {part}", attrs.evolve(base, category=category, detail=f"free_order: {words}"))
+                    for part, (words, _, _) in parts.items()]
+        elif category is Category.STATE_RETENTION_HIT:
+            out.append((category.value, attrs.evolve(base, category=category, detail="request r0: a hit of 0 "
+                                                     "tokens; retention owes at least 64, r1's replay boundary")))
+        else:
+            run = one_group if category is Category.STATE_HIT_LENGTH else base.run
+            out.append((category.value, attrs.evolve(base, category=category, run=run)))
+    return out
+
+
+@pytest.mark.parametrize("kind, finding", _every_test(), ids=[kind for kind, _ in _every_test()])
+def test_every_engine_test_passes_ruff_check_and_format_under_vllms_configuration(tmp_path, kind, finding):
+    """A test is offered only if it lints clean: each kind's, as vLLM lints
+    its tests (ruff check and ruff format, vLLM's configuration; a name bound
+    and never read, F841, kept the lookup tests from being offered)."""
+    import re
+    import subprocess
+
+    from ruff.__main__ import find_ruff_bin
+
+    code = engine_test_code(finding, "0.34.0")
+    (tmp_path / "pyproject.toml").write_text((FIXTURE.parent / "vllm-0.33.0-ruff.toml").read_text())
+    for module in re.findall(r"^from (vllm[\w.]*) import", code, re.M):  # first-party, as in vLLM's repository
+        package = tmp_path.joinpath(*module.split("."))
+        package.mkdir(parents=True, exist_ok=True)
+        (package / "__init__.py").write_text("")
+    (tmp_path / "test_it.py").write_text(code)
+    for args in (["check", "--no-cache", "--output-format", "concise"], ["format", "--no-cache", "--check", "--diff"]):
+        run = subprocess.run([str(find_ruff_bin()), *args, "test_it.py"], capture_output=True, text=True,
+                             cwd=tmp_path)
+        assert run.returncode == 0, run.stdout + run.stderr
+
+
 def test_hit_length_and_zeroing_say_where_no_test_is_written():
     """hit_length's leading run is written for one full-attention group (its
     block the hash block, no EAGLE drop); zeroing for layouts vLLM zeroes
@@ -171,6 +283,9 @@ def test_hit_length_and_zeroing_say_where_no_test_is_written():
      "test_blocks_that_stay_free_keep_their_eviction_order", "assert stayed == [block_id for block_id in"),
     ("block 3, newly free, lies among blocks that stayed free", "test_freed_blocks_join_the_free_queue_at_an_end",
      "assert free_after[first : first + len(stayed)] == stayed, ("),
+    ("block 1 left the free queue's head while block 2, behind it, was taken (allocation pops from the head), "
+     "and the operation freed nothing it could have come back by",
+     "test_allocation_takes_blocks_from_the_free_queue_head", "assert taken == free_before[: len(taken)], ("),
 ])
 def test_a_free_order_test_pins_the_part_the_finding_broke(words, name, check):
     """The part by the words of the rule's message, as the stateful test
@@ -184,14 +299,22 @@ def test_a_free_order_test_pins_the_part_the_finding_broke(words, name, check):
     compile(code, f"{name}.py", "exec")
     assert engine_test_name(finding) == name and f"\ndef {name}(tmp_path):\n" in code and check in code
     assert " ".join(engine_assertion_message(finding).split()[:6]) in code
-    assert "    watch_frees(scheduler)\n    drive(scheduler, OPS)\n" in code
+    watch = "watch_allocations" if "left the free queue's head" in words else "watch_frees"
+    assert f"    {watch}(scheduler)\n    drive(scheduler, OPS)\n" in code
     assert all(len(line) <= 88 for line in code.splitlines()) and "kvspec" not in code
     with pytest.raises(Unscriptable, match="no test is written for this part of free_order"):
-        engine_test_code(attrs.evolve(finding, detail="free_order: block 1 left the free queue's head"), "0.34.0")
+        engine_test_code(attrs.evolve(finding, detail="free_order: blocks 1 and 2 swapped"), "0.34.0")
 
 
 def test_a_kind_without_a_test_says_why():
-    other = next(c for c in Category if c.value.startswith("state_") and c not in ENGINE_TEST_KINDS)
+    """Every state rule has an engine test now; a part of free_order no test
+    is written for, or a kind that is not a state rule, says why."""
+    assert all(c in ENGINE_TEST_KINDS for c in Category if c.value.startswith("state_"))
+    odd = attrs.evolve(_finding(Category.STATE_FREE_ORDER), detail="free_order: blocks 1 and 2 swapped")
+    with pytest.raises(Unscriptable, match="no test is written for this part of free_order .written for: .*"
+                                           "left the free queue's head"):
+        engine_test_code(odd, "0.34.0")
+    other = next(c for c in Category if c not in ENGINE_TEST_KINDS)
     with pytest.raises(Unscriptable, match=f"no engine regression test for {other.value} findings yet"):
         engine_test_code(_finding(other), "0.34.0")
     with pytest.raises(Unscriptable, match="published release"):
@@ -227,6 +350,27 @@ def test_the_report_folds_the_test_anew_with_both_runs_and_its_command():
     assert "not proposed: it did not fail on X as the finding did" in markdown and "```python" not in markdown
 
 
+def test_a_free_order_test_is_folded_and_run_under_its_parts_name():
+    """free_order's test is named by the part broken: the Markdown's file
+    and pytest command say that name (they said None.py before)."""
+    from kvspec.report.finding import render_markdown
+
+    window = FIXTURE.parent / "finding_engine_window_frees_early_0.34.0.json"
+    finding = Finding.from_dict(json.loads(window.read_text()))
+    name = "test_allocation_takes_blocks_from_the_free_queue_head"
+    runs = [{"against": "vllm 0.34.0 + allocate_from_queue_tail", "must": "failed", "outcome": "failed",
+             "failure": "the test's assertion", "as_expected": True},
+            {"against": "unmutated vllm 0.34.0", "must": "passed", "outcome": "passed", "as_expected": True}]
+    finding = attrs.evolve(finding, category=Category.STATE_FREE_ORDER,
+                           detail="state_free_order: free_order: block 1 left the free queue's head while block 17, "
+                                  "behind it, was taken (allocation pops from the head) (after step)",
+                           regression_test={"test_name": name, "module": None, "proposed": True, "code": "",
+                                            "verified": runs, "other_side": None, "lint": {"outcome": "passed"}})
+    markdown = render_markdown(finding)
+    assert f"Add as `tests/v1/core/{name}.py` of vLLM" in markdown and "None.py" not in markdown
+    assert f"pytest tests/v1/core/{name}.py::{name}" in markdown
+
+
 def test_with_no_verify_test_the_test_is_written_not_offered(tmp_path):
     from kvspec.findings.engine import with_engine_test
     from kvspec.subjects.subject import mutant_subject
@@ -238,8 +382,8 @@ def test_with_no_verify_test_the_test_is_written_not_offered(tmp_path):
     assert test["proposed"] is False and test["why_not_proposed"] == "not run (--no-verify-test)"
     assert (tmp_path / "f" / test["file_name"]).read_text() == test["code"] and not test["verified"]
     # A kind no test is written for says why, and nothing is written.
-    other = with_engine_test(_finding(Category.STATE_TABLE_APPEND_ONLY), tmp_path / "g.json",
-                             mutant_subject("0.34.0", "window_frees_early"), verify=False)
-    assert other.regression_test["why_not_proposed"].startswith("no test written: no engine regression test for "
-                                                                "state_table_append_only findings yet")
+    odd = attrs.evolve(_finding(Category.STATE_FREE_ORDER), detail="free_order: blocks 1 and 2 swapped")
+    other = with_engine_test(odd, tmp_path / "g.json", mutant_subject("0.34.0", "window_frees_early"), verify=False)
+    assert other.regression_test["why_not_proposed"].startswith("no test written: no test is written for this "
+                                                                "part of free_order")
     assert not (tmp_path / "g").exists()

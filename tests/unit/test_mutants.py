@@ -424,6 +424,8 @@ class BlockPool:
     ("reset_ignores_held_blocks", "if num_used_blocks != 1:", "if False:"),
     ("new_block_double_ref", "block.ref_cnt = 1", "block.ref_cnt = 2"),
     ("free_cached_block_misses", "if not block:", "if not block or block.ref_cnt == 0:"),
+    ("allocate_from_queue_tail", "self.free_block_queue.popleft_n(num_blocks)",
+     "for b in self.free_block_queue.get_all_free_blocks()[::-1][:num_blocks]]"),
 ])
 def test_state_operators_rewrite_the_block_pool(name, removed, added):
     from kvspec.subjects.mutation import STATE_MUTANTS
@@ -444,6 +446,21 @@ class SingleTypeKVCacheManager:
 
     def free(self, request_id):
         self.block_pool.free_blocks(reversed(self.pop_blocks_for_free(request_id)))
+
+    def take_new_block_ids(self):
+        ids = self.new_block_ids
+        self.new_block_ids = []
+        return ids
+
+    def _remove_blocks_in_range(self, request_id, first_block, last_block):
+        blocks = self.req_to_blocks[request_id]
+        freed = []
+        for i in range(last_block - 1, first_block - 1, -1):
+            if blocks[i] == self._null_block:
+                break
+            freed.append(blocks[i])
+            blocks[i] = self._null_block
+        self.block_pool.free_blocks(freed)
 
     def allocate_new_blocks(self, request_id, num_tokens):
         req_blocks = self.req_to_blocks[request_id]
@@ -514,6 +531,8 @@ class MambaManager(SingleTypeKVCacheManager):
      "max(0, (num_computed_tokens - self.sliding_window + 1) + self.block_size)"),
     ("mamba_state_slot_nulled", "range(prev_block_len, num_skipped_blocks)",
      "range(prev_block_len, num_skipped_blocks + 1)"),
+    ("zeroing_ids_undrained", "self.new_block_ids = []", None),
+    ("skipped_slots_deleted", "blocks[i] = self._null_block", "del blocks[i]"),
 ])
 def test_state_operators_rewrite_the_managers(name, removed, added):
     from kvspec.subjects.mutation import STATE_MUTANTS
