@@ -195,7 +195,14 @@ def build_engine(setup):
         "num_blocks": config.num_blocks,
         "enable_caching": bool(cc.enable_prefix_caching),
         "partial_hash_hits": bool(getattr(coordinator, "enable_partial_hash_hits", False)),
-        "num_prefill_lookahead": getattr(vc, "num_prefill_lookahead_tokens", 0) or 0,
+        # What the scheduler passed its manager (0.28+: the scheduler's own
+        # attribute; 0.31+ reads it from VllmConfig.num_prefill_lookahead_tokens).
+        "num_prefill_lookahead": int(getattr(scheduler, "num_prefill_lookahead", None)
+                                     or getattr(vc, "num_prefill_lookahead_tokens", 0) or 0),
+        # SpeculativeConfig.use_multi_module_mtp (0.27+; None: no speculative
+        # decoding, or a release without it).
+        "multi_module_mtp": bool(sc.use_multi_module_mtp()) if sc is not None and hasattr(
+            sc, "use_multi_module_mtp") else None,
         "num_hash_lookahead_tokens": getattr(vc, "num_hash_lookahead_tokens", 0) or 0,
         "retention_interval": getattr(config, "prefix_cache_retention_interval", None),
         "async_scheduling": bool(vc.scheduler_config.async_scheduling),
