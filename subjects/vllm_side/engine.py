@@ -577,9 +577,13 @@ class EngineMachine:
         remote = getattr(self.RequestStatus, "WAITING_FOR_REMOTE_KVS", None)
         result["loading"] = sorted(r.request_id for r in requests.values() if r.status == remote)
         state = self.reader.snapshot(delta=True)
-        # Blocks the scheduler holds outside the tables until an in-flight step ends.
-        state["held_elsewhere"] = sorted(b.block_id for _, blocks in getattr(self.scheduler, "deferred_frees", ())
-                                         for b in blocks)
+        # Blocks the scheduler holds outside the tables until an in-flight step
+        # ends, and (0.27.1-0.28) the copy-on-write blocks the manager pins for
+        # a KV connector's partial-tail offload until the request is freed.
+        held = [b.block_id for _, blocks in getattr(self.scheduler, "deferred_frees", ()) for b in blocks]
+        pins = getattr(self.scheduler.kv_cache_manager, "_partial_tail_pins", None) or {}
+        held += [b.block_id for blocks in pins.values() for b in blocks]
+        state["held_elsewhere"] = sorted(held)
         return {"result": result, "handed_for_zeroing": list(self.handed), "running": running,
                 "waiting": sorted(waiting), "state": state}
 
