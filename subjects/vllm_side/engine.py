@@ -311,6 +311,31 @@ class EngineMachine:
         if connector_lookup is not None:
             manager.get_computed_blocks_for_connector = (
                 lambda request, *a, **k: observed(connector_lookup, request, a, k, True))
+        # 0.24-0.26: with a KV connector on a Mamba hybrid the scheduler looks
+        # up each group apart (coordinator.find_longest_cache_hit_per_group on
+        # the request's block hashes) and takes the longest group's hit.
+        per_group = getattr(manager.coordinator, "find_longest_cache_hit_per_group", None)
+        if per_group is not None:
+            def per_group_lookup(block_hashes, *args, **kwargs):
+                request = next((r for r in self.scheduler.requests.values() if r.block_hashes is block_hashes), None)
+                if inside or request is None:
+                    return per_group(block_hashes, *args, **kwargs)
+                before = reader.digest()
+                inside.append(True)
+                try:
+                    found = per_group(block_hashes, *args, **kwargs)
+                finally:
+                    inside.pop()
+                blocks, hits = found
+                entry = {"request": request.request_id, "hit": max(hits, default=0), "num_tokens": request.num_tokens,
+                         "group_blocks": [[b.block_id for b in g] for g in blocks], "before": before,
+                         "after": reader.digest()}
+                if len(set(hits)) > 1:
+                    entry["diverged"] = True
+                self.lookups.append(entry)
+                return found
+
+            manager.coordinator.find_longest_cache_hit_per_group = per_group_lookup
         # Each cache_blocks call as the registration differential records it
         # (one recorder: manager_driver's), with the request it was for.
         from .manager_driver import record_call, record_group

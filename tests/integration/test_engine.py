@@ -229,3 +229,25 @@ def test_a_cow_block_pinned_for_a_connectors_partial_tail_offload_is_a_held_bloc
     (pinned,) = scheduled["held_elsewhere"]
     assert pinned not in {b for _, _, blocks, _ in scheduled["tables"] for b in blocks}
     assert [ref for block, ref, _ in scheduled["blocks"] if block == pinned] == [1]
+
+
+def test_the_per_group_lookup_of_a_connector_on_a_hybrid_is_observed():
+    """0.24.0-0.26.0 with a KV connector on a Mamba hybrid look up each group
+    apart (``coordinator.find_longest_cache_hit_per_group``), not through
+    get_computed_blocks: the worker observes that lookup too.  Unobserved, r2's
+    hit on r0's blocks went unchecked and its hit block looked freshly
+    allocated: the zeroing_missed on a full-attention group of 0.24.0-0.25.1's
+    engine column that the release history left unexplained (this program)."""
+    import json
+    from pathlib import Path
+
+    from kvspec.diff_tests.engine import drive_engine_program
+
+    fixture = Path(__file__).parent.parent / "fixtures" / "program_engine_connector_per_group_lookup_0.24.0.json"
+    program = EngineProgram.from_dict(json.loads(fixture.read_text()))
+    with SubjectProcess(release("0.24.0")) as proc:
+        records = list(drive_engine_program(proc, program))
+    assert len(records) == len(program.ops) + 1 and not any(r.found for r in records), records[-1].found
+    lookups = [lk for r in records[1:] if r.answer is not None for part in r.answer.parts()
+               for lk in part.result.lookups if lk.request == "r2"]
+    assert lookups and lookups[0].hit > 0
