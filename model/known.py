@@ -140,6 +140,22 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
              needs="a KV connector, a Mamba 'align' hybrid with prefix caching and --prefix-match-unit below its "
                    "block (on the toy Qwen3-Next, with its MTP module)",
              reproduction="tests/fixtures/repro_truncate_mamba_behind_connector_hit.py"),
+    # Found through the engine on 0.26.0 once its per-group lookup with a
+    # connector was observed (before, a zeroing_missed false alarm stopped the
+    # search first); dated by the reproduction: 0.27.0 looks up through
+    # get_computed_blocks_for_connector, and 0.24.0-0.25.1 take no
+    # --prefix-match-unit (no partial hits there).
+    KnownBug(Category.SUBJECT_CRASH, "0.26.0", "0.27.0",
+             "with a KV connector on a Mamba 'align' hybrid the scheduler looks a request up group by group "
+             "(find_longest_cache_hit_per_group) and gives every group the longest group's hit as its computed "
+             "tokens; under partial hash hits (--prefix-match-unit below the block) a full-attention group whose "
+             "own hit is shorter (its block larger than the Mamba groups') records a partial hit past the blocks "
+             "it holds, and allocate_slots's copy-on-write asserts block_idx < len(req_blocks): schedule() raises "
+             "AssertionError", "raised in _apply_cow", name="per_group_lookup_longest_hit_past_full_attention",
+             needs="a KV connector, a Mamba 'align' hybrid whose Mamba block is below its full-attention block and "
+                   "--prefix-match-unit below the block (on the toy Qwen3-Next with its EAGLE3 drafter of twice "
+                   "its KV page)",
+             reproduction="tests/fixtures/repro_per_group_lookup_cow.py"),
     KnownBug(Category.STATE_TABLE_APPEND_ONLY, "0.26.0", "0.28.0",
              "after an admission with KV-connector tokens the Mamba manager copies-on-write into the running "
              "request's table, which must stay append-only", "append_only:",

@@ -204,6 +204,33 @@ def test_a_connector_hit_past_a_mamba_groups_states_crashes_schedule_until_0_28(
     assert TRUNCATE_BUG.reproduction.endswith(TRUNCATE.name)
 
 
+PER_GROUP = Path(__file__).parent.parent / "fixtures" / "repro_per_group_lookup_cow.py"
+(PER_GROUP_BUG,) = [b for b in KNOWN_BUGS if b.name == "per_group_lookup_longest_hit_past_full_attention"]
+
+
+@pytest.mark.parametrize("version", ["0.26.0", "0.27.0"])
+def test_a_per_group_lookups_longest_hit_crashes_the_copy_on_write_on_0_26(version):
+    """The probe through vLLM's Scheduler built the engine's way (the toy
+    Qwen3-Next with its EAGLE3 drafter, --prefix-match-unit 16, a connector
+    written against KVConnectorBase_V1 that offers nothing): a request
+    resending a computed 160-token chunk makes 0.26.0's schedule() raise in
+    _apply_cow; 0.27.0 schedules it."""
+    python, tree = ensure_runtime(), ensure_release(version)
+    env = {**os.environ, "KVSPEC_SUBJECT_TREE": str(tree), "VLLM_TARGET_DEVICE": "cpu", "VLLM_LOGGING_LEVEL": "ERROR"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(worker.__file__)))
+    run = subprocess.run([str(python), "-I", "-B", str(PER_GROUP), root], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["vllm"] == version and out["first"] == {"a": 160}
+    assert out["engine"]["groups"][-2:] == [["full_attention", 64], ["full_attention", 32]]
+    if PER_GROUP_BUG.carried_by(version):
+        assert out["schedule_raised"].endswith("in _apply_cow: assert block_idx < len(req_blocks)")
+    else:
+        assert out["schedule_raised"] is None and out["second"]["b"] > 0
+    assert PER_GROUP_BUG.reproduction.endswith(PER_GROUP.name)
+
+
 # A bug, its example engine program, and the group kinds a setup must build to express it (None: the bug's own).
 _ALIGNED = ("mamba_align_block_aligned_prompt_replay_state_missing", "program_engine_block_aligned_prompt.json",
             frozenset({"mamba_align"}))
