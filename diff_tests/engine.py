@@ -26,7 +26,7 @@ from hypothesis import Phase, reject, strategies as st
 from hypothesis.database import ExampleDatabase
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from kvspec.model.engine import (MODELLED_STEPS, MTP_TOY, OWN_CONNECTOR, QWEN3_NEXT_TOYS, TOY_MODELS, EngineProgram, EngineSetup,
+from kvspec.model.engine import (MAX_MTP_MODULES, MODELLED_STEPS, MTP_TOY, OWN_CONNECTOR, QWEN3_NEXT_TOYS, TOY_MODELS, EngineProgram, EngineSetup,
                                  derived_config, describe_engine_op, retention_layout)
 from kvspec.model.errors import InfrastructureError, KvspecError, SetupError
 from kvspec.model.finding import Category
@@ -70,13 +70,17 @@ def engine_draw_scope() -> str:
             f"requests) or 'recompute'; not drawn: failed_recving (request-level failures, 0.34), the connector's "
             f"lookahead block hashes and partial-tail offloads, connectors that send (request_finished delays no "
             f"free); EAGLE3 speculative decoding with the toy Llama's drafter in one Llama program in three, and MTP "
-            f"(vLLM's method 'mtp', the model's own module: num_nextn_predict_layers 1) on the toy Qwen3-Next, and "
+            f"(vLLM's method 'mtp') on the toy Qwen3-Next with the model's own modules (its config.json's "
+            f"num_nextn_predict_layers: the toy's 1, or 2 or 3 in two MTP programs in three, where the release has "
+            f"multi-module MTP), and "
             f"EAGLE3 on the same toy with a drafter of twice its KV page (hypothetical drafter geometry: its group's "
-            f"block is half the scheduler block), each in two of its programs in three, 1-3 speculative tokens (each step's drafts, up to that many, proposed "
+            f"block is half the scheduler block), each in two of its programs in three, 1-3 speculative tokens (with "
+            f"several MTP modules up to the modules, 2 or more in most programs; each step's drafts, up to that many, proposed "
             f"and accepted drawn per step, as the drafter proposes them), under the release's default hashes or "
             f"legacy ones (disable_lookahead_block_hashes, where the release takes it); on the Qwen3-Next toys, "
             f"--prefix-match-unit 8 or 16 in one program in two (partial hash hits; where the release takes it); "
-            f"not drawn: multi-module MTP, --prefix-match-unit on other toys, EAGLE3 on the Nemotron-H toy; no structured "
+            f"not drawn: more MTP modules than {MAX_MTP_MODULES} or speculative tokens than modules with several, "
+            f"--prefix-match-unit on other toys, EAGLE3 on the Nemotron-H toy; no structured "
             f"output (not drawn yet); at most {STEPS_PER_PROGRAM} rules a program. Modelled: " + "; ".join(MODELLED_STEPS))
 
 
@@ -86,6 +90,7 @@ _OPTION_WORDS = {
                      "--enable-prefix-caching)",
     "legacy_hashes": "legacy block hashes (--speculative-config disable_lookahead_block_hashes)",
     "match_unit": "--prefix-match-unit (partial hash hits on the toy Qwen3-Next)",
+    "multi_module_mtp": "multi-module MTP (the toy Qwen3-Next with 2 or 3 MTP modules, num_nextn_predict_layers)",
 }
 
 
@@ -105,7 +110,7 @@ class EngineResult(StatefulResult):
     def note_settings(self, derived: dict[str, Any]) -> None:
         for key in ("scheduler_class", "retention_interval", "async_scheduling", "reserve_full_isl",
                     "chunked_prefill", "partial_hash_hits", "kv_connector", "kv_load_failure_policy", "speculative_method",
-                    "use_eagle_block_drop", "num_hash_lookahead_tokens"):
+                    "use_eagle_block_drop", "num_hash_lookahead_tokens", "multi_module_mtp", "num_prefill_lookahead"):
             value = str(derived.get(key))
             self.settings.setdefault(key, {})
             self.settings[key][value] = self.settings[key].get(value, 0) + 1
@@ -159,11 +164,12 @@ def engine_setups(draw, leaving_out: Collection[str] = ()) -> EngineSetup:
     ``not_drawn`` (asked once per release): ``retention``, a retention interval
     (before 0.29); ``legacy_hashes``, --speculative-config's
     disable_lookahead_block_hashes (before 0.33); ``match_unit``,
-    --prefix-match-unit (before 0.28); a toy model's name, a toy the release
+    --prefix-match-unit (before 0.28); ``multi_module_mtp``, the MTP toy
+    with several MTP modules (before 0.27); a toy model's name, a toy the release
     cannot build or whose layout kvspec cannot model; ``mamba_default``, a
     hybrid's default Mamba caching (``as_the_release_takes``)."""
-    retention, legacy_hashes, match_unit = (key not in leaving_out for key in ("retention", "legacy_hashes",
-                                                                               "match_unit"))
+    retention, legacy_hashes, match_unit, multi_mtp = (key not in leaving_out for key in (
+        "retention", "legacy_hashes", "match_unit", "multi_module_mtp"))
     models = [m.name for m in TOY_MODELS if m.name not in leaving_out] or [m.name for m in TOY_MODELS]
     model = draw(st.sampled_from(models))
     toy = next(m for m in TOY_MODELS if m.name == model)
@@ -190,7 +196,7 @@ def engine_setups(draw, leaving_out: Collection[str] = ()) -> EngineSetup:
         retention_interval=draw(st.sampled_from((None, None, None, 0, 64))) if retention and (
             toy.hybrid or "sliding" in "".join(toy.layers)) else None,
         async_scheduling=draw(_MAYBE_BOOL), reserve_full_isl=draw(_MAYBE_BOOL), prefix_match_unit=unit_drawn,
-        **_connector(draw), **_speculative(draw, toy, legacy_hashes)), leaving_out)
+        **_connector(draw), **_speculative(draw, toy, legacy_hashes, multi_mtp)), leaving_out)
 
 
 def as_the_release_takes(setup: EngineSetup, leaving_out: Collection[str]) -> EngineSetup:
@@ -224,17 +230,32 @@ _LOAD = st.one_of(st.none(), st.tuples(st.integers(0, 4), st.sampled_from((0, 1,
                                        st.integers(0, 3), st.sampled_from((None, None, 0, 1, 2))))
 
 
-def _speculative(draw, toy, legacy_hashes: bool = True) -> dict[str, Any]:
+def _speculative(draw, toy, legacy_hashes: bool = True, multi_mtp: bool = True) -> dict[str, Any]:
     """Speculative decoding with the toy's drafter (EAGLE3 on the Llama, the
-    model's own MTP module on Qwen3-Next, or an EAGLE3 drafter of twice its KV
+    model's own MTP modules on Qwen3-Next, or an EAGLE3 drafter of twice its KV
     page) in one program in three, two in three on the Qwen3-Next toys (they
     are there for it), under the release's default
-    hashes or, where the release takes them, legacy ones (the EAGLE drop live)."""
+    hashes or, where the release takes them, legacy ones (the EAGLE drop live).
+    On the MTP toy, where the release has multi-module MTP, 2 to
+    ``MAX_MTP_MODULES`` modules in two programs in three, with speculative
+    tokens up to the modules, mostly 2 or more (multi-module MTP proper: one
+    token drafts with the first module alone; vLLM refuses more tokens than
+    modules unless a multiple)."""
     odds = (False, True, True) if toy.name in QWEN3_NEXT_TOYS else (False, False, True)
     if toy.spec_method is None or not draw(st.sampled_from(odds)):
         return {}
     legacy = draw(st.sampled_from((None, True))) if legacy_hashes else None
-    return {"num_speculative_tokens": draw(st.integers(1, 3)), "legacy_hashes": legacy}
+    modules = None
+    if toy.spec_method == "mtp" and multi_mtp:
+        modules = draw(st.sampled_from((None,) + tuple(range(2, MAX_MTP_MODULES + 1))))
+    if modules is None:
+        tokens = draw(st.integers(1, 3))
+    else:
+        tokens = draw(st.sampled_from((1,) + tuple(range(2, modules + 1)) * 2))
+    out: dict[str, Any] = {"num_speculative_tokens": tokens, "legacy_hashes": legacy}
+    if modules is not None:
+        out["num_nextn_predict_layers"] = modules
+    return out
 
 
 # An arrival: family, whole blocks of its shared prefix, extra tokens, a suffix
@@ -611,7 +632,8 @@ def not_drawn(proc: SubjectProcess) -> dict[str, str]:
     kvspec's state model does not know (0.25's Nemotron-H: Mamba groups
     without prefix caching, ``mamba_none``); ``match_unit``,
     --prefix-match-unit (0.28+), asked on the toy Qwen3-Next where it is
-    drawn.  A refusal in kvspec's own code, or an environment's, is not the
+    drawn; ``multi_module_mtp``, the toy Qwen3-Next with two MTP modules and
+    two speculative tokens (vLLM's ``use_multi_module_mtp``, 0.27+).  A refusal in kvspec's own code, or an environment's, is not the
     release's answer: the option stays drawn and the run meets it."""
     def refused(opened) -> bool:
         return not opened.ok and not opened.error.in_kvspecs_code and not opened.failed_as(ErrorKind.ENVIRONMENT)
@@ -665,7 +687,34 @@ def not_drawn(proc: SubjectProcess) -> dict[str, str]:
         why = _refusal(proc, unit, lambda opened: refused(opened) and "prefix_match_unit" in opened.error.message)
         if why:
             out["match_unit"] = why
+        why = _multi_module_mtp(proc, as_the_release_takes(EngineSetup(
+            model=MTP_TOY, num_gpu_blocks=64, num_speculative_tokens=2, num_nextn_predict_layers=2), out), refused)
+        if why:
+            out["multi_module_mtp"] = why
     return out
+
+
+def _multi_module_mtp(proc: SubjectProcess, probe: EngineSetup, refused: Callable[[Any], bool]) -> str:
+    """Why the release does not take multi-module MTP on the MTP toy (""
+    it does): it refuses two MTP modules with two speculative tokens, or its
+    SpeculativeConfig has no use_multi_module_mtp (before 0.27: it knows no
+    multi-module drafter), or says the setup is not one."""
+    try:
+        opened = proc.session(OpenEngine(probe.message()))
+    except KvspecError:
+        return ""  # undecided: the run's own engines meet the same error
+    if refused(opened):
+        return "vLLM refused to build it: " + " ".join(opened.error.message.split())[:300]
+    if not opened.ok:
+        return ""
+    multi = opened.payload.derived.get("multi_module_mtp")
+    if multi is None:
+        return ("this release's SpeculativeConfig has no use_multi_module_mtp (it has no multi-module MTP: its "
+                "scheduler reserves no prefill lookahead for the modules)")
+    if not multi:
+        return ("its SpeculativeConfig.use_multi_module_mtp() says two MTP modules with two speculative tokens "
+                "are not multi-module MTP")
+    return ""
 
 
 @attrs.frozen

@@ -29,7 +29,7 @@ from .program import validated_ops
 from .retention import RetentionLayout
 
 __all__ = ["HAND_BUILT", "HAND_BUILT_PROFILE_REACHED", "ENGINE_BUILT", "OWN_CONNECTOR", "LOAD_FIELDS", "FAILURE_POLICIES", "ToyModel", "TOY_MODELS",
-           "MTP_TOY", "QWEN3_NEXT_TOYS", "toy_model", "EngineSetup", "EngineProgram", "ENGINE_OPERATIONS", "describe_engine_op", "derived_config",
+           "MTP_TOY", "MAX_MTP_MODULES", "QWEN3_NEXT_TOYS", "toy_model", "EngineSetup", "EngineProgram", "ENGINE_OPERATIONS", "describe_engine_op", "derived_config",
            "retention_layout", "MODELLED_STEPS"]
 
 ENGINE_OPERATIONS = ("arrive", "step", "abort", "reset")
@@ -91,22 +91,23 @@ class ToyModel:
     def hybrid(self) -> bool:
         return "mamba" in self.layers
 
-    def drafter_message(self) -> dict[str, Any]:
+    def drafter_message(self, hf_config: dict[str, Any] | None = None) -> dict[str, Any]:
         """The worker's ``drafter`` part: an EAGLE3 drafter's config.json and
         attention geometry (its own KV heads and head size), or the MTP
-        modules' count (their geometry is the target's)."""
-        message: dict[str, Any] = {"hf_config": self.drafter, "draft_layers": self.draft_layers}
+        modules' count (their geometry is the target's), read from
+        ``hf_config`` (the model's config.json as the setup writes it;
+        unset: the toy's own)."""
+        message: dict[str, Any] = {"hf_config": self.drafter, "draft_layers": self.draft_layers(hf_config)}
         if self.drafter is not None:
             c = self.drafter
             message.update(num_kv_heads=c["num_key_value_heads"],
                            head_dim=c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
         return message
 
-    @property
-    def draft_layers(self) -> int:
+    def draft_layers(self, hf_config: dict[str, Any] | None = None) -> int:
         """The drafter's attention layers (each holds KV): an MTP module has one."""
         if self.spec_method == "mtp":
-            return int(self.hf_config.get("num_nextn_predict_layers") or 1)
+            return int((hf_config or self.hf_config).get("num_nextn_predict_layers") or 1)
         return int((self.drafter or {}).get("num_hidden_layers", 1))
 
     def as_setup_part(self) -> dict[str, Any]:
@@ -197,6 +198,12 @@ def toy_model(name: str) -> ToyModel:
     raise InvalidCase(f"no toy model {name!r}; known: {', '.join(m.name for m in TOY_MODELS)}")
 
 
+# The most MTP modules drawn on the MTP toy (num_nextn_predict_layers).
+MAX_MTP_MODULES = 3
+# EngineSetup fields a stored setup leaves out while unset (added after setups were stored).
+_OMITTED_UNSET = ("mamba_cache_mode", "num_nextn_predict_layers")
+
+
 def _optional_count(low: int, high: int):
     def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
         if value is None:
@@ -246,6 +253,11 @@ class EngineSetup:
     # --mamba-cache-mode: "align" caches Mamba states at block boundaries (a
     # hybrid's prefix caching); before 0.28 a hybrid's default is "none".
     mamba_cache_mode: str | None = attrs.field(default=None, validator=lambda i, a, v: _mamba_mode(v))
+    # The MTP toy's num_nextn_predict_layers (its config.json: the model's own
+    # MTP modules; None: the toy's one).  Two or more with as many speculative
+    # tokens is vLLM's multi-module MTP (SpeculativeConfig.use_multi_module_mtp):
+    # a prefill lookahead of the drafts, not 1.
+    num_nextn_predict_layers: int | None = attrs.field(default=None, validator=_optional_count(1, MAX_MTP_MODULES))
 
     def __attrs_post_init__(self) -> None:
         if self.mamba_cache_mode is not None and not self.toy.hybrid:
@@ -254,12 +266,27 @@ class EngineSetup:
             raise InvalidCase(f"{self.model} has no drafter: no speculative decoding on it")
         if self.legacy_hashes is not None and self.num_speculative_tokens is None:
             raise InvalidCase("legacy_hashes is a speculative-config setting: it needs num_speculative_tokens")
+        if self.num_nextn_predict_layers is not None:
+            if self.toy.spec_method != "mtp":
+                raise InvalidCase(f"{self.model} has no MTP modules of its own: num_nextn_predict_layers does not "
+                                  "apply")
+            if self.num_speculative_tokens is None:
+                raise InvalidCase("num_nextn_predict_layers is drawn for MTP speculative decoding: it needs "
+                                  "num_speculative_tokens")
         if self.kv_load_failure_policy is not None and self.kv_connector != OWN_CONNECTOR:
             raise InvalidCase(f"kv_load_failure_policy is drawn for {OWN_CONNECTOR} only")
 
     @property
     def toy(self) -> ToyModel:
         return toy_model(self.model)
+
+    @property
+    def hf_config(self) -> dict[str, Any]:
+        """The model's config.json as this setup writes it: the toy's, with
+        its MTP modules' count where one is set."""
+        if self.num_nextn_predict_layers is None:
+            return self.toy.hf_config
+        return {**self.toy.hf_config, "num_nextn_predict_layers": self.num_nextn_predict_layers}
 
     def engine_args(self) -> dict[str, Any]:
         """The flags given, in ``EngineArgs`` keywords (unset ones left out)."""
@@ -289,9 +316,9 @@ class EngineSetup:
         """The worker's ``open_engine`` setup (an EAGLE3 drafter's config.json
         goes in its own directory, which the worker names in the speculative
         config; MTP modules are the target's own, so none is named)."""
-        message = {**self.toy.as_setup_part(), "engine_args": self.engine_args()}
+        message = {**self.toy.as_setup_part(), "hf_config": self.hf_config, "engine_args": self.engine_args()}
         if self.num_speculative_tokens is not None:
-            message["drafter"] = self.toy.drafter_message()
+            message["drafter"] = self.toy.drafter_message(self.hf_config)
         return message
 
     def cli_flags(self) -> str:
@@ -309,11 +336,15 @@ class EngineSetup:
 
     def describe(self) -> str:
         flags = self.cli_flags()
-        return f"{self.model}{(' ' + flags) if flags else ''} (other flags: the release's defaults)"
+        model = self.model
+        if self.num_nextn_predict_layers is not None:
+            model += f" (config.json num_nextn_predict_layers {self.num_nextn_predict_layers})"
+        return f"{model}{(' ' + flags) if flags else ''} (other flags: the release's defaults)"
 
     def as_dict(self) -> dict[str, Any]:
-        # Unset, the Mamba cache mode is left out: setups stored before it existed read the same.
-        return attrs.asdict(self, filter=lambda a, v: not (a.name == "mamba_cache_mode" and v is None))
+        # Unset, the Mamba cache mode and the MTP modules' count are left out:
+        # setups stored before they existed read the same.
+        return attrs.asdict(self, filter=lambda a, v: not (a.name in _OMITTED_UNSET and v is None))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "EngineSetup":

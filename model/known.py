@@ -127,11 +127,16 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
              "with a KV connector on a Mamba hybrid, the scheduler looks the request up group by group "
              "(find_longest_cache_hit_per_group) and takes the deepest group's hit as the local hit; where full "
              "attention's is shorter (its drafter's dropped block, or an evicted tail), prompt tokens are counted "
-             "computed whose attention KV no block holds (0.27.0 reports full attention's hit and reconciles a "
-             "deeper group)",
+             "computed whose attention KV no block holds; under partial hash hits the copy-on-write of the partial "
+             "block asserts and schedule() raises (0.27.0 reports full attention's hit and reconciles a deeper "
+             "group)",
              "short of the connector lookup's hit", name="connector_lookup_takes_deepest_group_hit",
              group_kinds=frozenset({GroupKind.FULL_ATTENTION}),
              needs="a KV connector and a Mamba 'align' hybrid with prefix caching",
+             # Under partial hash hits (0.26.0) a full-attention group whose own
+             # hit is shorter records a partial hit past its blocks, and the
+             # copy-on-write asserts (tests/fixtures/repro_per_group_lookup_cow.py).
+             also_shows=((Category.SUBJECT_CRASH, "raised in _apply_cow"),),
              reproduction="tests/fixtures/repro_full_attention_short_of_mamba_hit.py",
              title="With a KV connector, hybrid models take the deepest group's prefix hit: full-attention KV "
                    "missing for counted tokens"),

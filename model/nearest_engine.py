@@ -26,7 +26,7 @@ from typing import Any
 import attrs
 
 from .domain import GroupKind, HashScheme
-from .engine import OWN_CONNECTOR, QWEN3_NEXT_TOYS, TOY_MODELS, EngineProgram, EngineSetup
+from .engine import MAX_MTP_MODULES, OWN_CONNECTOR, QWEN3_NEXT_TOYS, TOY_MODELS, EngineProgram, EngineSetup
 from .case import MAX_TOKENS
 from .program import Program
 
@@ -221,6 +221,15 @@ def nearest_setups(program: Program, plain: bool = False) -> tuple[list[EngineSe
             flags["num_speculative_tokens"] = max([op.get("drafts", 0) for op in program.ops] + [1])
             if eagle and config.hash_scheme is not HashScheme.LOOKAHEAD:
                 flags["legacy_hashes"] = True  # the EAGLE drop live, as on the hand-built manager
+            if toy.spec_method == "mtp" and eagle and config.num_prefill_lookahead > 1:
+                # A prefill lookahead past 1 is multi-module MTP's: as many MTP
+                # modules and drafts (vLLM derives the lookahead from them; the
+                # engine's run reads back what it derived).
+                modules = min(config.num_prefill_lookahead, MAX_MTP_MODULES)
+                flags.update(num_nextn_predict_layers=modules, num_speculative_tokens=modules)
+                if config.num_prefill_lookahead > MAX_MTP_MODULES:
+                    notes.append(f"prefill lookahead {config.num_prefill_lookahead} becomes {modules} (the most MTP "
+                                 f"modules the toy Qwen3-Next is given)")
         if name in QWEN3_NEXT_TOYS and config.hash_block_size < config.scheduler_block_size:
             flags["prefix_match_unit"] = 16  # partial hash hits, as the program's finer hash block gives
         if external:

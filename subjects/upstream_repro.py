@@ -263,8 +263,9 @@ def engine_code(template: str, program: EngineProgram, values: dict[str, Any]) -
             code = code.replace(f"@{key}@", _py(value))
     code = code.replace("@GROUPS@", "[\n" + "".join(f"    {_py(g)},\n" for g in values["GROUPS"]) + "]")
     code = code.replace("@OPS@", _ops_literal(values["OPS"]))
-    # The toy model's config.json is kvspec's own constant, chosen by a validated name.
-    code = code.replace("@MODEL_CONFIG@", _dict_call(setup.toy.hf_config)).replace("@FAMILY@", setup.toy.family)
+    # The toy model's config.json is kvspec's own constant, chosen by a validated name (its MTP modules
+    # as the setup sets them: a validated count).
+    code = code.replace("@MODEL_CONFIG@", _dict_call(setup.hf_config)).replace("@FAMILY@", setup.toy.family)
     code = code.replace("@INSTALL@", install_line(version))
     # kvspec's own rendering of validated fields (numbers, known names), as
     # comment lines within vLLM's line length.

@@ -201,7 +201,14 @@ def build_engine(setup):
         "num_blocks": config.num_blocks,
         "enable_caching": bool(cc.enable_prefix_caching),
         "partial_hash_hits": bool(getattr(coordinator, "enable_partial_hash_hits", False)),
-        "num_prefill_lookahead": getattr(vc, "num_prefill_lookahead_tokens", 0) or 0,
+        # What the scheduler passed its manager (0.28+: the scheduler's own
+        # attribute; 0.31+ reads it from VllmConfig.num_prefill_lookahead_tokens).
+        "num_prefill_lookahead": int(getattr(scheduler, "num_prefill_lookahead", None)
+                                     or getattr(vc, "num_prefill_lookahead_tokens", 0) or 0),
+        # SpeculativeConfig.use_multi_module_mtp (0.27+; None: no speculative
+        # decoding, or a release without it).
+        "multi_module_mtp": bool(sc.use_multi_module_mtp()) if sc is not None and hasattr(
+            sc, "use_multi_module_mtp") else None,
         "num_hash_lookahead_tokens": getattr(vc, "num_hash_lookahead_tokens", 0) or 0,
         "retention_interval": getattr(config, "prefix_cache_retention_interval", None),
         "async_scheduling": bool(vc.scheduler_config.async_scheduling),
@@ -608,9 +615,13 @@ class EngineMachine:
         remote = getattr(self.RequestStatus, "WAITING_FOR_REMOTE_KVS", None)
         result["loading"] = sorted(r.request_id for r in requests.values() if r.status == remote)
         state = self.reader.snapshot(delta=True)
-        # Blocks the scheduler holds outside the tables until an in-flight step ends.
-        state["held_elsewhere"] = sorted(b.block_id for _, blocks in getattr(self.scheduler, "deferred_frees", ())
-                                         for b in blocks)
+        # Blocks the scheduler holds outside the tables until an in-flight step
+        # ends, and (0.27.1-0.28) the copy-on-write blocks the manager pins for
+        # a KV connector's partial-tail offload until the request is freed.
+        held = [b.block_id for _, blocks in getattr(self.scheduler, "deferred_frees", ()) for b in blocks]
+        pins = getattr(self.scheduler.kv_cache_manager, "_partial_tail_pins", None) or {}
+        held += [b.block_id for blocks in pins.values() for b in blocks]
+        state["held_elsewhere"] = sorted(held)
         return {"result": result, "handed_for_zeroing": list(self.handed), "running": running,
                 "waiting": sorted(waiting), "state": state}
 

@@ -145,7 +145,8 @@ def test_the_plugins_engine_class_draws_only_what_the_release_takes():
     setups given) asks the release what its engine takes, as ``kvspec fuzz
     --engine`` does (``release_setups``, one source): 0.25.0's EngineArgs
     takes no retention interval, no --prefix-match-unit and no legacy-hash
-    switch, so none is drawn and no drawn setup is refused for one."""
+    switch, and has no multi-module MTP, so none is drawn and no drawn setup
+    is refused for one."""
     from hypothesis import HealthCheck, Phase, settings
     from hypothesis.stateful import run_state_machine_as_test
 
@@ -162,10 +163,91 @@ def test_the_plugins_engine_class_draws_only_what_the_release_takes():
         assert "prefix_cache_retention_interval" in left_out["retention"]
         # --prefix-match-unit is drawn on the Qwen3-Next toys only, which 0.25.0 does not build.
         assert "legacy_hashes" in left_out and ("match_unit" in left_out or "toy-qwen3-next" in left_out), left_out
+        # No use_multi_module_mtp before 0.27: the toy's one MTP module only.
+        assert "multi_module_mtp" in left_out or "toy-qwen3-next" in left_out, left_out
         machine = engine_machine(proc, on_program, lambda failure: None, tuple(known_bugs("0.25.0")))
         run_state_machine_as_test(machine, settings=settings(
             max_examples=12, stateful_step_count=2, database=None, deadline=None, derandomize=True,
             phases=[Phase.generate], suppress_health_check=list(HealthCheck)))
     assert len(drawn) >= 12 and not [r for r in refusals if "not expressible" in r], refusals
-    assert not any(s.retention_interval is not None or s.prefix_match_unit or s.legacy_hashes for s in drawn)
+    assert not any(s.retention_interval is not None or s.prefix_match_unit or s.legacy_hashes
+                   or s.num_nextn_predict_layers for s in drawn)
     assert not any(s.model in left_out for s in drawn)
+
+
+def test_multi_module_mtp_runs_through_the_scheduler_with_the_lookahead_vllm_derives():
+    """The toy Qwen3-Next with two MTP modules (num_nextn_predict_layers 2 in
+    its config.json) and two speculative tokens: 0.34.0 builds multi-module
+    MTP (use_multi_module_mtp, a prefill lookahead of 2, lookahead hashes over
+    2 tokens, the draft layers grouped with the target's attention), a program
+    with drafts runs through its Scheduler with every rule held, and a resend
+    of a 129-token prompt hits one block where the toy's one module hits two:
+    the second block's hash needs two tokens past it."""
+    from kvspec.diff_tests.engine import drive_engine_program
+
+    prompt = list(range(1000, 1129))
+    ops = ([{"do": "arrive", "id": "a", "tokens": prompt, "max_tokens": 6}] + [{"do": "step"}] * 3
+           + [{"do": "step", "drafts": 2, "accepted": 1}] * 3
+           + [{"do": "arrive", "id": "b", "tokens": prompt, "max_tokens": 2}, {"do": "step"}])
+    derived, resend = {}, {}
+    with SubjectProcess(release("0.34.0")) as proc:
+        for modules in (2, None):
+            setup = EngineSetup(model="toy-qwen3-next", num_gpu_blocks=40, num_speculative_tokens=2,
+                                num_nextn_predict_layers=modules, async_scheduling=False, max_num_batched_tokens=64)
+            records = list(drive_engine_program(proc, EngineProgram(setup, ops)))
+            assert len(records) == len(ops) + 1 and not any(r.found for r in records), records[-1].found
+            derived[modules] = records[0].reply.payload.derived
+            resend[modules] = [lk.hit for r in records[1:] for part in r.answer.parts()
+                               for lk in part.result.lookups if lk.request == "b"]
+    multi = derived[2]
+    assert multi["multi_module_mtp"] is True and multi["num_prefill_lookahead"] == 2
+    assert multi["num_hash_lookahead_tokens"] == 2
+    assert [(g["kind"], g["layers"]) for g in multi["groups"]] == [("mamba_align", 3), ("full_attention", 3)]
+    assert derived[None]["multi_module_mtp"] is False and derived[None]["num_prefill_lookahead"] == 1
+    assert resend == {2: [64], None: [128]}
+
+
+def test_a_cow_block_pinned_for_a_connectors_partial_tail_offload_is_a_held_block():
+    """0.27.1-0.28 pin the copy-on-write block of a producer's partial prompt
+    tail (a Mamba align group, a hash block finer than its block, a KV
+    connector) off every block table until the request is freed
+    (``KVCacheManager._partial_tail_pins``): a reference the state model
+    counts as held, as the scheduler's deferred frees.  Unobserved, two MTP
+    modules (the tail reached at prompt - 1) broke ref_counts on a 9-token
+    prompt: a false alarm."""
+    from kvspec.diff_tests.engine import drive_engine_program
+
+    setup = EngineSetup(model="toy-qwen3-next", num_gpu_blocks=26, kv_connector="DecodeBenchConnector",
+                        num_speculative_tokens=2, num_nextn_predict_layers=2, prefix_match_unit=8,
+                        async_scheduling=False)
+    ops = ({"do": "arrive", "id": "r0", "tokens": list(range(600, 609)), "max_tokens": 2}, {"do": "step"},
+           {"do": "step"})
+    with SubjectProcess(release("0.28.0")) as proc:
+        records = list(drive_engine_program(proc, EngineProgram(setup, ops)))
+    assert len(records) == len(ops) + 1 and not any(r.found for r in records), records[-1].found
+    scheduled = records[-1].answer.parts()[0].state  # the last step's schedule(), before its output
+    (pinned,) = scheduled["held_elsewhere"]
+    assert pinned not in {b for _, _, blocks, _ in scheduled["tables"] for b in blocks}
+    assert [ref for block, ref, _ in scheduled["blocks"] if block == pinned] == [1]
+
+
+def test_the_per_group_lookup_of_a_connector_on_a_hybrid_is_observed():
+    """0.24.0-0.26.0 with a KV connector on a Mamba hybrid look up each group
+    apart (``coordinator.find_longest_cache_hit_per_group``), not through
+    get_computed_blocks: the worker observes that lookup too.  Unobserved, r2's
+    hit on r0's blocks went unchecked and its hit block looked freshly
+    allocated: the zeroing_missed on a full-attention group of 0.24.0-0.25.1's
+    engine column that the release history left unexplained (this program)."""
+    import json
+    from pathlib import Path
+
+    from kvspec.diff_tests.engine import drive_engine_program
+
+    fixture = Path(__file__).parent.parent / "fixtures" / "program_engine_connector_per_group_lookup_0.24.0.json"
+    program = EngineProgram.from_dict(json.loads(fixture.read_text()))
+    with SubjectProcess(release("0.24.0")) as proc:
+        records = list(drive_engine_program(proc, program))
+    assert len(records) == len(program.ops) + 1 and not any(r.found for r in records), records[-1].found
+    lookups = [lk for r in records[1:] if r.answer is not None for part in r.answer.parts()
+               for lk in part.result.lookups if lk.request == "r2"]
+    assert lookups and lookups[0].hit > 0

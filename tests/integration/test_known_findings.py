@@ -231,6 +231,27 @@ def test_a_hybrid_hit_counts_tokens_whose_full_attention_kv_is_not_cached(versio
     assert out["with_connector"]["lookup"] == [{"find_longest_cache_hit_per_group": [64, 64, 32]}]
 
 
+PER_GROUP = Path(__file__).parent.parent / "fixtures" / "repro_per_group_lookup_cow.py"
+
+
+@pytest.mark.parametrize("version", ["0.26.0", "0.27.0"])
+def test_the_per_group_lookups_deepest_hit_crashes_the_copy_on_write_under_partial_hits(version):
+    """The same bug's crash form (the probe through vLLM's Scheduler built the
+    engine's way: the toy Qwen3-Next with its EAGLE3 drafter,
+    --prefix-match-unit 16, a connector against KVConnectorBase_V1 that
+    offers nothing): a request resending a computed 160-token chunk makes
+    0.26.0's schedule() raise in _apply_cow; 0.27.0 schedules it."""
+    out = _probe(PER_GROUP, version)
+    assert out["vllm"] == version and out["first"] == {"a": 160}
+    assert out["engine"]["groups"][-2:] == [["full_attention", 64], ["full_attention", 32]]
+    if CONNECTOR_BUG.carried_by(version):
+        assert out["schedule_raised"].endswith("in _apply_cow: assert block_idx < len(req_blocks)")
+        crash = "subject_crash: vLLM raised during engine step: AssertionError (raised in _apply_cow, block_pool.py)"
+        assert [b.name for b in known_bugs(version, Category.SUBJECT_CRASH, crash)] == [CONNECTOR_BUG.name]
+    else:
+        assert out["schedule_raised"] is None and out["second"]["b"] > 0
+
+
 # A bug, its example engine program, and the group kinds a setup must build to express it (None: the bug's own).
 _ALIGNED = ("mamba_align_block_aligned_prompt_replay_state_missing", "program_engine_block_aligned_prompt.json",
             frozenset({"mamba_align"}))

@@ -229,3 +229,72 @@ def test_a_release_whose_hybrid_default_is_unmodelled_runs_its_hybrids_aligned()
         EngineSetup.from_dict({"model": "toy-llama", "num_gpu_blocks": 40, "kv_connector": "Nope"})
     stored = EngineSetup(model="toy-nemotron-h", num_gpu_blocks=40, mamba_cache_mode="align").as_dict()
     assert EngineSetup.from_dict(stored).engine_args()["mamba_cache_mode"] == "align"
+
+
+def test_the_mtp_toys_modules_are_an_engine_setting_written_into_its_config_json():
+    """num_nextn_predict_layers (the toy Qwen3-Next's own MTP modules) goes
+    into the model's config.json and the worker's draft layers; unset, it is
+    the toy's one and a stored setup reads as before (no key)."""
+    setup = EngineSetup(model="toy-qwen3-next", num_gpu_blocks=40, num_speculative_tokens=2,
+                        num_nextn_predict_layers=2)
+    message = setup.message()
+    assert message["hf_config"]["num_nextn_predict_layers"] == 2 and message["drafter"]["draft_layers"] == 2
+    assert setup.hf_config["num_nextn_predict_layers"] == 2
+    assert setup.toy.hf_config["num_nextn_predict_layers"] == 1  # the toy itself is untouched
+    assert setup.engine_args()["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 2}
+    assert "toy-qwen3-next (config.json num_nextn_predict_layers 2)" in setup.describe()
+    assert setup.as_dict()["num_nextn_predict_layers"] == 2
+    assert EngineProgram.from_dict(EngineProgram(setup).as_dict()).setup == setup
+    single = EngineSetup(model="toy-qwen3-next", num_gpu_blocks=40, num_speculative_tokens=2)
+    assert "num_nextn_predict_layers" not in single.as_dict()
+    assert single.message()["hf_config"]["num_nextn_predict_layers"] == 1
+    assert single.message()["drafter"]["draft_layers"] == 1
+    assert "num_nextn_predict_layers" not in single.describe()
+
+
+@pytest.mark.parametrize("bad", [
+    dict(model="toy-qwen3-next", num_speculative_tokens=2, num_nextn_predict_layers=0),
+    dict(model="toy-qwen3-next", num_speculative_tokens=2, num_nextn_predict_layers=4),
+    dict(model="toy-qwen3-next", num_speculative_tokens=2, num_nextn_predict_layers="2"),
+    dict(model="toy-qwen3-next", num_speculative_tokens=2, num_nextn_predict_layers=True),
+    dict(model="toy-qwen3-next", num_nextn_predict_layers=2),  # no speculative decoding
+    dict(model="toy-qwen3-next-eagle3", num_speculative_tokens=2, num_nextn_predict_layers=2),  # an EAGLE3 drafter
+    dict(model="toy-llama", num_speculative_tokens=2, num_nextn_predict_layers=2)])
+def test_mtp_modules_are_checked_as_untrusted_input(bad):
+    with pytest.raises(InvalidCase):
+        EngineSetup(num_gpu_blocks=40, **bad)
+    with pytest.raises(InvalidCase):
+        EngineSetup.from_dict({"num_gpu_blocks": 40, **bad})
+
+
+def test_multi_module_mtp_is_drawn_where_the_release_has_it_and_said_in_the_scope():
+    """The MTP toy draws 2 or 3 modules in some programs, with speculative
+    tokens up to the modules; where not_drawn says the release has no
+    multi-module MTP, none is drawn and the scope says why."""
+    from hypothesis import HealthCheck, given, settings
+
+    from kvspec.diff_tests.engine import EngineResult, engine_draw_scope, engine_setups
+
+    seen, without = [], []
+
+    @settings(max_examples=600, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(engine_setups(leaving_out={"multi_module_mtp": "no use_multi_module_mtp"}), engine_setups())
+    def draw(left_out, drawn):
+        without.append(left_out)
+        seen.append(drawn)
+
+    draw()
+    assert all(s.num_nextn_predict_layers is None for s in without)
+    assert any(s.model == "toy-qwen3-next" and s.num_speculative_tokens for s in without)
+    multi = [s for s in seen if s.num_nextn_predict_layers is not None]
+    assert multi and {s.num_nextn_predict_layers for s in multi} == {2, 3}
+    assert all(s.model == "toy-qwen3-next" and 1 <= s.num_speculative_tokens <= s.num_nextn_predict_layers
+               for s in multi)
+    assert any(s.num_speculative_tokens >= 2 for s in multi)  # multi-module MTP proper
+    assert any(s.model == "toy-qwen3-next" and s.num_speculative_tokens and s.num_nextn_predict_layers is None
+               for s in seen)  # the toy's one module still drawn
+    assert "num_nextn_predict_layers: the toy's 1, or 2 or 3 in two MTP programs in three" in engine_draw_scope()
+    result = EngineResult(subject={"label": "vllm 0.26.0"}, capabilities=Capabilities(), seed=0,
+                          not_drawn={"multi_module_mtp": "this release's SpeculativeConfig has no use_multi_module_mtp"})
+    assert ("multi-module MTP (the toy Qwen3-Next with 2 or 3 MTP modules, num_nextn_predict_layers) not drawn on "
+            "this release: this release's SpeculativeConfig has no use_multi_module_mtp") in result.scope()

@@ -43,6 +43,26 @@ def test_the_model_is_the_toy_whose_layout_has_the_findings_group_kinds():
     assert setups[0].num_speculative_tokens == 1 and not setups[0].legacy_hashes
 
 
+def test_a_prefill_lookahead_past_one_is_searched_as_multi_module_mtp():
+    """A hand-built program with EAGLE over Mamba and a prefill lookahead L > 1
+    (multi-module MTP's): the toy Qwen3-Next with L MTP modules and L drafts,
+    at most the toy's three; lookahead 1 keeps the toy's one module."""
+    def mtp_setup(lookahead):
+        groups = (KVCacheGroup(GroupKind.MAMBA_ALIGN, 4), KVCacheGroup(GroupKind.FULL_ATTENTION, 4, eagle=True))
+        config = CoordinatorConfig(groups, scheduler_block_size=4, hash_block_size=4, num_prefill_lookahead=lookahead)
+        setups, notes = nearest_setups(Program(config, 130, 128, OPS))
+        return next(s for s in setups if s.model == "toy-qwen3-next"), notes
+
+    for lookahead, modules in ((2, 2), (3, 3)):
+        setup, _ = mtp_setup(lookahead)
+        assert (setup.num_nextn_predict_layers, setup.num_speculative_tokens) == (modules, modules)
+        assert setup.message()["hf_config"]["num_nextn_predict_layers"] == modules
+    setup, notes = mtp_setup(4)
+    assert setup.num_nextn_predict_layers == 3 and any("prefill lookahead 4 becomes 3" in n for n in notes)
+    setup, _ = mtp_setup(1)
+    assert setup.num_nextn_predict_layers is None and setup.num_speculative_tokens == 1
+
+
 def test_translation_keeps_prompts_and_says_what_it_drops():
     full = KVCacheGroup(GroupKind.FULL_ATTENTION, 2)
     program = _program([full], OPS)
