@@ -122,7 +122,8 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                    "a prompt whose chunks end on block boundaries",
              reproduction="tests/fixtures/repro_full_attention_short_of_mamba_hit.py",
              title="Hybrid prefix-cache hit counts prompt tokens whose full-attention KV is not cached "
-                   "(Mamba align + MTP)"),
+                   "(Mamba align + MTP)",
+             range_search="docs/results/known-ranges/hybrid_lookup_full_attention_short_of_mamba_hit.json"),
     KnownBug(Category.STATE_HIT_GROUPS, "0.24.0", "0.27.0",
              "with a KV connector on a Mamba hybrid, the scheduler looks the request up group by group "
              "(find_longest_cache_hit_per_group) and takes the deepest group's hit as the local hit; where full "
@@ -139,7 +140,8 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
              also_shows=((Category.SUBJECT_CRASH, "raised in _apply_cow"),),
              reproduction="tests/fixtures/repro_full_attention_short_of_mamba_hit.py",
              title="With a KV connector, hybrid models take the deepest group's prefix hit: full-attention KV "
-                   "missing for counted tokens"),
+                   "missing for counted tokens",
+             range_search="docs/results/known-ranges/connector_lookup_takes_deepest_group_hit.json"),
     # The same vLLM bug (#52828's shape), seen by the hit-length differential on one request.
     KnownBug(Category.LOOKUP_CONTRACT, "0.23.0", "0.29.0",
              "the hybrid lookup trims only the first full-attention group to the reconciled hit; a second one "
