@@ -22,7 +22,7 @@ import pytest
 from kvspec.model.case import InvalidCase
 from kvspec.model.engine import EngineProgram
 from kvspec.model.finding import Category, Finding
-from kvspec.subjects.upstream_repro import CONNECTOR_CODE, SCRIPT_CONNECTOR, Unscriptable, _ops, repro_script
+from kvspec.subjects.upstream_repro import CONNECTOR_CODE, SCRIPT_CONNECTOR, Unscriptable, engine_values, repro_script
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "finding_engine_mamba_estimate_0.34.0.json"
 PLAN = {"offer": 100, "async": False, "delay": 0, "fail": 1}
@@ -38,6 +38,16 @@ def _own_doc(plan: dict | None = None) -> dict:
     arrive["load"] = dict(plan or PLAN)
     doc["inputs"]["engine_program"]["ops"].append({"do": "arrive", "id": "r9", "tokens": [1, 2], "max_tokens": 1})
     return doc
+
+
+def _values(ops: tuple, connector: str = "KvspecConnector") -> dict:
+    """The script writer's values for ``ops`` on the fixture's setup and
+    settings (with ``connector``), however the program was made: the
+    writer validates what it writes on its own."""
+    doc = _own_doc()
+    setup = EngineProgram.from_dict(doc["inputs"]["engine_program"]).setup
+    settings = {**doc["run"]["engine_settings"], "kv_connector": connector}
+    return engine_values(types.SimpleNamespace(setup=setup, ops=ops), settings, "0.34.0", True)
 
 
 def _code(doc: dict, category: Category = Category.STATE_BLOCK_ESTIMATE) -> str:
@@ -107,9 +117,8 @@ def test_a_malformed_plan_is_refused_in_one_line(plan, field):
             **_own_doc()["inputs"], "engine_program": {**_own_doc()["inputs"]["engine_program"], "ops": [
                 {"do": "arrive", "id": "r0", "tokens": [1, 2], "load": plan}]}}})
     # ... and again by the script's writer, however the program was made.
-    program = types.SimpleNamespace(ops=({"do": "arrive", "id": "r0", "tokens": [1, 2], "load": plan},))
     with pytest.raises(Unscriptable) as refused:
-        _ops(program, own_connector=True)
+        _values(({"do": "arrive", "id": "r0", "tokens": [1, 2], "load": plan},))
     message = str(refused.value)
     assert "\n" not in message and field in message and "no upstream script" in message
 
@@ -120,9 +129,12 @@ def test_a_plan_without_its_connector_is_refused():
     doc["run"]["engine_settings"]["kv_connector"] = "DecodeBenchConnector"
     with pytest.raises((Unscriptable, InvalidCase)):
         _code(doc)
-    program = types.SimpleNamespace(ops=({"do": "arrive", "id": "r0", "tokens": [1, 2], "load": PLAN},))
     with pytest.raises(Unscriptable, match="kvspec's own KV connector, which its settings do not name"):
-        _ops(program, own_connector=False)
+        _values(({"do": "arrive", "id": "r0", "tokens": [1, 2], "load": PLAN},), "DecodeBenchConnector")
+    # A well-formed plan is written as given, an arrival without one as None.
+    ops = _values(({"do": "arrive", "id": "r0", "tokens": [1, 2], "load": PLAN},
+                   {"do": "arrive", "id": "r1", "tokens": [3]}, {"do": "step"}))["OPS"]
+    assert ops == [("arrive", "r0", [1, 2], 16, PLAN), ("arrive", "r1", [3], 16, None), ("step",)]
 
 
 # -- the connector's behaviour against kvspec's, vLLM's base classes stubbed ---
