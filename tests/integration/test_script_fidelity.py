@@ -97,6 +97,10 @@ CONNECTOR_CASES = (
     (EngineSetup(**_OWN, async_scheduling=False, kv_load_failure_policy="recompute"),
      _loading({"offer": 120, "async": True, "delay": 1, "fail": 2},
               {"offer": 50, "async": False, "delay": 0, "fail": 1})),
+    # a Mamba hybrid, the release's defaults (async scheduling): loads succeed on two or more groups
+    (EngineSetup(model="toy-nemotron-h", num_gpu_blocks=30, max_model_len=256, kv_connector="KvspecConnector"),
+     _loading({"offer": 128, "async": False, "delay": 0, "fail": 1},
+              {"offer": 90, "async": True, "delay": 1, "fail": None})),
 )
 SETUPS = (
     # mamba_state_slot_nulled's finding's setup: the release's defaults (async scheduling, the admission gate).
@@ -168,12 +172,13 @@ def test_the_script_builds_and_schedules_as_the_engine_worker(tmp_path):
     # kvspec's connector's cases did what each is there for: external tokens
     # offered; a load reported in finished_recving; a failing load's block
     # in invalid_block_ids and evicted under 'fail', none evicted under 'recompute'.
-    sync, later, failing, recompute = (e["connector"] for e in engine[len(SETUPS):])
+    sync, later, failing, recompute, hybrid = (e["connector"] for e in engine[len(SETUPS):])
     assert any(c[0] == "matched" and c[3][0] > 0 and c[3][1] is False for c in sync), sync
     assert any(c[0] == "matched" and c[3] == [100, True] for c in later), later
     assert any(c[0] == "output" and c[1] == ["a"] for c in later), later
     assert any(c[0] == "output" and c[2] for c in failing) and any(c[0] == "evict" and c[1] for c in failing)
     assert any(c[0] == "output" and c[2] for c in recompute) and not any(c[0] == "evict" for c in recompute)
+    assert any(c[0] == "output" and c[1] == ["c"] for c in hybrid) and not any(c[0] == "evict" for c in hybrid)
 
 
 @pytest.mark.parametrize("key, allowed", [("group1.spec.num_prefill_checkpoint_blocks", False),
