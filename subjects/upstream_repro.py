@@ -3,11 +3,14 @@ and its run in a fresh process on the release.
 
 The script is written by kvspec from validated fields only: the engine
 program (``model.engine.EngineProgram``: a toy model kvspec knows by name,
-numbers, booleans, known connector names) and the settings vLLM derived for
-it, each checked here to be a number, a boolean or a known word.  No string
-of the finding file reaches the script.  It imports vLLM and the standard
-library only (and torch, which vLLM needs): a vLLM maintainer runs it as it
-is.
+numbers, booleans, known connector names, each request's load plan for
+kvspec's own connector) and the settings vLLM derived for it, each checked
+here to be a number, a boolean or a known word.  No string of the finding
+file reaches the script.  It imports vLLM and the standard library only (and
+torch, which vLLM needs): a vLLM maintainer runs it as it is.  A finding
+found with kvspec's own KV connector gets that connector's behaviour written
+into the code (``CONNECTOR_CODE``: ``ExternalStoreConnector``, against
+vLLM's public ``KVConnectorBase_V1``, and its worker side run by the driver).
 """
 
 from __future__ import annotations
@@ -22,21 +25,24 @@ from typing import Any
 
 import attrs
 
-from kvspec.model.engine import EngineProgram
+from kvspec.model.engine import FAILURE_POLICIES, LOAD_FIELDS, OWN_CONNECTOR, OWN_CONNECTOR_MODULE, EngineProgram
 from kvspec.model.errors import UsageError
 from kvspec.model.finding import Category
 
 __all__ = ["UPSTREAM_KINDS", "ReproScript", "Unscriptable", "repro_script", "run_repro", "ReproRun", "engine_values",
            "engine_code", "ENGINE_CODE", "IMPORTS", "HAND_BUILT_NOTE",
-           "install_line", "MAX_TAIL_LINES", "wrap"]
+           "install_line", "MAX_TAIL_LINES", "wrap", "CONNECTOR_CODE", "SCRIPT_CONNECTOR", "imports",
+           "OWN_CONNECTOR_NOTE"]
 
 # The finding kinds a script is written for: schedule() raising, and a
 # group's block estimate below what allocate_slots takes.
 UPSTREAM_KINDS = (Category.SUBJECT_CRASH, Category.STATE_BLOCK_ESTIMATE)
 # Group kinds the script can build a spec for (what kvspec's state model knows).
 _SPEC_KINDS = ("full_attention", "sliding_window", "mamba_align")
-# The connectors a user has without kvspec (kvspec's own one is not vLLM's).
+# The connectors a user has without kvspec (kvspec's own one is not vLLM's:
+# the code carries its behaviour as a connector of its own, SCRIPT_CONNECTOR).
 _STANDALONE_CONNECTORS = ("DecodeBenchConnector",)
+SCRIPT_CONNECTOR = "ExternalStoreConnector"
 MAX_TAIL_LINES = 15
 
 
@@ -105,20 +111,42 @@ def _groups(settings: dict[str, Any]) -> list[tuple[str, int, int, int, int, int
     return groups
 
 
-def _ops(program: EngineProgram) -> list[tuple]:
-    """The engine inputs as plain tuples of validated values."""
+def _plan(plan: Any) -> dict[str, Any]:
+    """A request's load plan for kvspec's connector, validated afresh (known
+    fields, small whole numbers, a boolean; no ``fail``: none fails), in
+    LOAD_FIELDS' order."""
+    if not isinstance(plan, dict) or not set(plan) <= set(LOAD_FIELDS):
+        raise Unscriptable(f"a load plan of the finding is not a mapping of {', '.join(LOAD_FIELDS)}: no upstream "
+                           "script")
+    plan = {"fail": None, **plan}
+    for key in ("offer", "delay", "fail"):
+        value = plan.get(key)
+        if (value is not None or key != "fail") and (isinstance(value, bool) or not isinstance(value, int)
+                                                    or not 0 <= value <= 1 << 16):
+            raise Unscriptable(f"a load plan's {key} is not a whole number from 0 to {1 << 16}: no upstream script")
+    if not isinstance(plan.get("async"), bool):
+        raise Unscriptable("a load plan's async is not true or false: no upstream script")
+    return {key: plan[key] for key in LOAD_FIELDS}
+
+
+def _ops(program: EngineProgram, own_connector: bool = False) -> list[tuple]:
+    """The engine inputs as plain tuples of validated values (under kvspec's
+    connector an arrival also carries its load plan, or None)."""
     ops: list[tuple] = []
     for op in program.ops:
         kind = op["do"]
         if kind == "arrive":
-            if op.get("load"):
-                raise Unscriptable("no upstream script for kvspec's own KV connector's load plans yet "
-                                   "(its connector is not vLLM's)")
+            if op.get("load") and not own_connector:
+                raise Unscriptable("a load plan of the finding is for kvspec's own KV connector, which its "
+                                   "settings do not name: no upstream script")
             rid = op["id"]
             if not isinstance(rid, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", rid):
                 raise Unscriptable("a request id of the finding is not a plain name: no upstream script")
             tokens = [int(t) for t in op["tokens"]]
-            ops.append(("arrive", rid, tokens, int(op.get("max_tokens", 16))))
+            arrive = ("arrive", rid, tokens, int(op.get("max_tokens", 16)))
+            if own_connector:
+                arrive += (_plan(op["load"]) if op.get("load") else None,)
+            ops.append(arrive)
         elif kind == "step":
             if op.get("drafts"):
                 raise Unscriptable("no upstream script for speculative decoding yet")
@@ -144,6 +172,13 @@ def _py(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_py(v) for v in value) + "]"
     return repr(value)
+
+
+def _plan_literal(plan: dict[str, Any] | None) -> str:
+    """A validated load plan as a dict literal (its keys: LOAD_FIELDS)."""
+    if plan is None:
+        return "None"
+    return "{" + ", ".join(f"{_py(k)}: {_py(v)}" for k, v in plan.items()) + "}"
 
 
 def wrap(text: str, width: int = 80) -> str:
@@ -193,9 +228,10 @@ def _ops_literal(ops: list[tuple]) -> str:
     lines = []
     for op in ops:
         if op[0] == "arrive":
-            _, rid, tokens, max_tokens = op
-            lines.append(f"    # add_request: {len(tokens)} prompt tokens, max_tokens {max_tokens}")
-            lines += _item(['"arrive"', _py(rid), _tokens(tokens), str(max_tokens)])
+            rid, tokens, max_tokens, *plan = op[1:]
+            said = ", and a load plan" if plan and plan[0] else ""
+            lines.append(f"    # add_request: {len(tokens)} prompt tokens, max_tokens {max_tokens}{said}")
+            lines += _item(['"arrive"', _py(rid), _tokens(tokens), str(max_tokens), *map(_plan_literal, plan)])
         elif op[0] == "abort":
             lines += ["    # finish_requests(FINISHED_ABORTED)", *_item(['"abort"', _py(op[1])])]
         elif op[0] == "reset":
@@ -220,8 +256,14 @@ def engine_values(program: EngineProgram, settings: dict[str, Any] | None, versi
             or _int(settings, "num_speculative_tokens", 0, 0):
         raise Unscriptable("no upstream script for speculative decoding yet")
     connector = settings.get("kv_connector")
-    if connector is not None and connector not in _STANDALONE_CONNECTORS:
-        raise Unscriptable("no upstream script for kvspec's own KV connector yet (a user has vLLM's only)")
+    own = connector == OWN_CONNECTOR
+    if connector is not None and connector not in _STANDALONE_CONNECTORS and not own:
+        raise Unscriptable("the finding's engine settings name a KV connector the upstream script cannot build: "
+                           "no upstream script")
+    policy = settings.get("kv_load_failure_policy")
+    if own and policy not in FAILURE_POLICIES:
+        raise Unscriptable("the finding's engine settings name no valid kv_load_failure_policy for its KV "
+                           "connector: no upstream script")
     mode = settings.get("mamba_cache_mode")
     if mode not in (None, "none", "align", "all"):
         raise Unscriptable("the finding's engine settings name an unknown mamba_cache_mode: no upstream script")
@@ -243,10 +285,13 @@ def engine_values(program: EngineProgram, settings: dict[str, Any] | None, versi
         "H": _int(settings, "hash_block_size", 1, 1 << 12),
         "MAMBA_MODE": mode or "none",
         "RETENTION": retention,
-        "CONNECTOR": connector,
+        # kvspec's connector: written in the code itself, under its own name.
+        "CONNECTOR": SCRIPT_CONNECTOR if own else connector,
+        "OWN_CONNECTOR": own,
+        "LOAD_FAILURE_POLICY": FAILURE_POLICIES[FAILURE_POLICIES.index(policy)] if own else None,
         "CHECK_ESTIMATE": check_estimate,
         "GROUPS": _groups(settings),
-        "OPS": _ops(program),
+        "OPS": _ops(program, own),
     }
 
 
@@ -256,7 +301,9 @@ def engine_code(template: str, program: EngineProgram, values: dict[str, Any]) -
     the driver of its calls) and the validated ``values`` filled in."""
     setup = program.setup
     version = values["VERSION"]
-    code = template.replace("@ENGINE_CODE@", ENGINE_CODE)
+    own = bool(values.get("OWN_CONNECTOR"))
+    code = template.replace("@ENGINE_CODE@", _with_own_connector(ENGINE_CODE) if own else ENGINE_CODE)
+    code = code.replace("@IMPORTS@", imports(own)).replace("@SCRIPT_IMPORTS@", _after_environment(imports(own)))
     code = code.replace("vLLM @VERSION@", f"vLLM {version}")  # version: checked X.Y.Z
     for key, value in values.items():
         if key not in ("GROUPS", "OPS"):
@@ -269,7 +316,11 @@ def engine_code(template: str, program: EngineProgram, values: dict[str, Any]) -
     code = code.replace("@INSTALL@", install_line(version))
     # kvspec's own rendering of validated fields (numbers, known names), as
     # comment lines within vLLM's line length.
-    words = f"The engine flags: vllm serve MODEL {setup.cli_flags()}".split()
+    flags = setup.cli_flags()
+    if own:  # kvspec's connector, as the code defines it
+        flags = flags.replace(f'"{OWN_CONNECTOR}"', f'"{SCRIPT_CONNECTOR}"').replace(
+            f'"{OWN_CONNECTOR_MODULE}"', '"<this file\'s module>"')
+    words = f"The engine flags: vllm serve MODEL {flags}".split()
     lines = ["#"]
     for word in words:
         if len(lines[-1]) + 1 + len(word) > 88 and lines[-1] != "#":
@@ -284,6 +335,13 @@ HAND_BUILT_NOTE = ("the KVCacheConfig (its groups, block sizes and pool size as 
                    "are placeholders the scheduler does not read")
 
 
+# What a script (or test) written for kvspec's connector says of it.
+OWN_CONNECTOR_NOTE = (f"The KV connector the finding ran (an out-of-tree one) is written into "
+                      f"the file as {SCRIPT_CONNECTOR}, against vLLM's public KVConnectorBase_V1: each request's "
+                      "load plan rides in its kv_transfer_params, and the driver runs the connector's worker side "
+                      "each step as the model runner does (no KV moves on a CPU).")
+
+
 def repro_script(program: EngineProgram, settings: dict[str, Any] | None, kind: Category,
                  version: str) -> ReproScript:
     """The standalone script for an engine finding of ``kind``, or
@@ -295,10 +353,13 @@ def repro_script(program: EngineProgram, settings: dict[str, Any] | None, kind: 
     about = wrap(f"Generated by kvspec from an engine finding on a toy model of the {program.setup.toy.family} "
                  f"family.  Run: {install_line(version)} (the script sets VLLM_TARGET_DEVICE=empty and "
                  "HF_HUB_OFFLINE=1 itself).")
-    code = engine_code(_TEMPLATE.replace("@ABOUT@", about), program, values)
     marker = "AssertionError: block estimate below allocation" if values["CHECK_ESTIMATE"] else ""
-    return ReproScript(code, version, kind, marker, HAND_BUILT_NOTE.replace("are built from", "are built by the "
-                                                                             "script from"))
+    note = HAND_BUILT_NOTE.replace("are built from", "are built by the script from")
+    if values["OWN_CONNECTOR"]:
+        about += "\n\n" + wrap(OWN_CONNECTOR_NOTE)
+        note += f"; {OWN_CONNECTOR_NOTE[:1].lower()}{OWN_CONNECTOR_NOTE[1:-1]}"
+    code = engine_code(_TEMPLATE.replace("@ABOUT@", about), program, values)
+    return ReproScript(code, version, kind, marker, note)
 
 
 @attrs.frozen
@@ -378,6 +439,31 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 '''
+
+
+# What the code imports besides under kvspec's connector (the connector
+# written in it and the KVConnectorOutput its worker side reports).
+_CONNECTOR_IMPORTS = (
+    ("from vllm.sampling_params import SamplingParams\n",
+     "from vllm.distributed.kv_transfer.kv_connector.v1.base import (\n    KVConnectorBase_V1,\n"
+     "    KVConnectorMetadata,\n    KVConnectorRole,\n    SupportsHMA,\n)\n"
+     "from vllm.sampling_params import SamplingParams\n"),
+    ("from vllm.v1.outputs import ModelRunnerOutput\n",
+     "from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput\n"),
+)
+
+
+def imports(own_connector: bool = False) -> str:
+    """IMPORTS, with what the code written for kvspec's connector needs too."""
+    return _replaced(IMPORTS, _CONNECTOR_IMPORTS) if own_connector else IMPORTS
+
+
+def _replaced(text: str, changes: tuple[tuple[str, str], ...]) -> str:
+    for old, new in changes:
+        if text.count(old) != 1:  # the templates are kvspec's own: a change that misses is kvspec's bug
+            raise AssertionError(f"the engine code template holds {text.count(old)} of {old!r}")
+        text = text.replace(old, new)
+    return text
 
 
 def _after_environment(imports: str) -> str:
@@ -643,6 +729,214 @@ def drive(scheduler, ops, log=None, check=None):
             execute(*queue.pop())
 '''
 
+
+# kvspec's own KV connector's behaviour, as a connector written against vLLM's
+# public KVConnectorBase_V1 in the code itself (vLLM imports it from this
+# module: kv_connector_module_path), and its worker side as the engine driver
+# runs it each step.  The requests' load plans ride in their kv_transfer_params.
+CONNECTOR_CODE = '''\
+PLAN_KEY = "external_load"
+
+
+class ExternalLoadMetadata(KVConnectorMetadata):
+    \"\"\"The loads a step's schedule() started, for the worker side.\"\"\"
+
+    def __init__(self, loads):
+        self.loads = loads
+
+
+class ExternalStoreConnector(KVConnectorBase_V1, SupportsHMA):
+    \"\"\"A KV connector loading a request's leading prompt tokens from an external
+    store, as the request's kv_transfer_params[PLAN_KEY] plans it: the store
+    holds "offer" prompt tokens, loaded asynchronously or not ("async"); an
+    asynchronous load finishes "delay" executed steps after the step that
+    started it; the "fail"-th loaded block fails to load (None: none does).
+    No KV moves on a CPU: the worker side reports what the loads did, in the
+    KVConnectorOutput the model runner returns.\"\"\"
+
+    def __init__(self, vllm_config, role, kv_cache_config):
+        super().__init__(vllm_config, role, kv_cache_config)
+        groups = kv_cache_config.kv_cache_groups if kv_cache_config else []
+        # vLLM maps invalid_block_ids back to requests on one-group layouts
+        # only: a load fails only there.
+        self.one_group = len(groups) == 1
+        self.block_size = groups[0].kv_cache_spec.block_size if groups else 1
+        self.asked = {}  # request id -> (local hit, external tokens, async)
+        self.started = []  # loads started since the last build_connector_meta
+        self.pending = []  # worker side: [steps left, load] of async loads
+        self.finished, self.invalid = set(), set()
+
+    # -- scheduler side ----------------------------------------------------
+    @staticmethod
+    def plan(request):
+        return (request.kv_transfer_params or {}).get(PLAN_KEY)
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        plan = self.plan(request)
+        if not plan:
+            return 0, False
+        load_async = plan["async"]
+        # The store holds prompt tokens only; a synchronous load leaves the
+        # last token to compute, an asynchronous one may cover the prompt.
+        limit = min(
+            plan["offer"],
+            request.num_prompt_tokens,
+            request.num_tokens - (0 if load_async else 1),
+        )
+        external = max(0, limit - num_computed_tokens)
+        load_async = load_async and external > 0
+        self.asked[request.request_id] = (num_computed_tokens, external, load_async)
+        return external, load_async
+
+    def may_load_async(self, request):
+        plan = self.plan(request)
+        return bool(plan and plan["async"])
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        if num_external_tokens <= 0:
+            return  # nothing to load, or an async load's second call
+        plan = self.plan(request) or {}
+        local, _, load_async = self.asked.get(
+            request.request_id, (0, num_external_tokens, False)
+        )
+        ids = blocks.get_block_ids()[0] if blocks is not None else []
+        first = local // self.block_size
+        end = -(-(local + num_external_tokens) // self.block_size)
+        loaded = list(ids[first:end])
+        failing = None
+        if plan.get("fail") is not None and self.one_group and loaded:
+            failing = loaded[plan["fail"] % len(loaded)]
+        self.started.append(
+            {
+                "request": request.request_id,
+                "async": load_async,
+                "delay": plan.get("delay", 0),
+                "failing": failing,
+            }
+        )
+
+    def build_connector_meta(self, scheduler_output):
+        started, self.started = self.started, []
+        return ExternalLoadMetadata(started)
+
+    def request_finished(self, request, block_ids):
+        self.asked.pop(request.request_id, None)
+        return False, None  # nothing is sent: the blocks are freed at once
+
+    def request_finished_all_groups(self, request, block_ids):
+        return self.request_finished(request, block_ids)
+
+    # -- worker side: reports the loads the step's metadata started ----------
+    def start_load_kv(self, forward_context, **kwargs):
+        self.finished, self.invalid = set(), set()
+        for load in self._get_connector_metadata().loads:
+            if load["async"]:
+                self.pending.append([load["delay"], load])
+            elif load["failing"] is not None:
+                self.invalid.add(load["failing"])
+        waiting = []
+        for steps_left, load in self.pending:
+            if steps_left > 0:
+                waiting.append([steps_left - 1, load])
+                continue
+            self.finished.add(load["request"])
+            if load["failing"] is not None:
+                self.invalid.add(load["failing"])
+        self.pending = waiting
+
+    def get_finished(self, finished_req_ids):
+        return None, self.finished
+
+    def get_block_ids_with_load_errors(self):
+        return self.invalid
+
+    def wait_for_layer_load(self, layer_name):
+        return None
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+        return None
+
+    def wait_for_save(self):
+        return None
+
+
+def kv_connector_output(worker, output):
+    \"\"\"The connector's worker side for one step, as the model runner runs it:
+    what finished loading and which blocks failed (None: nothing to say).\"\"\"
+    worker.bind_connector_metadata(output.kv_connector_metadata)
+    worker.start_load_kv(None)
+    _, finished = worker.get_finished(set())
+    invalid = worker.get_block_ids_with_load_errors()
+    worker.clear_connector_metadata()
+    if not finished and not invalid:
+        return None
+    return KVConnectorOutput(finished_recving=finished, invalid_block_ids=invalid)
+'''
+
+# Where the engine code differs under kvspec's connector (each found once).
+_OWN_CONNECTOR_CHANGES = (
+    ("KV_CONNECTOR = @CONNECTOR@\n",
+     "KV_CONNECTOR = @CONNECTOR@\nKV_LOAD_FAILURE_POLICY = @LOAD_FAILURE_POLICY@\n"),
+    ("\n\ndef make_scheduler(model_dir):\n", "\n\n" + CONNECTOR_CODE + "\n\ndef make_scheduler(model_dir):\n"),
+    ("""        transfer = KVTransferConfig(kv_connector=KV_CONNECTOR, kv_role="kv_both")
+""", """        # The connector is defined in this module.
+        transfer = KVTransferConfig(
+            kv_connector=KV_CONNECTOR,
+            kv_role="kv_both",
+            kv_connector_module_path=__name__,
+            kv_load_failure_policy=KV_LOAD_FAILURE_POLICY,
+        )
+"""),
+    ("""    token, queue = 100_000, []
+
+    def execute(output, allotted):
+""", """    token, queue = 100_000, []
+    # The connector's worker side, which the model runner runs each step.
+    worker = ExternalStoreConnector(
+        scheduler.vllm_config, KVConnectorRole.WORKER, scheduler.kv_cache_config
+    )
+
+    def execute(output, allotted, loads):
+"""),
+    ("""                sampled_token_ids=sampled,
+            ),
+""", """                sampled_token_ids=sampled,
+                kv_connector_output=loads,
+            ),
+"""),
+    ("""            _, rid, tokens, max_tokens = op
+""", """            _, rid, tokens, max_tokens, plan = op
+            # The request's load plan rides in its kv_transfer_params.
+            extra_args = None
+            if plan is not None:
+                extra_args = {"kv_transfer_params": {PLAN_KEY: plan}}
+"""),
+    ("""                    sampling_params=SamplingParams(
+                        max_tokens=max_tokens, ignore_eos=True
+                    ),
+""", """                    sampling_params=SamplingParams(
+                        max_tokens=max_tokens, ignore_eos=True, extra_args=extra_args
+                    ),
+"""),
+    ("""                allotted = {}
+""", """                loads = kv_connector_output(worker, output)
+                allotted = {}
+"""),
+    ("""                    execute(output, allotted)
+""", """                    execute(output, allotted, loads)
+"""),
+    ("""                queue.insert(0, (output, allotted))
+""", """                queue.insert(0, (output, allotted, loads))
+"""),
+)
+
+
+def _with_own_connector(code: str) -> str:
+    """The engine code under kvspec's connector: the connector written in it,
+    its load plans carried, its worker side's KVConnectorOutput returned."""
+    return _replaced(code, _OWN_CONNECTOR_CHANGES)
+
+
 _TEMPLATE = '''\
 \"\"\"Reproduction through vLLM's real Scheduler, on CPU (no GPU needed).
 
@@ -657,7 +951,7 @@ import tempfile
 os.environ.setdefault("VLLM_TARGET_DEVICE", "empty")  # the scheduler needs no GPU
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-''' + _after_environment(IMPORTS) + '''
+@SCRIPT_IMPORTS@
 @ENGINE_CODE@
 
 CHECK_ESTIMATE = @CHECK_ESTIMATE@

@@ -37,7 +37,7 @@ import re
 from kvspec.emit.stateful_test import CACHED_BLOCK_IDS, FREE_ORDER_HEAD, FREE_ORDER_PARTS, assertion_message
 from kvspec.model.engine import EngineProgram
 from kvspec.model.finding import Category, Finding
-from kvspec.subjects.upstream_repro import IMPORTS, Unscriptable, engine_code, engine_values, wrap
+from kvspec.subjects.upstream_repro import OWN_CONNECTOR_NOTE, Unscriptable, engine_code, engine_values, wrap
 
 __all__ = ["ENGINE_TEST_KINDS", "engine_test_name", "engine_assertion_message", "emit_engine_test",
            "engine_test_code", "rendered_engine_test", "CALL_CHECKED"]
@@ -846,10 +846,11 @@ def emit_engine_test(program: EngineProgram, settings, category: Category, versi
         check = _STATE_CHECKS[category][1]
     elif category in _WATCHED:
         check, body, name, message = _watched(category, settings, detail)
-    template = (_TEST_TEMPLATE.replace("@IMPORTS@", IMPORTS).replace("@CHECK@", check)
+    template = (_TEST_TEMPLATE.replace("@CHECK@", check)
                 .replace("@DOC@", wrap(_DOCS.get(category) or f"{(message or '')[:1].upper()}{(message or '')[1:]}.")
                          + "\n\n"
-                         + wrap(_ABOUT.format(family=program.setup.toy.family, version=version)))
+                         + wrap(_ABOUT.format(family=program.setup.toy.family, version=version))
+                         + ("\n\n" + wrap(OWN_CONNECTOR_NOTE) if values["OWN_CONNECTOR"] else ""))
                 .replace("@NAME@", name).replace("@BODY@", body))
     return engine_code(_messages(template, message or ""), program, values)
 

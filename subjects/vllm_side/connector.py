@@ -20,6 +20,11 @@ The worker side (the forward pass) does not run here: the engine driver
 (``engine.EngineMachine``) reads the loads each step started from this
 connector's metadata and builds the ``KVConnectorOutput`` a worker would.
 Standard library and vLLM only.
+
+An upstream script or regression test cannot import this module: it carries
+the same behaviour as ``ExternalStoreConnector`` (``upstream_repro.CONNECTOR_CODE``).
+A change here is a change there: ``tests/unit/test_script_connector.py`` and
+``tests/integration/test_script_fidelity.py`` compare the two.
 """
 
 # SupportsHMA (every release 0.22+): without it vLLM turns the hybrid KV-cache

@@ -3,15 +3,17 @@ runtime (stdlib and vLLM only; kvspec's worker code on the engine side): one
 side builds schedulers as kvspec's engine worker does, the other as the
 upstream script does (its rendered engine code, VLLM_TARGET_DEVICE=empty as
 the script sets it), and each prints, per setup, what the scheduler was
-built with and what each engine step scheduled.
+built with, what each engine step scheduled and what passed between the
+scheduler and its KV connector (``watch_connector``).
 
     python scheduler_fidelity.py engine KVSPEC_DIR CASES.json
     python scheduler_fidelity.py script CASES.json
 
 CASES.json: engine, a list of {"setup": worker setup message, "ops": engine
 ops}; script, a list of {"code": the rendered engine code}.  The last line
-of output is the JSON list of {"fingerprint": ..., "steps": ...} (and, on the
-engine side, "derived": the settings a finding records, the script's source).
+of output is the JSON list of {"fingerprint": ..., "steps": ..., "connector":
+...} (and, on the engine side, "derived": the settings a finding records,
+the script's source).
 """
 
 import dataclasses
@@ -75,6 +77,48 @@ def fingerprint(scheduler):
     return out
 
 
+def watch_connector(scheduler):
+    """What the scheduler asked its KV connector and what the worker side
+    answered, in order: each get_num_new_matched_tokens (request, local hit,
+    its answer), update_state_after_alloc (request, block ids, external
+    tokens), each output's KVConnectorOutput (finished_recving,
+    invalid_block_ids) and each evict_blocks (block ids)."""
+    seen = []
+    connector, manager = scheduler.connector, scheduler.kv_cache_manager
+    if connector is not None:
+        matched, alloc = connector.get_num_new_matched_tokens, connector.update_state_after_alloc
+
+        def get_num_new_matched_tokens(request, num_computed_tokens, *args):
+            out = matched(request, num_computed_tokens, *args)
+            seen.append(["matched", request.request_id, num_computed_tokens, list(out)])
+            return out
+
+        def update_state_after_alloc(request, blocks, num_external_tokens, *args):
+            ids = [list(group) for group in blocks.get_block_ids()] if blocks is not None else None
+            seen.append(["alloc", request.request_id, ids, num_external_tokens])
+            return alloc(request, blocks, num_external_tokens, *args)
+
+        connector.get_num_new_matched_tokens = get_num_new_matched_tokens
+        connector.update_state_after_alloc = update_state_after_alloc
+    update = scheduler.update_from_output
+
+    def update_from_output(scheduler_output, model_runner_output):
+        out = getattr(model_runner_output, "kv_connector_output", None)
+        if out is not None:
+            seen.append(["output", sorted(out.finished_recving or ()), sorted(out.invalid_block_ids or ())])
+        return update(scheduler_output, model_runner_output)
+
+    scheduler.update_from_output = update_from_output
+    evict = getattr(manager, "evict_blocks", None)
+    if evict is not None:
+        def evict_blocks(block_ids, *args, **kwargs):
+            seen.append(["evict", sorted(block_ids)])
+            return evict(block_ids, *args, **kwargs)
+
+        manager.evict_blocks = evict_blocks
+    return seen
+
+
 def _engine(kvspec_dir, cases):
     # kvspec's worker code, as its worker process loads it.
     namespace = types.ModuleType("kvspec")
@@ -87,23 +131,29 @@ def _engine(kvspec_dir, cases):
     for case in cases:
         machine = EngineMachine(case["setup"])
         printed = fingerprint(machine.scheduler)
+        seen = watch_connector(machine.scheduler)
         steps = []
         for op in case["ops"]:
             answer = machine.apply(op)
             if op["do"] == "step" and answer.get("scheduled"):
                 steps.append(answer["scheduled"]["result"]["scheduled"])
-        out.append({"fingerprint": printed, "steps": steps, "derived": machine.derived})
+        out.append({"fingerprint": printed, "steps": steps, "connector": seen, "derived": machine.derived})
     return out
 
 
 def _script(cases):
     out = []
     for case in cases:
-        names = {"__name__": "repro"}
+        # A module of its own, as the script runs: a connector written in it
+        # is imported by vLLM from kv_connector_module_path (its __name__).
+        module = types.ModuleType("repro")
+        sys.modules["repro"] = module
+        names = module.__dict__
         exec(compile(case["code"], "repro.py", "exec"), names)
         with tempfile.TemporaryDirectory() as model_dir:
             scheduler = names["make_scheduler"](model_dir)
         printed = fingerprint(scheduler)
+        seen = watch_connector(scheduler)
         steps = []
         schedule = scheduler.schedule
 
@@ -114,7 +164,7 @@ def _script(cases):
 
         scheduler.schedule = recorded
         names["drive"](scheduler, names["OPS"])
-        out.append({"fingerprint": printed, "steps": steps})
+        out.append({"fingerprint": printed, "steps": steps, "connector": seen})
     return out
 
 

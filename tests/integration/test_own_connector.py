@@ -8,6 +8,9 @@ cached is caught through the engine."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from kvspec.diff_tests.engine import drive_engine_program, replay_engine_program
@@ -75,3 +78,30 @@ def test_a_mutant_whose_evict_blocks_keeps_held_blocks_cached_is_caught_through_
     with SubjectProcess(mutant_subject("0.34.0", "evict_skips_held_blocks")) as proc:
         found, _ = replay_engine_program(proc, program)
     assert found and found[0].category is Category.STATE_EVICTED_FINDABLE, [d.summary() for d in found]
+
+
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "finding_engine_evicted_findable_0.34.0.json"
+
+
+def test_the_evicted_block_finding_gets_a_test_that_fails_on_the_mutant_and_passes_on_the_release(tmp_path):
+    """The mutant's evicted_findable finding on ``_program(None, False, 1)``
+    (the fixture: toy-llama, kvspec's connector's synchronous load failing
+    from its second block): its engine test writes the connector into itself
+    (``ExternalStoreConnector``, vLLM's public KVConnectorBase_V1), lints
+    clean under the release's configuration, fails on the mutant on its own
+    assertion and passes on unmutated 0.34.0."""
+    from kvspec.findings.engine import with_engine_test
+    from kvspec.model.finding import Finding
+
+    finding = Finding.from_dict(json.loads(FIXTURE.read_text()))
+    assert EngineProgram.from_dict(finding.inputs["engine_program"]) == _program(None, load_async=False, fail=1)
+    finding = with_engine_test(finding, tmp_path / FIXTURE.name, mutant_subject("0.34.0", "evict_skips_held_blocks"))
+    test = finding.regression_test
+    assert test["test_name"] == "test_evicted_blocks_are_no_longer_cached" and test["proposed"], test
+    assert test["lint"]["outcome"] == "passed", test["lint"]["output"]
+    assert "kvspec" not in test["code"] and "class ExternalStoreConnector(KVConnectorBase_V1, SupportsHMA)" \
+        in test["code"]
+    mutant, unmutated = test["verified"]
+    assert mutant["outcome"] == "failed" and mutant["failure"] == "the test's assertion", mutant
+    assert "evict_blocks" in mutant["output"]
+    assert unmutated["outcome"] == "passed" and unmutated["against"] == "unmutated vllm 0.34.0", unmutated

@@ -1,12 +1,15 @@
 """The upstream script (and the engine test, which shares its engine code)
 builds the scheduler kvspec's engine worker built and schedules as it did:
-for engine setups of each scriptable kind on 0.34.0, the worker's scheduler
-(``EngineArgs`` over the toy model, the release's own layers and planning)
+for engine setups of each scriptable kind on 0.34.0 (kvspec's own KV
+connector's loads among them: synchronous, asynchronous, failing), the
+worker's scheduler (``EngineArgs`` over the toy model, the release's own
+layers and planning)
 and the script's (vLLM's config classes, the KVCacheConfig from the settings
 the worker recorded), each in a fresh process, hold the same values -- the
 scheduler's, its configuration's, its manager's, coordinator's, each group
 manager's and spec's -- but for the ones listed here, which no part of the
-scheduler reads; and they schedule a program's steps alike.
+scheduler reads; and they schedule a program's steps alike, their KV
+connectors answering the scheduler and reporting loads alike.
 
 A spec field the worker's Mamba layer set and the script did not (the prefill
 checkpoint, mamba_state_slot_nulled's finding) shows here as a difference."""
@@ -57,6 +60,48 @@ _PROGRAM = (
     {"do": "abort", "id": "r1"},
     *({"do": "step"},) * 5,
 )
+PROMPT = list(range(1, 150))  # 149 tokens: 9 whole blocks of 16 and 5 more
+
+
+def _loading(sync: dict, later: dict) -> tuple[dict, ...]:
+    """kvspec's connector's program: a request whose load plan is ``sync``, a
+    second of another prompt planned ``later`` while the first is in flight,
+    then a resend of the first prompt with no plan (its hit is what loaded)."""
+    return (
+        {"do": "arrive", "id": "a", "tokens": PROMPT, "max_tokens": 3, "load": sync},
+        {"do": "step"},
+        {"do": "arrive", "id": "c", "tokens": list(range(300, 390)), "max_tokens": 2, "load": later},
+        *({"do": "step"},) * 5,
+        {"do": "arrive", "id": "b", "tokens": PROMPT, "max_tokens": 2},
+        *({"do": "step"},) * 5,
+    )
+
+
+_OWN = dict(model="toy-llama", num_gpu_blocks=40, block_size=16, kv_connector="KvspecConnector")
+# kvspec's own connector, as the script writes it (ExternalStoreConnector):
+# the same answers to the scheduler, the same worker reports.
+CONNECTOR_CASES = (
+    # a synchronous load (then one of all but the last token)
+    (EngineSetup(**_OWN, async_scheduling=False),
+     _loading({"offer": 100, "async": False, "delay": 0, "fail": None},
+              {"offer": 200, "async": False, "delay": 0, "fail": None})),
+    # asynchronous loads finishing 2 and 0 executed steps later, under async scheduling
+    (EngineSetup(**_OWN, async_scheduling=True),
+     _loading({"offer": 100, "async": True, "delay": 2, "fail": None},
+              {"offer": 90, "async": True, "delay": 0, "fail": None})),
+    # a failing synchronous load under 'fail': vLLM evicts from the failed block and fails the request
+    (EngineSetup(**_OWN, async_scheduling=False, kv_load_failure_policy="fail"),
+     _loading({"offer": 100, "async": False, "delay": 0, "fail": 1},
+              {"offer": 64, "async": True, "delay": 1, "fail": 0})),
+    # a failing asynchronous load under 'recompute'
+    (EngineSetup(**_OWN, async_scheduling=False, kv_load_failure_policy="recompute"),
+     _loading({"offer": 120, "async": True, "delay": 1, "fail": 2},
+              {"offer": 50, "async": False, "delay": 0, "fail": 1})),
+    # a Mamba hybrid, the release's defaults (async scheduling): loads succeed on two or more groups
+    (EngineSetup(model="toy-nemotron-h", num_gpu_blocks=30, max_model_len=256, kv_connector="KvspecConnector"),
+     _loading({"offer": 128, "async": False, "delay": 0, "fail": 1},
+              {"offer": 90, "async": True, "delay": 1, "fail": None})),
+)
 SETUPS = (
     # mamba_state_slot_nulled's finding's setup: the release's defaults (async scheduling, the admission gate).
     EngineSetup(model="toy-nemotron-h", num_gpu_blocks=22, max_model_len=256),
@@ -80,11 +125,25 @@ def _allowed(key: str) -> bool:
     return any(re.fullmatch(pattern, key) for pattern in NOT_READ_BY_THE_SCHEDULER)
 
 
+# kvspec's connector and the script's are one connector under two names, each
+# imported from its own module; nothing else of theirs may differ.
+RENAMED = {"connector": ("KvspecConnector", "ExternalStoreConnector"),
+           "kv_transfer_config.kv_connector": ("KvspecConnector", "ExternalStoreConnector"),
+           "kv_transfer_config.kv_connector_module_path": ("kvspec.subjects.vllm_side.connector", "repro")}
+
+
+def _differing(a: dict, b: dict) -> dict:
+    return {k: (a.get(k, "<none>"), b.get(k, "<none>")) for k in sorted(set(a) | set(b))
+            if a.get(k, "<none>") != b.get(k, "<none>") and not _allowed(k)
+            and RENAMED.get(k) != (a.get(k), b.get(k))}
+
+
 def test_the_script_builds_and_schedules_as_the_engine_worker(tmp_path):
     python, tree = str(ensure_runtime()), str(ensure_release(VERSION))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "KVSPEC_", "PYTHON"))}
     env["PYTHONPATH"] = tree
     programs = [EngineProgram(setup, _PROGRAM) for setup in SETUPS]
+    programs += [EngineProgram(setup, ops) for setup, ops in CONNECTOR_CASES]
     cases = tmp_path / "engine.json"
     cases.write_text(json.dumps([{"setup": p.setup.message(), "ops": list(p.ops)} for p in programs]))
     kvspec_dir = os.path.dirname(os.path.abspath(kvspec.__file__))
@@ -94,13 +153,15 @@ def test_the_script_builds_and_schedules_as_the_engine_worker(tmp_path):
     scripts.write_text(json.dumps([{"code": repro_script(p, e["derived"], Category.SUBJECT_CRASH, VERSION).code}
                                    for p, e in zip(programs, engine)]))
     script = _run([python, "-B", str(HELPER), "script", str(scripts)], env)
-    for setup, ours, theirs in zip(SETUPS, engine, script):
-        a, b = ours["fingerprint"], theirs["fingerprint"]
-        differing = {k: (a.get(k, "<none>"), b.get(k, "<none>")) for k in sorted(set(a) | set(b))
-                     if a.get(k, "<none>") != b.get(k, "<none>") and not _allowed(k)}
+    for program, ours, theirs in zip(programs, engine, script):
+        setup = program.setup
+        differing = _differing(ours["fingerprint"], theirs["fingerprint"])
         assert not differing, (setup.describe(), differing)
-        assert sum(len(step) for step in ours["steps"]) >= 4, setup.describe()
+        # (a failed load ends its request: that program schedules less)
+        assert sum(len(step) for step in ours["steps"]) >= (4 if program.ops == _PROGRAM else 3), setup.describe()
         assert ours["steps"] == theirs["steps"], setup.describe()
+        # The connector's answers and the worker's reports, call by call.
+        assert ours["connector"] == theirs["connector"], setup.describe()
     # Not vacuous: the values compared are the scheduler's own, the Mamba
     # groups' checkpoint among them, and the finding's first step is compared.
     nemotron = engine[0]["fingerprint"]
@@ -108,6 +169,16 @@ def test_the_script_builds_and_schedules_as_the_engine_worker(tmp_path):
     assert nemotron["group0.spec.num_prefill_checkpoint_blocks"] == 1
     # A step schedules two requests' prefills at once (the finding's first step did).
     assert any(len(step) >= 2 for step in engine[0]["steps"]), engine[0]["steps"]
+    # kvspec's connector's cases did what each is there for: external tokens
+    # offered; a load reported in finished_recving; a failing load's block
+    # in invalid_block_ids and evicted under 'fail', none evicted under 'recompute'.
+    sync, later, failing, recompute, hybrid = (e["connector"] for e in engine[len(SETUPS):])
+    assert any(c[0] == "matched" and c[3][0] > 0 and c[3][1] is False for c in sync), sync
+    assert any(c[0] == "matched" and c[3] == [100, True] for c in later), later
+    assert any(c[0] == "output" and c[1] == ["a"] for c in later), later
+    assert any(c[0] == "output" and c[2] for c in failing) and any(c[0] == "evict" and c[1] for c in failing)
+    assert any(c[0] == "output" and c[2] for c in recompute) and not any(c[0] == "evict" for c in recompute)
+    assert any(c[0] == "output" and c[1] == ["c"] for c in hybrid) and not any(c[0] == "evict" for c in hybrid)
 
 
 @pytest.mark.parametrize("key, allowed", [("group1.spec.num_prefill_checkpoint_blocks", False),

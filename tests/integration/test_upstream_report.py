@@ -40,6 +40,34 @@ def test_the_upstream_report_of_the_mamba_estimate_finding_reproduces_on_0_34_0(
     assert test["other_side"] == "no release without this bug is known to kvspec (model/known.py)"
 
 
+OWN_CONNECTOR = FIXTURE.parent / "finding_engine_mamba_estimate_kvspec_connector_0.34.0.json"
+
+
+def test_the_mamba_estimate_found_with_kvspecs_connector_reproduces_with_the_connector_written_in(tmp_path,
+                                                                                                   capsys):
+    """The same open bug found with kvspec's own connector (toy-nemotron-h,
+    a synchronous load of 64 of 65 prompt tokens): the script writes the
+    connector into itself (ExternalStoreConnector), imports vLLM alone, and
+    reproduces in a fresh process on 0.34.0; the finding's test fails there on
+    its assertion."""
+    from kvspec.cli import main
+
+    report = tmp_path / "report.md"
+    assert main(["report", "--upstream", str(OWN_CONNECTOR), "--output", str(report)]) == Outcome.OK.exit_code
+    assert "the script reproduced (exit status 1" in capsys.readouterr().err
+    text = report.read_text()
+    assert ("AssertionError: block estimate below allocation: allocate_slots for request r0 took 6 free blocks, "
+            "but the KV-cache groups' get_num_blocks_to_allocate estimated 4 (1, 1, 2)") in text
+    (script,) = re.findall(r"(?ms)^```python\n(.*?)^```$", text)
+    assert "class ExternalStoreConnector(KVConnectorBase_V1, SupportsHMA):" in script
+    assert '{"offer": 64, "async": False, "delay": 0, "fail": None}' in script
+    assert not re.search(r"^\s*(import|from) kvspec", script, re.M) and "kvspec" not in script.split('"""', 2)[2]
+    test = _engine_test(tmp_path, OWN_CONNECTOR, release("0.34.0"))
+    assert test["test_name"] == "test_block_estimate_covers_allocate_slots" and test["proposed"], test
+    (run,) = test["verified"]
+    assert run["outcome"] == "failed" and run["failure"] == "the test's assertion" and run["as_expected"], run
+
+
 WINDOW = FIXTURE.parent / "finding_engine_window_frees_early_0.34.0.json"
 
 

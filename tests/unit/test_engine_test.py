@@ -201,12 +201,23 @@ def test_hit_bounds_is_checked_on_the_block_the_settings_end_a_hit_on():
         engine_test_code(_no_connector(Category.STATE_HIT_BOUNDS, scheduler_block_size="64; import os"), "0.34.0")
 
 
-def test_an_evicted_block_test_is_not_written_for_kvspecs_own_connector():
-    """Only kvspec's connector fails loads, and the test drives vLLM's own
-    classes only: such a finding says why it has no test."""
-    finding = _no_connector(Category.STATE_EVICTED_FINDABLE, kv_connector="KvspecConnector")
-    with pytest.raises(Unscriptable, match="kvspec's own KV connector"):
-        engine_test_code(finding, "0.34.0")
+EVICTED = FIXTURE.parent / "finding_engine_evicted_findable_0.34.0.json"
+
+
+def test_an_evicted_block_test_writes_kvspecs_connector_into_itself():
+    """Only kvspec's connector fails loads: a finding found with it gets a
+    test that writes the connector (ExternalStoreConnector, vLLM's public
+    KVConnectorBase_V1) and its failing load plan into itself, importing
+    nothing of kvspec (run on the mutant and the release by
+    tests/integration/test_own_connector.py)."""
+    finding = Finding.from_dict(json.loads(EVICTED.read_text()))
+    assert finding.run["engine_settings"]["kv_connector"] == "KvspecConnector"
+    code = engine_test_code(finding, "0.34.0")
+    compile(code, "test_it.py", "exec")
+    assert "class ExternalStoreConnector(KVConnectorBase_V1, SupportsHMA):" in code
+    assert '{"offer": 100, "async": False, "delay": 1, "fail": 1}' in code
+    assert "    watch_evictions(scheduler)\n    drive(scheduler, OPS)" in code
+    assert "kvspec" not in code and all(len(line) <= 88 for line in code.splitlines())
 
 
 def _every_test() -> list[tuple[str, Finding]]:
@@ -229,6 +240,8 @@ def _every_test() -> list[tuple[str, Finding]]:
         else:
             run = one_group if category is Category.STATE_HIT_LENGTH else base.run
             out.append((category.value, attrs.evolve(base, category=category, run=run)))
+    # kvspec's connector written into the test (its only findings: a failed load's evictions)
+    out.append(("evicted_findable, kvspec's connector", Finding.from_dict(json.loads(EVICTED.read_text()))))
     return out
 
 
