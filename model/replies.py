@@ -306,7 +306,10 @@ class AllocationSeen:
     """One ``allocate_slots`` call within an engine operation (a result's
     ``allocations``; an engine crash's): each group's last block estimate,
     the free blocks before and after (None: it raised), the blocks each
-    group asked the pool for, and whether it allocated."""
+    group asked the pool for, and whether it allocated.  An estimate is
+    vLLM's own answer, negative where it gives one (0.28's Mamba 'align'
+    manager subtracts the blocks a request already holds from those it
+    needs and returns the difference as it is)."""
 
     request: str
     estimates: tuple[int | None, ...]
@@ -320,7 +323,7 @@ class AllocationSeen:
         v = _checked(value, "an allocation names its request, each group's estimate and the free blocks before and "
                             "after",
                      {"request": lambda x: isinstance(x, str),
-                      "estimates": lambda x: isinstance(x, list) and all(e is None or _count(e) for e in x),
+                      "estimates": lambda x: isinstance(x, list) and all(e is None or _integer(e) for e in x),
                       "free_before": _count, "free_after": _optional(_count)},
                      {"taken": _counts, "allocated": lambda x: isinstance(x, bool)})
         return cls(v["request"], tuple(v["estimates"]), v["free_before"], v["free_after"], tuple(v.get("taken", ())),
@@ -518,8 +521,12 @@ def record_of(reply: Any) -> dict[str, Any]:
     return dict(reply.record) if isinstance(reply, (Reply, OpAnswer)) else reply
 
 
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return _integer(value) and value >= 0
 
 
 def _frozen(value: Any) -> tuple[Any, ...]:

@@ -204,7 +204,7 @@ def test_a_connector_hit_past_a_mamba_groups_states_crashes_schedule_until_0_28(
 
 SHORT = Path(__file__).parent.parent / "fixtures" / "repro_full_attention_short_of_mamba_hit.py"
 (LOOKUP_BUG,) = [b for b in KNOWN_BUGS if b.name == "hybrid_lookup_full_attention_short_of_mamba_hit"]
-(CONNECTOR_BUG,) = [b for b in KNOWN_BUGS if b.name == "connector_lookup_takes_deepest_group_hit"]
+(DEEPEST_HIT_BUG,) = [b for b in KNOWN_BUGS if b.name == "connector_lookup_takes_deepest_group_hit"]
 
 
 # Releases the suite provisions anyway: 0.25.0 carries both, 0.27.1 neither (the
@@ -219,7 +219,7 @@ def test_a_hybrid_hit_counts_tokens_whose_full_attention_kv_is_not_cached(versio
     lookup takes the deepest group's hit); 32 on a release with neither."""
     out = _probe(SHORT, version)
     assert out["vllm"] == version
-    for mode, bug in (("without_connector", LOOKUP_BUG), ("with_connector", CONNECTOR_BUG)):
+    for mode, bug in (("without_connector", LOOKUP_BUG), ("with_connector", DEEPEST_HIT_BUG)):
         seen = out[mode]
         assert seen["engine"]["groups"] == ["mamba_align", "mamba_align", "full_attention"], seen
         assert seen["engine"]["use_eagle_block_drop"] and seen["engine"]["scheduler_block_size"] == 32
@@ -248,10 +248,10 @@ def test_the_per_group_lookups_deepest_hit_crashes_the_copy_on_write_under_parti
     out = _probe(PER_GROUP, version)
     assert out["vllm"] == version and out["first"] == {"a": 160}
     assert out["engine"]["groups"][-2:] == [["full_attention", 64], ["full_attention", 32]]
-    if CONNECTOR_BUG.carried_by(version):
+    if DEEPEST_HIT_BUG.carried_by(version):
         assert out["schedule_raised"].endswith("in _apply_cow: assert block_idx < len(req_blocks)")
         crash = "subject_crash: vLLM raised during engine step: AssertionError (raised in _apply_cow, block_pool.py)"
-        assert [b.name for b in known_bugs(version, Category.SUBJECT_CRASH, crash)] == [CONNECTOR_BUG.name]
+        assert [b.name for b in known_bugs(version, Category.SUBJECT_CRASH, crash)] == [DEEPEST_HIT_BUG.name]
     else:
         assert out["schedule_raised"] is None and out["second"]["b"] > 0
 

@@ -265,3 +265,15 @@ def test_a_connector_lookup_says_whether_its_groups_diverged():
     assert LookupSeen.parse({**seen, "diverged": True}).diverged is True
     with pytest.raises(MalformedReply):
         LookupSeen.parse({**seen, "diverged": "yes"})
+
+
+def test_a_negative_block_estimate_is_vllms_answer_and_parsed_as_it_is():
+    """0.28's Mamba 'align' manager returns the blocks it needs minus those the
+    request holds, negative when it holds more: the worker reports it, the
+    model judges it; a non-integer estimate is still malformed."""
+    from kvspec.model.replies import AllocationSeen, MalformedReply
+
+    seen = AllocationSeen.parse({**ALLOCATION, "estimates": [-1, 0]})
+    assert seen.estimates == (-1, 0)
+    with pytest.raises(MalformedReply, match="estimates"):
+        AllocationSeen.parse({**ALLOCATION, "estimates": [1.5, 0]})
