@@ -127,3 +127,23 @@ def asked_vllm_tests(caught: list[str], failed_here: list[str] | None = None, re
                         "seconds": 17.0},
             "baseline": {"against": "unmutated vllm 0.33.0", "outcome": "passed", "passed": 313, "tests": 313,
                          "failed": [], "errors": [], "reused": reused, "recorded": "2026-12-06 17:27 UTC"}}
+
+
+def assert_ruff_clean_as_vllm_lints(code: str, tmp_path: Path, file_name: str) -> None:
+    """``code`` passes ``ruff check`` and ``ruff format --check`` under vLLM's
+    configuration (0.33.0's, kept as a fixture), vLLM's modules first-party
+    as in its repository (stand-in packages beside the file)."""
+    import re
+    import subprocess
+
+    from ruff.__main__ import find_ruff_bin
+
+    (tmp_path / "pyproject.toml").write_text((FIXTURES / "vllm-0.33.0-ruff.toml").read_text())
+    for module in re.findall(r"^from (vllm[\w.]*) import", code, re.M):
+        package = tmp_path.joinpath(*module.split("."))
+        package.mkdir(parents=True, exist_ok=True)
+        (package / "__init__.py").write_text("")
+    (tmp_path / file_name).write_text(code)
+    for args in (["check", "--no-cache", "--output-format", "concise"], ["format", "--no-cache", "--check", "--diff"]):
+        run = subprocess.run([str(find_ruff_bin()), *args, file_name], capture_output=True, text=True, cwd=tmp_path)
+        assert run.returncode == 0, run.stdout + run.stderr

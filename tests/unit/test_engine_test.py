@@ -12,6 +12,7 @@ from pathlib import Path
 import attrs
 import pytest
 
+from tests.support import assert_ruff_clean_as_vllm_lints
 from kvspec.emit.engine_test import ENGINE_TEST_KINDS, engine_test_code
 from kvspec.model.engine import EngineProgram
 from kvspec.model.finding import Category, Finding
@@ -250,22 +251,7 @@ def test_every_engine_test_passes_ruff_check_and_format_under_vllms_configuratio
     """A test is offered only if it lints clean: each kind's, as vLLM lints
     its tests (ruff check and ruff format, vLLM's configuration; a name bound
     and never read, F841, kept the lookup tests from being offered)."""
-    import re
-    import subprocess
-
-    from ruff.__main__ import find_ruff_bin
-
-    code = engine_test_code(finding, "0.34.0")
-    (tmp_path / "pyproject.toml").write_text((FIXTURE.parent / "vllm-0.33.0-ruff.toml").read_text())
-    for module in re.findall(r"^from (vllm[\w.]*) import", code, re.M):  # first-party, as in vLLM's repository
-        package = tmp_path.joinpath(*module.split("."))
-        package.mkdir(parents=True, exist_ok=True)
-        (package / "__init__.py").write_text("")
-    (tmp_path / "test_it.py").write_text(code)
-    for args in (["check", "--no-cache", "--output-format", "concise"], ["format", "--no-cache", "--check", "--diff"]):
-        run = subprocess.run([str(find_ruff_bin()), *args, "test_it.py"], capture_output=True, text=True,
-                             cwd=tmp_path)
-        assert run.returncode == 0, run.stdout + run.stderr
+    assert_ruff_clean_as_vllm_lints(engine_test_code(finding, "0.34.0"), tmp_path, "test_it.py")
 
 
 def test_hit_length_and_zeroing_say_where_no_test_is_written():

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import assert_ruff_clean_as_vllm_lints
 from kvspec.model.case import InvalidCase
 from kvspec.model.engine import EngineProgram
 from kvspec.model.finding import Category, Finding
@@ -74,21 +75,7 @@ def test_the_script_writes_the_connector_and_carries_the_load_plans():
 
 
 def test_the_script_passes_ruff_check_and_format_under_vllms_configuration(tmp_path):
-    import re
-    import subprocess
-
-    from ruff.__main__ import find_ruff_bin
-
-    code = _code(_own_doc())
-    (tmp_path / "pyproject.toml").write_text((FIXTURE.parent / "vllm-0.33.0-ruff.toml").read_text())
-    for module in re.findall(r"^from (vllm[\w.]*) import", code, re.M):  # first-party, as in vLLM's repository
-        package = tmp_path.joinpath(*module.split("."))
-        package.mkdir(parents=True, exist_ok=True)
-        (package / "__init__.py").write_text("")
-    (tmp_path / "repro.py").write_text(code)
-    for args in (["check", "--no-cache", "--output-format", "concise"], ["format", "--no-cache", "--check", "--diff"]):
-        run = subprocess.run([str(find_ruff_bin()), *args, "repro.py"], capture_output=True, text=True, cwd=tmp_path)
-        assert run.returncode == 0, run.stdout + run.stderr
+    assert_ruff_clean_as_vllm_lints(_code(_own_doc()), tmp_path, "repro.py")
 
 
 def test_the_recorded_failure_policy_is_the_scripts():

@@ -12,6 +12,7 @@ from pathlib import Path
 import attrs
 import pytest
 
+from tests.support import assert_ruff_clean_as_vllm_lints
 from kvspec.model.case import InvalidCase
 from kvspec.model.engine import EngineProgram
 from kvspec.model.finding import Category, Finding
@@ -219,10 +220,6 @@ def test_the_script_passes_ruff_check_and_format_under_vllms_configuration(tmp_p
     """What ``kvspec report --upstream`` offers is clean and laid out as vLLM's
     own code is (ruff check and ruff format, vLLM's configuration), whatever
     the prompt's tokens and however long the toy model's family name."""
-    import subprocess
-
-    from ruff.__main__ import find_ruff_bin
-
     doc = _doc()
     doc["inputs"]["engine_program"]["engine"]["model"] = toy
     ops = doc["inputs"]["engine_program"]["ops"]
@@ -232,14 +229,5 @@ def test_the_script_passes_ruff_check_and_format_under_vllms_configuration(tmp_p
     ops.append({"do": "reset"})
     code = _script(_finding(doc)).code
     compile(code, "repro.py", "exec")
-    (tmp_path / "pyproject.toml").write_text((FIXTURES / "vllm-0.33.0-ruff.toml").read_text())
-    # ruff sorts vllm's imports as first-party where the modules lie beside the file, as in vLLM's repository.
-    for module in re.findall(r"^from (vllm[\w.]*) import", code, re.M):
-        package = tmp_path.joinpath(*module.split("."))
-        package.mkdir(parents=True, exist_ok=True)
-        (package / "__init__.py").write_text("")
-    (tmp_path / "repro.py").write_text(code)
-    for args in (["check", "--no-cache", "--output-format", "concise"], ["format", "--no-cache", "--check", "--diff"]):
-        run = subprocess.run([str(find_ruff_bin()), *args, "repro.py"], capture_output=True, text=True, cwd=tmp_path)
-        assert run.returncode == 0, run.stdout + run.stderr
+    assert_ruff_clean_as_vllm_lints(code, tmp_path, "repro.py")
 
