@@ -177,7 +177,8 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
              "raised in truncate_computed_blocks", name="truncate_asserts_mamba_group_covers_connector_hit",
              needs="a KV connector, a Mamba 'align' hybrid with prefix caching and --prefix-match-unit below its "
                    "block (on the toy Qwen3-Next, with its MTP module)",
-             reproduction="tests/fixtures/repro_truncate_mamba_behind_connector_hit.py"),
+             reproduction="tests/fixtures/repro_truncate_mamba_behind_connector_hit.py",
+             range_search="docs/results/known-ranges/truncate_asserts_mamba_group_covers_connector_hit.json"),
     KnownBug(Category.STATE_TABLE_APPEND_ONLY, "0.26.0", "0.28.0",
              "after an admission with KV-connector tokens the Mamba manager copies-on-write into the running "
              "request's table, which must stay append-only", "append_only:",
