@@ -14,6 +14,7 @@ from hypothesis.errors import Flaky
 from kvspec.model.capabilities import Capabilities
 from kvspec.model.case import Case
 from kvspec.model.errors import KvspecError, UsageError
+from kvspec.model.known import known_bugs, recognise
 from kvspec.model.outcome import Outcome
 from kvspec.oracles.lookup import check_case
 from kvspec.subjects.process import SubjectProcess
@@ -65,6 +66,10 @@ class FuzzResult:
     # The shrinking budget (SHRINK_CASE_RUNS), when it was spent: the failing
     # batch reported is the smallest found within it.
     shrink_budget: int | None = None
+    # Known vLLM bugs met and recognised by their mechanism (model.known):
+    # name -> examples that met it (each ended there), and the first case.
+    known_met: dict[str, int] = attrs.Factory(dict)
+    known_first: dict[str, str] = attrs.Factory(dict)
 
     units = "cases"  # what `cases` counts, in a progress or rate line
 
@@ -109,9 +114,13 @@ class FuzzResult:
             return f"incomplete ({self.stopped_why})"
         if self.scope_reduction:
             return f"no discrepancy in a reduced scope ({self.scope_reduction})"
+        verdict = "no discrepancy"
+        if self.known_met:
+            met = ", ".join(f"{name} in {n} example(s)" for name, n in sorted(self.known_met.items()))
+            verdict += f" but known vLLM bugs (model/known.py), met and recognised: {met}"
         if self.narrowed:  # the command asked for fewer schemes than the subject has: said in every format
-            return f"no discrepancy, {self.scheme_text}"
-        return "no discrepancy"
+            verdict += f", {self.scheme_text}"
+        return verdict
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -141,20 +150,10 @@ class FuzzResult:
             "deployments": {"configs": self.deployment_configs, "cases": self.tally.deployment_cases,
                             "note": self.deployments_note},
             "not_covered": list(self.capabilities.not_covered()),
-            "known_excluded": [{"name": k.name, "summary": k.summary, "first": k.first, "fixed_in": k.fixed_in,
-                                "reach": k.reach} for k in self.known_excluded],
+            "known_met": dict(self.known_met), "known_first": dict(self.known_first),
             "scope_reduction": self.scope_reduction or None,
             "narrowed": self.scheme_text if self.narrowed else None,
         }
-
-    @property
-    def known_excluded(self) -> tuple:
-        """Known bugs kept out of this run's draw (``model.known``)."""
-        from kvspec.model.known import excluded_from_draw
-
-        if "lookahead" not in self.hash_schemes or not self.capabilities.lookahead_block_hashes:
-            return ()
-        return excluded_from_draw()
 
     @property
     def scheme_text(self) -> str:
@@ -209,13 +208,16 @@ def fuzz_subject(
     lookup: bool = False,
     hash_schemes: tuple[str, ...] | None = None,
     deployments: bool = True,
+    include_known: bool = False,
 ) -> FuzzResult:
     """Fuzz one live subject; the returned failure is Hypothesis's shrunk minimum.
 
     With ``lookup``, every request is followed by a later request that looks
     up (``oracles.lookup``): the hit-length differential.  ``hash_schemes``
     narrows the schemes fuzzed (default: every one the subject has);
-    ``deployments`` adds the catalog's deployment profiles to the small scope."""
+    ``deployments`` adds the catalog's deployment profiles to the small scope.
+    A known vLLM bug the release carries is recognised when an example meets
+    it (counted, said, the search going on), unless ``include_known``."""
     caps = proc.capabilities
     available = hash_schemes_of(caps)
     schemes = hash_schemes_of(caps, hash_schemes)
@@ -239,6 +241,7 @@ def fuzz_subject(
                         deployments_note=note, scope_reduction=proc.scope_reduction)
     restarts_before = len(proc.restarts)
     failures: list[Failure] = []
+    known = () if include_known else tuple(known_bugs(result.subject.get("vllm_version")))
     start = time.perf_counter()
 
     phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
@@ -260,7 +263,11 @@ def fuzz_subject(
             failed = run_batch(proc, batch, result.tally)
         except KvspecError as error:  # the worker, not vLLM: no input is to blame
             raise _Abort(error) from error
-        if failed is not None:
+        bug = None if failed is None else recognise(known, failed.discrepancies)
+        if bug is not None:  # the example ends at that case, unsaid to Hypothesis: the search goes on
+            result.known_met[bug.name] = result.known_met.get(bug.name, 0) + 1
+            result.known_first.setdefault(bug.name, failed.case.describe())
+        elif failed is not None:
             failures.append(failed)  # first: an interrupt from here on keeps it
             if result.cases_to_first_failure is None:
                 # Counting stops at the failing case, so this includes it.

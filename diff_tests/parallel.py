@@ -34,7 +34,7 @@ def job_shares(max_examples: int, jobs: int) -> list[int]:
 
 
 def _job(subject: Subject, max_examples: int, seed: int, database: str, lookup: bool,
-         hash_schemes: tuple[str, ...] | None = None) -> FuzzResult:
+         hash_schemes: tuple[str, ...] | None = None, include_known: bool = False) -> FuzzResult:
     from kvspec.subjects.process import SubjectProcess
 
     from .database import example_database
@@ -42,7 +42,7 @@ def _job(subject: Subject, max_examples: int, seed: int, database: str, lookup: 
 
     with SubjectProcess(subject) as proc:
         return fuzz_subject(proc, max_examples, seed, database=example_database(database), lookup=lookup,
-                            hash_schemes=hash_schemes)
+                            hash_schemes=hash_schemes, include_known=include_known)
 
 
 def _size(failure: Failure) -> tuple[int, ...]:
@@ -62,6 +62,12 @@ def merge_results(results: list[FuzzResult], seconds: float) -> FuzzResult:
     times = [r.seconds_to_first_failure for r in results if r.seconds_to_first_failure is not None]
     counts = [r.cases_to_first_failure for r in results if r.cases_to_first_failure is not None]
     tally = Tally(**{name: sum(getattr(r.tally, name) for r in results) for name in Tally().as_dict()})
+    known_met: dict[str, int] = {}
+    known_first: dict[str, str] = {}
+    for result in results:
+        for name, n in result.known_met.items():
+            known_met[name] = known_met.get(name, 0) + n
+            known_first.setdefault(name, result.known_first[name])
     return FuzzResult(
         subject=first.subject, capabilities=first.capabilities, seed=first.seed, tally=tally,
         seconds=seconds, failure=ordered[0] if ordered else None,
@@ -71,13 +77,13 @@ def merge_results(results: list[FuzzResult], seconds: float) -> FuzzResult:
         restarts=tuple(r for result in results for r in result.restarts),
         hash_schemes=first.hash_schemes, schemes_left_out=first.schemes_left_out, narrowed=first.narrowed,
         deployment_configs=first.deployment_configs, deployments_note=first.deployments_note,
-        scope_reduction=first.scope_reduction,
+        scope_reduction=first.scope_reduction, known_met=known_met, known_first=known_first,
     )
 
 
 def fuzz_parallel(subject: Subject, jobs: int, max_examples: int, seed: int,
                   database: str = "", lookup: bool = False,
-                  hash_schemes: tuple[str, ...] | None = None) -> FuzzResult:
+                  hash_schemes: tuple[str, ...] | None = None, include_known: bool = False) -> FuzzResult:
     """``jobs`` independent runs of ``spec`` at once; SubjectError if one cannot start."""
     from kvspec.subjects.subject import resolve_subject
 
@@ -89,7 +95,7 @@ def fuzz_parallel(subject: Subject, jobs: int, max_examples: int, seed: int,
     results: list[FuzzResult] = []
     lost: list[str] = []
     with ProcessPoolExecutor(max_workers=len(shares), mp_context=context) as pool:
-        futures = [pool.submit(_job, subject, n, seed + i, database, lookup, hash_schemes) for i, n in shares]
+        futures = [pool.submit(_job, subject, n, seed + i, database, lookup, hash_schemes, include_known) for i, n in shares]
         for future in futures:
             try:
                 results.append(future.result())

@@ -109,8 +109,6 @@ class StatefulResult:
     # What the worker reported it could not exercise on this release (an
     # operation vLLM does not have), said with the verdict.
     not_exercised: tuple[str, ...] = ()
-    # Known vLLM bugs kept out of this run's draw (model.known), said with the verdict.
-    known_excluded: tuple[KnownBug, ...] = ()
     # Known vLLM bugs met (recognised by their mechanism, model.known): name ->
     # programs that met it, and the first such program; the search went on.
     known_met: dict[str, int] = attrs.Factory(dict)
@@ -172,10 +170,6 @@ class StatefulResult:
         parts = [draw_scope(), scope_text()]
         if self.not_exercised:
             parts.append("not exercised on this release: " + "; ".join(self.not_exercised))
-        for bug in self.known_excluded:
-            parts.append(f"kept out of the draw, as a known vLLM bug ({bug.name}, {bug.first}-"
-                         f"{bug.fixed_in or 'now'}) would mask the rest: KV-connector tokens on layouts with a "
-                         f"Mamba group")
         for name, first in sorted(self.known_first.items()):
             parts.append(f"known vLLM bug {name} met in {self.known_met[name]} program(s), each ended there (the "
                          f"state after it is not checked; the search went on with the next program); first: {first}")
@@ -196,8 +190,6 @@ class StatefulResult:
             "other_failures": [f.as_dict() for f in self.other_failures],
             "scope": self.scope(), "scope_reduction": self.scope_reduction or None,
             "not_exercised": list(self.not_exercised),
-            "known_excluded": [{"name": k.name, "summary": k.summary, "first": k.first, "fixed_in": k.fixed_in}
-                               for k in self.known_excluded],
             "known_met": dict(self.known_met), "known_first": dict(self.known_first),
         }
 

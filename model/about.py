@@ -15,7 +15,7 @@ __all__ = ["SCHEMAS", "OLDEST_SUPPORTED", "NEWEST_VALIDATED", "release_key", "ve
 # bump the number when a field changes meaning or goes away.
 SCHEMAS = {
     "finding": "kvspec.finding/2",
-    "fuzz": "kvspec.fuzz/3",
+    "fuzz": "kvspec.fuzz/4",
     "prove": "kvspec.prove/1",
     "history": "kvspec.history/1",
     "mutants": "kvspec.mutants/1",

@@ -2,30 +2,27 @@
 
 Each was found by a differential, shrunk, replayed on every release to find
 the first without it, and judged a vLLM bug (not a gap in the model): the
-README's tables, the shipped tests' expected failures and the fuzzer's draw
-read this list.  A bug that would mask others in the default draw says so
-with ``draw_exclusion``: a configuration it covers is drawn under legacy
-hashes instead, never unsaid (every fuzz result lists what it kept out, and
+README's tables, the shipped tests' expected failures and every differential
+read this list.  None is kept out of the draw: a differential that meets one
+recognises it by its mechanism, counts it, says it and searches on
+(``--include-known`` reports it as a finding), and
 tests/integration/test_known_findings.py shows each still reproduces, so a
-fix shows).
+fix shows.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Callable
 
 import attrs
 
 from .about import release_key
-from .capabilities import Capabilities
-from .domain import CoordinatorConfig, GroupKind, HashScheme
+from .domain import GroupKind
 from .finding import Category
 from .retention import BLOCK_ALIGNED_REPLAY
 from .state import named_group_kinds
 
-__all__ = ["KnownBug", "KNOWN_BUGS", "known_bugs", "excluded_from_draw", "known_for", "without_known",
-           "stateful_exclusions", "recognise"]
+__all__ = ["KnownBug", "KNOWN_BUGS", "known_bugs", "recognise"]
 
 
 @attrs.frozen
@@ -37,13 +34,7 @@ class KnownBug:
     signature: str  # text every discrepancy of this bug shows in its summary
     needs: str = ""  # a non-default setting it needs, if any
     name: str = ""
-    # The configurations the fuzzer draws under legacy hashes instead, so the
-    # bug does not mask others (None: drawn as any other configuration).
-    draw_exclusion: Callable[[CoordinatorConfig, Capabilities], bool] | None = None
-    reach: str = ""  # who is affected, as kvspec.reach found it (for an excluded one)
-    # The layouts on which the stateful draw offers no KV-connector tokens on a
-    # release that carries the bug (None: the stateful draw is not narrowed).
-    withholds_connector: Callable[[CoordinatorConfig], bool] | None = None
+    reach: str = ""  # who is affected, where no deployment profile is (said when it is met)
     # Other ways the same mechanism shows: (category, words) pairs, e.g. the
     # crash a broken estimate causes when the pool is tight.
     also_shows: tuple[tuple[Category, str], ...] = ()
@@ -80,17 +71,6 @@ class KnownBug:
     def carried_by(self, version: str) -> bool:
         key = release_key(version)
         return key >= release_key(self.first) and (self.fixed_in is None or key < release_key(self.fixed_in))
-
-
-def _sliding_window_eagle_lookahead(config: CoordinatorConfig, caps: Capabilities) -> bool:
-    eagle = [g for g in config.groups if g.eagle]
-    return (caps.lookahead_block_hashes and config.num_hash_lookahead_tokens >= 2
-            and not any(g.kind is GroupKind.FULL_ATTENTION for g in config.groups)
-            and any(g.kind is GroupKind.SLIDING_WINDOW for g in eagle))
-
-
-def _has_mamba(config: CoordinatorConfig) -> bool:
-    return any(g.kind is GroupKind.MAMBA_ALIGN for g in config.groups)
 
 
 KNOWN_BUGS: tuple[KnownBug, ...] = (
@@ -237,7 +217,6 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
              "the candidate within the hashes)", "IndexError",
              needs="lookahead block hashes of 2+ tokens, an EAGLE sliding-window group, no full-attention group",
              name="sliding_window_eagle_multi_module_lookahead_crash",
-             draw_exclusion=_sliding_window_eagle_lookahead,
              reach="no known deployment: it needs a drafter layer with sliding-window attention, multi-module MTP "
                    "and no full-attention group; no profile of the catalog has one (hardening)"),
 )
@@ -252,29 +231,6 @@ def known_bugs(version: str | None, category: Category | None = None, summary: s
         return []  # a checkout's own version says nothing of which fixes it has
     return [b for b in KNOWN_BUGS if b.carried_by(version) and (category is None or b.shows_as(category))
             and (summary is None or b.matches(summary, category, group_kinds))]
-
-
-def excluded_from_draw() -> tuple[KnownBug, ...]:
-    """The known bugs the fuzzer keeps out of its default draw."""
-    return tuple(b for b in KNOWN_BUGS if b.draw_exclusion is not None)
-
-
-def known_for(config: CoordinatorConfig, caps: Capabilities) -> KnownBug | None:
-    """The draw-excluded known bug this configuration would reproduce, if any."""
-    return next((b for b in excluded_from_draw() if b.draw_exclusion(config, caps)), None)
-
-
-def without_known(config: CoordinatorConfig, caps: Capabilities) -> CoordinatorConfig:
-    """``config``, drawn under legacy hashes when its own scheme reproduces a known bug."""
-    if config.hash_scheme is HashScheme.LOOKAHEAD and known_for(config, caps) is not None:
-        return attrs.evolve(config, hash_scheme=HashScheme.LEGACY)
-    return config
-
-
-def stateful_exclusions(version: str | None) -> tuple[KnownBug, ...]:
-    """The known bugs release ``version`` carries that narrow the stateful
-    draw (none for anything that is not a release number)."""
-    return tuple(b for b in known_bugs(version) if b.withholds_connector is not None)
 
 
 def recognise(known: tuple[KnownBug, ...] | list[KnownBug], found) -> KnownBug | None:

@@ -259,10 +259,10 @@ class SubjectProcess:
         beyond = reference.missing(self.capabilities)
         if not missing and beyond and self.subject.kind == "source":
             # Code newer than its version says: what kvspec keys on the version
-            # (the known bugs kept out of the draw, the deployments derived)
+            # (the known bugs recognised, the deployments derived)
             # is the older release's, so the run is not this code's whole scope.
             return (f"{self.subject.label} has {', '.join(beyond)}, which {whose} (its _version.py) lacks: "
-                    "kvspec reads the known bugs kept out of the draw and the deployment profiles for that "
+                    "kvspec reads the known bugs it recognises and the deployment profiles for that "
                     "older release, not for this code")
         if not missing:
             return ""

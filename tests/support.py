@@ -147,3 +147,15 @@ def assert_ruff_clean_as_vllm_lints(code: str, tmp_path: Path, file_name: str) -
     for args in (["check", "--no-cache", "--output-format", "concise"], ["format", "--no-cache", "--check", "--diff"]):
         run = subprocess.run([str(find_ruff_bin()), *args, file_name], capture_output=True, text=True, cwd=tmp_path)
         assert run.returncode == 0, run.stdout + run.stderr
+
+
+def assert_no_discrepancy_but_known(run: dict) -> None:
+    """A registration or lookup run's JSON came out clean: no discrepancy,
+    apart from the known vLLM bugs of its release it met and recognised,
+    which its verdict names."""
+    from kvspec.model.known import known_bugs
+
+    assert run["verdict"].startswith("no discrepancy") and run["failure"] is None, run["verdict"]
+    carried = {b.name for b in known_bugs(run["subject"].get("vllm_version"))}
+    assert set(run["known_met"]) <= carried, run["known_met"]
+    assert all(name in run["verdict"] for name in run["known_met"]), run["verdict"]

@@ -46,8 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "lookahead, its default, and legacy, where the EAGLE branch of the bound runs); "
                              "the verdict says what was left out")
     parser.add_argument("--include-known", action="store_true",
-                        help="stateful and engine: report a known vLLM bug of the release (model/known.py) as a "
-                             "finding; by default one is recognised by its mechanism when a program meets it, "
+                        help="report a known vLLM bug of the release (model/known.py) as a finding; by "
+                             "default one is recognised by its mechanism when an example or program meets it, "
                              "counted and said in the verdict, and the search goes on")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--lookup", action="store_true",

@@ -1,4 +1,4 @@
-"""A fuzz run as JSON (``kvspec.fuzz/3``) and as Markdown: each finding's
+"""A fuzz run as JSON (``kvspec.fuzz/4``) and as Markdown: each finding's
 impact sentence first, then the run's status and verdict, a row per subject
 and differential (examples, what was checked -- cases or operations --, how
 far in the first discrepancy came and the time of fuzzing with shrinking,
@@ -154,15 +154,13 @@ def subject_run_lines(entry) -> list[str]:
             add(f"  {finding.inputs.get('how_a_user_reaches_it')}")
         return lines
     if entry.differential == "stateful":
-        if finding is not None:
-            for known in result.known_excluded:
-                add(f"  known vLLM bug kept out of the draw (model/known.py): {known.name}")
         return lines
     add(f"  {result.scheme_text}; deployment profiles: "
         + (f"{result.tally.deployment_cases} cases on {result.deployment_configs} derived configurations"
            if result.deployment_configs else result.deployments_note))
     for item in result.capabilities.not_covered():
         add(f"  not covered: {item}")
-    for known in result.known_excluded:
-        add(f"  known vLLM bug kept out of the draw (model/known.py): {known.name}: {known.reach}")
+    for name, first in sorted(result.known_first.items()):
+        add(f"  known vLLM bug {name} (model/known.py) met in {result.known_met[name]} example(s), each ended "
+            f"at that case (the rest of its batch is not compared; the search went on); first: {first}")
     return lines

@@ -207,7 +207,8 @@ def fuzz(subjects: list, settings: FuzzSettings, findings_dir: Path, *, run: Fuz
                     if differential not in PROGRAM_DIFFERENTIALS and jobs > 1:
                         result = fuzz_parallel(subject, jobs, settings.max_examples, settings.seed,
                                                settings.database, lookup=differential == "lookup",
-                                               hash_schemes=settings.hash_schemes)
+                                               hash_schemes=settings.hash_schemes,
+                                               include_known=settings.include_known)
                         if result.failure is not None and proc is None:
                             proc = _launch(subject)
                             if isinstance(proc, Exception):
@@ -446,7 +447,7 @@ def _fuzz_one(proc, label: str, settings: FuzzSettings, database, started: float
     # Failing examples from earlier runs are replayed first.
     return fuzz_subject(proc, settings.max_examples, settings.seed, database=database, progress=tick,
                         on_first_failure=first, lookup=lookup,
-                        hash_schemes=settings.hash_schemes)
+                        hash_schemes=settings.hash_schemes, include_known=settings.include_known)
 
 
 def _fuzz_engine_one(proc, label: str, settings: FuzzSettings, database, started: float, say: Say):

@@ -97,10 +97,10 @@ def history_row(version: str, max_examples: int, seed: int, symbolic: bool) -> H
     try:
         with SubjectProcess(subject) as proc:
             caps = proc.capabilities
-            result = fuzz_subject(proc, max_examples, seed)
-            # The same worker then answers the hit-length and stateful differentials.
-            lookup = fuzz_subject(proc, max_examples, seed, lookup=True)
             # History shows every bug a release carries: none recognised and passed over.
+            result = fuzz_subject(proc, max_examples, seed, include_known=True)
+            # The same worker then answers the hit-length and stateful differentials.
+            lookup = fuzz_subject(proc, max_examples, seed, lookup=True, include_known=True)
             stateful = fuzz_stateful(proc, max_examples, seed, include_known=True)
             # And through vLLM's real Scheduler, engine-built, the release's defaults included.
             engine = fuzz_engine(proc, max_examples, seed, include_known=True)

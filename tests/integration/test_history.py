@@ -25,9 +25,11 @@ def test_history_of_the_ci_releases(tmp_path, capsys):
     assert doc["schema"] == "kvspec.history/1"
     by_version = {r["version"]: r for r in doc["releases"]}
     assert set(by_version) == {"0.28.0", "0.33.0"}
-    for row in by_version.values():
-        assert row["failure"] is None and row["outcome"] == "OK" and row["cases"] >= 100
-        assert row["symbolic"]["status"] == "VERIFIED"
+    for version, row in by_version.items():
+        assert row["cases"] >= 100 and row["symbolic"]["status"] == "VERIFIED"
+        # Nothing is kept out of the registration draw: what it finds is a known bug the release carries
+        # (0.33.0: the sliding-window EAGLE crash under lookahead hashes).
+        assert row["failure"] is None or _carried(version, row["failure"]), row["failure"]["summary"]
         assert row["capabilities"]["partial_hash_hits"] and row["capabilities"]["reprefillable_tokens"]
     # The same bug seen per request: the second full-attention group answers
     # a lookup with more blocks than the hit.
@@ -42,11 +44,7 @@ def test_history_of_the_ci_releases(tmp_path, capsys):
     for version, row in by_version.items():
         engine = row["engine"]
         assert engine["operations"] > 500 and engine["outcome"] in ("OK", "FINDING")
-        if engine["failure"] is not None:
-            first = engine["failure"]
-            carried = [b for b in KNOWN_BUGS if b.carried_by(version)
-                       and b.matches(first["summary"][0], Category(first["category"]))]
-            assert carried, (version, first["summary"])
+        assert engine["failure"] is None or _carried(version, engine["failure"]), engine["failure"]["summary"]
     assert by_version["0.33.0"]["stateful"]["operations"] > 1000
     assert by_version["0.28.0"]["status"] == "discrepancy"
     assert by_version["0.28.0"]["stateful"]["failure"]["category"] == "state_hit_groups"
@@ -58,3 +56,9 @@ def test_history_of_the_ci_releases(tmp_path, capsys):
     # Lookahead block hashes (multi-module MTP) arrived with 0.33.
     assert by_version["0.33.0"]["capabilities"]["lookahead_block_hashes"] is True
     assert by_version["0.28.0"]["capabilities"]["lookahead_block_hashes"] is False
+
+
+def _carried(version: str, failure: dict) -> bool:
+    """Whether a stored failure is a known vLLM bug ``version`` carries."""
+    return any(b.carried_by(version) and b.matches(failure["summary"][0], Category(failure["category"]))
+               for b in KNOWN_BUGS)

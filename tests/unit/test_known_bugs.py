@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kvspec.model.domain import CoordinatorConfig, GroupKind, KVCacheGroup
 from kvspec.model.finding import Category
-from kvspec.model.known import KNOWN_BUGS, known_bugs, recognise, stateful_exclusions
+from kvspec.model.known import KNOWN_BUGS, known_bugs, recognise
 
 
 def test_release_ranges_are_half_open():
@@ -96,10 +96,6 @@ def test_a_failure_is_recognised_only_if_all_of_it_is_one_known_bug():
     assert recognise(known, [crash]).name == "mamba_estimate_below_allocation_after_connector_load"
     assert recognise(known, [crash, other]) is None
     assert recognise((), [crash]) is None and recognise(known, []) is None
-
-
-def test_nothing_is_kept_out_of_the_stateful_draw():
-    assert all(stateful_exclusions(v) == () for v in ("0.25.1", "0.26.0", "0.28.0", "0.33.0", "0.34.0"))
 
 
 def test_an_untrimmed_group_is_the_known_bug_only_when_it_is_full_attention():

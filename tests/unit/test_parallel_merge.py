@@ -52,6 +52,17 @@ def test_no_failure_anywhere():
     assert merged.as_dict()["verdict"] == "no discrepancy" and merged.as_dict()["jobs"] == 2
 
 
+def test_known_bugs_met_by_the_jobs_are_summed_and_said_in_the_verdict():
+    crash = "sliding_window_eagle_multi_module_lookahead_crash"
+    one, two = _result(0), _result(1)
+    one.known_met, one.known_first = {crash: 2}, {crash: "S=4 first"}
+    two.known_met, two.known_first = {crash: 3}, {crash: "S=6 later"}
+    doc = merge_results([one, two, _result(2)], 1.0).as_dict()
+    assert doc["known_met"] == {crash: 5} and doc["known_first"] == {crash: "S=4 first"}
+    assert doc["verdict"] == ("no discrepancy but known vLLM bugs (model/known.py), met and recognised: "
+                              f"{crash} in 5 example(s)")
+
+
 def test_a_job_that_dies_does_not_discard_the_other_jobs_finding(monkeypatch):
     """Issue 28: with --jobs 2, killing one job discarded the other's finished finding."""
     from concurrent.futures import Future
