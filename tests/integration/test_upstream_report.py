@@ -150,7 +150,7 @@ def test_a_mamba_state_findings_test_schedules_the_prefills_as_the_engine_did(tm
 # Engine tests of rules no earlier mutant or known bug reached through the
 # engine: (fixture, mutant, test name, the words the failing assertion says).
 # Each fixture is `kvspec fuzz --engine --vllm 0.34.0 --mutant MUTANT
-# --max-examples 100`'s finding (seed in the docs' engine page).
+# --max-examples 100 --seed 0`'s finding, stored without its test (rewritten here).
 CALL_RULE_MUTANTS = [
     (FIXTURE.parent / "finding_engine_zeroing_missed_zeroing_ids_overwritten_0.34.0.json", "zeroing_ids_overwritten",
      "test_new_attention_blocks_are_handed_out_for_zeroing", "so that it is zeroed: blocks [3, 6] were not handed out"),
