@@ -15,9 +15,10 @@ import ast
 from .operator import COORDINATOR_FILE, MANAGER_FILE, MutationOperator
 from .source import Edit, Missing, Source, exactly_one, find_class, find_method, is_attr, is_const, is_name, walk
 
-__all__ = ["STATE_MUTANTS", "BLOCK_POOL_FILE"]
+__all__ = ["STATE_MUTANTS", "BLOCK_POOL_FILE", "KV_CACHE_MANAGER_FILE"]
 
 BLOCK_POOL_FILE = "vllm/v1/core/block_pool.py"
+KV_CACHE_MANAGER_FILE = "vllm/v1/core/kv_cache_manager.py"
 
 
 def _method(src: Source, cls_name: str, name: str) -> tuple[str, ast.FunctionDef]:
@@ -248,6 +249,67 @@ def _window_frees_early(src: Source) -> tuple[str, list[Edit]]:
     return where, [src.replace(call.args[1], f"({src.segment(call.args[1])}) + self.block_size")]
 
 
+
+def _lookup_touches_hit(src: Source) -> tuple[str, list[Edit]]:
+    where, method = _method(src, "KVCacheManager", "get_computed_blocks")
+    assign = exactly_one(
+        [n for n in walk(method.body)
+         if isinstance(n, ast.Assign) and len(n.targets) == 1 and is_name(n.targets[0], "blocks")
+         and isinstance(n.value, ast.Call) and is_attr(n.value.func, "create_kv_cache_blocks", "self")
+         and len(n.value.args) == 1 and isinstance(n.value.args[0], ast.Name)],
+        f"`blocks = self.create_kv_cache_blocks(computed_blocks)` in {where}")
+    # The hit blocks pinned at the lookup (so nothing evicts them before
+    # allocate_slots adopts them), which touches them again: a lookup takes a
+    # reference, and one whose request is not admitted keeps it.
+    hit, indent = assign.value.args[0].id, " " * assign.col_offset
+    return where, [src.replace(assign, f"{src.segment(assign)}\n{indent}for group_blocks in {hit}:\n"
+                                       f"{indent}    self.block_pool.touch(group_blocks)")]
+
+
+def _unitary_hit_limit_decremented(src: Source) -> tuple[str, list[Edit]]:
+    where, method = _method(src, "UnitaryKVCacheCoordinator", "find_longest_cache_hit")
+    # `max_length=max_cache_hit_length`: its caller already keeps the last
+    # token back (num_tokens - 1); one more, so a prompt one token past a
+    # block boundary loses its last cached block (clamped at 0: unclamped, a
+    # one-token prompt crashes the lookup first).
+    limit = exactly_one([k.value for n in walk(method.body) if isinstance(n, ast.Call) for k in n.keywords
+                         if k.arg == "max_length" and is_name(k.value, "max_cache_hit_length")],
+                        f"`max_length=max_cache_hit_length` in {where}")
+    return where, [src.replace(limit, f"max(0, {limit.id} - 1)")]
+
+
+def _lookup_counts_partial_block(src: Source) -> tuple[str, list[Edit]]:
+    where, method = _method(src, "FullAttentionManager", "find_longest_cache_hit")
+    # `itertools.islice(full_block_hashes, max_length // block_size)`: the
+    # blocks a hit may cover, rounded up instead of down.
+    bound = exactly_one(
+        [n.args[1] for n in walk(method.body)
+         if isinstance(n, ast.Call) and is_attr(n.func, "islice") and len(n.args) == 2
+         and isinstance(n.args[1], ast.BinOp) and isinstance(n.args[1].op, ast.FloorDiv)
+         and is_name(n.args[1].left, "max_length")],
+        f"`islice(..., max_length // block_size)` in {where}")
+    return where, [src.replace(bound, f"cdiv(max_length, {src.segment(bound.right)})")]
+
+
+def _zeroing_ids_overwritten(src: Source) -> tuple[str, list[Edit]]:
+    where, method = _method(src, "SingleTypeKVCacheManager", "allocate_new_blocks")
+    # `self.new_block_ids.extend(b.block_id for b in new_blocks)`: assigned
+    # instead, so the blocks recorded earlier in the step (another request's)
+    # are dropped before take_new_block_ids hands them out.
+    call = exactly_one(
+        [n for n in walk(method.body)
+         if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call) and is_attr(n.value.func, "extend")
+         and is_attr(n.value.func.value, "new_block_ids", "self") and len(n.value.args) == 1
+         and isinstance(n.value.args[0], ast.GeneratorExp)],
+        f"`self.new_block_ids.extend(b.block_id for b in new_blocks)` in {where}")
+    generator = call.value.args[0]
+    if len(generator.generators) != 1 or generator.generators[0].ifs:
+        raise Missing(f"`self.new_block_ids.extend(b.block_id for b in new_blocks)` in {where}")
+    loop = generator.generators[0]
+    return where, [src.replace(call, f"self.new_block_ids = [{src.segment(generator.elt)} for "
+                                     f"{src.segment(loop.target)} in {src.segment(loop.iter)}]")]
+
+
 STATE_MUTANTS: tuple[MutationOperator, ...] = (
     MutationOperator(
         "touch_keeps_free_block",
@@ -345,4 +407,28 @@ STATE_MUTANTS: tuple[MutationOperator, ...] = (
         "SingleTypeKVCacheManager.add_local_computed_blocks puts the lookup's hit blocks in the table "
         "without taking a reference on them (they stay free, to be evicted under the request)",
         "", _local_hit_untouched, MANAGER_FILE, side="state"),
+    MutationOperator(
+        "lookup_touches_hit",
+        "KVCacheManager.get_computed_blocks takes a reference on its hit blocks (to keep them from eviction "
+        "until allocate_slots), which takes one again: a lookup changes the pool, and a hit block keeps a "
+        "reference no block table holds",
+        "", _lookup_touches_hit, KV_CACHE_MANAGER_FILE, side="state"),
+    MutationOperator(
+        "unitary_hit_limit_decremented",
+        "UnitaryKVCacheCoordinator.find_longest_cache_hit keeps back one token more than the num_tokens - 1 its "
+        "caller passes: a prompt one token past a block boundary loses its last cached block (one-group models)",
+        "", _unitary_hit_limit_decremented, COORDINATOR_FILE, side="state"),
+    MutationOperator(
+        "lookup_counts_partial_block",
+        "FullAttentionManager.find_longest_cache_hit rounds the blocks a hit may cover up instead of down "
+        "(cdiv(max_length, block)): on a fully cached block-aligned prompt full attention hits every token "
+        "(a one-group model's schedule() then asserts; a hybrid's coordinator settles on a hit off the block "
+        "boundary, the prompt less one token)",
+        "", _lookup_counts_partial_block, MANAGER_FILE, side="state"),
+    MutationOperator(
+        "zeroing_ids_overwritten",
+        "SingleTypeKVCacheManager.allocate_new_blocks assigns the blocks it records for zeroing instead of "
+        "extending the list: an earlier allocation's blocks in the same step (another request's) are never "
+        "zeroed (layouts with Mamba layers)",
+        "", _zeroing_ids_overwritten, MANAGER_FILE, side="state"),
 )

@@ -94,6 +94,10 @@ TARGETED = {
     "allocate_from_queue_tail": (Category.STATE_FREE_ORDER, "left the free queue's head"),
     "zeroing_ids_undrained": (Category.STATE_ZEROING, "is not a block this operation placed"),
     "skipped_slots_deleted": (Category.STATE_TABLE_APPEND_ONLY, "append_only: request"),
+    "zeroing_ids_overwritten": (Category.STATE_ZEROING_MISSED, "was not handed out for zeroing"),
+    "lookup_touches_hit": (Category.STATE_LOOKUP_PURITY, "a lookup must take nothing"),
+    "unitary_hit_limit_decremented": (Category.STATE_HIT_LENGTH, "the map held its first"),
+    "lookup_counts_partial_block": (Category.STATE_HIT_BOUNDS, "is not a multiple of"),
 }
 
 

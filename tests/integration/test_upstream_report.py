@@ -10,6 +10,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from kvspec.model.outcome import Outcome
 from kvspec.subjects.subject import mutant_subject, release
 
@@ -143,6 +145,33 @@ def test_a_mamba_state_findings_test_schedules_the_prefills_as_the_engine_did(tm
                                                "test_mamba_group_keeps_the_block_of_the_running_state",
                                                "request r7 computed 128 tokens; group 0 holds 2 slots, slot 1 "
                                                "the null block")
+
+
+# Engine tests of rules no earlier mutant or known bug reached through the
+# engine: (fixture, mutant, test name, the words the failing assertion says).
+# Each fixture is `kvspec fuzz --engine --vllm 0.34.0 --mutant MUTANT
+# --max-examples 100 --seed 0`'s finding, stored without its test (rewritten here).
+CALL_RULE_MUTANTS = [
+    (FIXTURE.parent / "finding_engine_zeroing_missed_zeroing_ids_overwritten_0.34.0.json", "zeroing_ids_overwritten",
+     "test_new_attention_blocks_are_handed_out_for_zeroing", "so that it is zeroed: blocks [3, 6] were not handed out"),
+    (FIXTURE.parent / "finding_engine_lookup_pure_lookup_touches_hit_0.34.0.json", "lookup_touches_hit",
+     "test_get_computed_blocks_takes_no_reference", "the free count: request r5's lookup changed a ref_cnt"),
+    (FIXTURE.parent / "finding_engine_hit_length_unitary_hit_limit_decremented_0.34.0.json",
+     "unitary_hit_limit_decremented", "test_prefix_cache_hit_is_the_leading_run_of_cached_blocks",
+     "request r6 hit 0 tokens; the prefix cache held its first 1 blocks"),
+    (FIXTURE.parent / "finding_engine_hit_bounds_lookup_counts_partial_block_0.34.0.json",
+     "lookup_counts_partial_block", "test_prefix_cache_hit_leaves_a_token_to_compute",
+     "request r2 hit 63 tokens, not a multiple of the scheduler block size 64"),
+]
+
+
+@pytest.mark.parametrize("fixture, mutant, name, words", CALL_RULE_MUTANTS,
+                         ids=[row[1] for row in CALL_RULE_MUTANTS])
+def test_a_call_rules_findings_test_fails_on_the_mutant_and_passes_on_its_release(tmp_path, fixture, mutant, name,
+                                                                                  words):
+    """The finding's test wraps the manager's call the rule is on, fails on
+    the mutant on that assertion and passes on 0.34.0."""
+    _fails_on_the_mutant_passes_on_the_release(tmp_path, fixture, mutant, name, words)
 
 
 def test_a_script_that_does_not_reproduce_is_not_offered(tmp_path, capsys):

@@ -544,6 +544,92 @@ def test_state_operators_rewrite_the_managers(name, removed, added):
     assert op.side == "state" and op.target_file.endswith("single_type_kv_cache_manager.py")
 
 
+# The lookup and zeroing operators' targets, in 0.34's shape (written for these tests).
+_LOOKUP_SOURCE = '''
+class KVCacheManager:
+    def get_computed_blocks(self, request, max_cache_hit_length=None):
+        computed_blocks, num_new_computed_tokens, num_uncached = self.coordinator.find_longest_cache_hit(
+            request.block_hashes, request.num_tokens - 1)
+        blocks = self.create_kv_cache_blocks(computed_blocks)
+        return blocks, num_new_computed_tokens, 0
+
+
+class UnitaryKVCacheCoordinator:
+    def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
+        hit_blocks, hit_length = self.single_type_managers[0].find_longest_cache_hit(
+            block_hashes=block_hashes,
+            max_length=max_cache_hit_length,
+            drop_eagle_block=0 in self.drop_eagle_group_ids,
+            alignment_tokens=self.block_size,
+        )
+        return hit_blocks, hit_length, 0
+
+
+class SingleTypeKVCacheManager:
+    def allocate_new_blocks(self, request_id, num_tokens, num_tokens_main_model):
+        req_blocks = self.req_to_blocks[request_id]
+        num_new_blocks = cdiv(num_tokens, self.block_size) - len(req_blocks)
+        if num_new_blocks <= 0:
+            return []
+        new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
+        req_blocks.extend(new_blocks)
+        if self._record_new_block_ids:
+            self.new_block_ids.extend(b.block_id for b in new_blocks)
+        return new_blocks
+
+
+class FullAttentionManager(SingleTypeKVCacheManager):
+    @classmethod
+    def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool, block_size):
+        computed_blocks = tuple([] for _ in kv_cache_group_ids)
+        for block_hash in itertools.islice(block_hashes, max_length // block_size):
+            if not (cached_block := block_pool.get_cached_block(block_hash, kv_cache_group_ids)):
+                break
+            for computed, cached in zip(computed_blocks, cached_block):
+                computed.append(cached)
+        return computed_blocks, len(computed_blocks[0]) * block_size
+'''
+
+
+@pytest.mark.parametrize("name, removed, added", [
+    ("lookup_touches_hit", None, "        for group_blocks in computed_blocks:\n"
+                                 "            self.block_pool.touch(group_blocks)\n        return blocks"),
+    ("unitary_hit_limit_decremented", "max_length=max_cache_hit_length,",
+     "max_length=max(0, max_cache_hit_length - 1),"),
+    ("lookup_counts_partial_block", "islice(block_hashes, max_length // block_size)",
+     "islice(block_hashes, cdiv(max_length, block_size))"),
+    ("zeroing_ids_overwritten", "self.new_block_ids.extend(b.block_id for b in new_blocks)",
+     "self.new_block_ids = [b.block_id for b in new_blocks]"),
+])
+def test_state_operators_rewrite_the_lookup_and_zeroing(name, removed, added):
+    from kvspec.subjects.mutation import STATE_MUTANTS
+
+    op = {o.name: o for o in STATE_MUTANTS}[name]
+    out = op.apply(_LOOKUP_SOURCE)
+    assert removed is None or (removed in _LOOKUP_SOURCE and removed not in out)
+    assert added in out and added not in _LOOKUP_SOURCE
+    assert op.side == "state"
+
+
+def test_the_lookup_operator_takes_a_reference_on_each_hit_block_at_the_lookup():
+    # Executed: the mutated lookup touches every group's hit blocks once, the
+    # release's touches none (allocate_slots does, later).
+    from kvspec.subjects.mutation import mutant
+
+    touched = []
+    hit = ([1, 2], [3])
+    manager = SimpleNamespace(
+        coordinator=SimpleNamespace(find_longest_cache_hit=lambda hashes, limit: (hit, 32, 0)),
+        create_kv_cache_blocks=lambda blocks: blocks, block_pool=SimpleNamespace(touch=touched.extend))
+    request = SimpleNamespace(block_hashes=[], num_tokens=40)
+    for source, want in ((_LOOKUP_SOURCE, []), (mutant("lookup_touches_hit").apply(_LOOKUP_SOURCE), [1, 2, 3])):
+        ns = {}
+        exec(compile(source, "<snippet>", "exec"), ns)
+        touched.clear()
+        assert ns["KVCacheManager"].get_computed_blocks(manager, request) == (hit, 32, 0)
+        assert touched == want
+
+
 def test_the_hit_blocks_operator_finds_the_method_of_older_releases():
     # Before 0.26 the method that takes a hit's blocks is allocate_new_computed_blocks.
     from kvspec.subjects.mutation import STATE_MUTANTS
