@@ -437,17 +437,22 @@ class ReproRun:
     how: str  # how it was run
 
 
-def run_repro(script: ReproScript, crash_type: str | None, timeout: float = 600) -> ReproRun:
+def run_repro(script: ReproScript, crash_type: str | None, timeout: float = 600, tree: str | None = None,
+              label: str | None = None) -> ReproRun:
     """Run the script in a fresh process on the release's runtime (kvspec's
     CPU runtime with the release's own Python tree first on the path, as a
-    ``pip install vllm==X`` gives) and judge whether it reproduced: a
-    non-zero exit whose last line is the assertion (estimate) or the
-    exception the finding recorded (crash)."""
+    ``pip install vllm==X`` gives; ``tree``: another tree holding the vllm
+    package, such as a kvspec mutant of the release, named ``label``) and
+    judge whether it reproduced: a non-zero exit whose last line is the
+    assertion (estimate) or the exception the finding recorded (crash)."""
     import time
 
     from .provision import ensure_release, ensure_runtime
 
-    python, tree = ensure_runtime(), ensure_release(script.version)
+    python = ensure_runtime()
+    tree = tree or ensure_release(script.version)
+    whose = "its" if label else "the release's"
+    label = label or f"vLLM {script.version}"
     # A clean environment: nothing of kvspec's, vLLM's settings as the script sets them.
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("VLLM_", "KVSPEC_", "PYTHON")) and k not in ("HF_HUB_OFFLINE",)}
@@ -462,7 +467,7 @@ def run_repro(script: ReproScript, crash_type: str | None, timeout: float = 600)
                                  timeout=timeout, start_new_session=True)
         except subprocess.TimeoutExpired:
             return ReproRun(False, None, f"timed out after {timeout:.0f} s", time.perf_counter() - start,
-                            f"python repro.py on vLLM {script.version}")
+                            f"python repro.py on {label}")
     # No machine-local path in a report: vLLM's files by their path in the
     # package, the script by its name.
     text = (out.stdout + out.stderr).replace(f"{tree}{os.sep}", "").replace(f"{path.parent}{os.sep}", "")
@@ -471,11 +476,12 @@ def run_repro(script: ReproScript, crash_type: str | None, timeout: float = 600)
     if script.kind is Category.STATE_BLOCK_ESTIMATE:
         reproduced = out.returncode != 0 and last.startswith(script.marker)
     else:
-        reproduced = out.returncode != 0 and bool(crash_type) and last.startswith(f"{crash_type}:") \
-            and "in schedule" in (out.stderr or "")
+        # A bare assert's exception says nothing: its last line is the class name alone.
+        reproduced = out.returncode != 0 and bool(crash_type) \
+            and (last == crash_type or last.startswith(f"{crash_type}:")) and "in schedule" in (out.stderr or "")
     return ReproRun(reproduced, out.returncode, "\n".join(lines[-MAX_TAIL_LINES:]), time.perf_counter() - start,
-                    f"python repro.py in a fresh process on vLLM {script.version} (CPU runtime, PYTHONPATH = the "
-                    f"release's own Python tree)")
+                    f"python repro.py in a fresh process on {label} (CPU runtime, PYTHONPATH = {whose} own Python "
+                    "tree)")
 
 
 # The imports the engine code needs (vLLM's public classes, torch for the

@@ -1,13 +1,15 @@
-"""Engine findings whose program runs speculative decoding get a regression
-test in vLLM's idiom, from the upstream script's engine code: vLLM's
+"""Engine findings whose program runs speculative decoding get an upstream
+script and a regression test in vLLM's idiom, sharing one engine code: vLLM's
 SpeculativeConfig built from the finding's flags, the drafter's groups as
 vLLM's planning flagged them, the lookahead and the EAGLE block drop as vLLM
-derives them.  The test fails where the finding was found, on its assertion,
-and passes where the bug is not."""
+derives them.  The script reproduces in a fresh process where the finding was
+found and runs to its end where the bug is fixed; the test fails where the
+finding was found, as it did, and passes where the bug is not."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,31 @@ EAGLE_MUTANT = FIXTURES / "finding_engine_hit_groups_eagle_0.34.0.json"
 # reported (with --include-known that one, met first, is the finding).
 EAGLE_RELEASE = FIXTURES / "finding_engine_second_full_attention_group_eagle_0.27.1.json"
 NAME = "test_every_group_trims_its_hit_blocks_to_the_common_hit"
+# vLLM's connector_lookup_takes_deepest_group_hit (0.24.0-0.26.0, fixed in 0.27.0) in its crash form, under
+# EAGLE3: kvspec fuzz --vllm 0.26.0 --engine --seed 0 with every known bug recognised but that crash form.
+EAGLE_CRASH = FIXTURES / "finding_engine_crash_eagle_cow_0.26.0.json"
+
+
+def test_the_upstream_script_of_a_crash_under_eagle_reproduces(tmp_path, capsys):
+    """Toy Qwen3-Next with an EAGLE3 drafter of twice its KV page (the
+    drafter's group at half the scheduler block), kvspec's connector and
+    --prefix-match-unit 16: on 0.26.0 the connector's per-group lookup gives a
+    full-attention group a partial hit past its blocks and the copy-on-write
+    asserts.  ``kvspec report --upstream``'s script (vLLM's SpeculativeConfig
+    and the drafter's config.json written in, no kvspec) reproduces in a
+    fresh process on 0.26.0 (a bare assert: its last line is the class name)."""
+    from kvspec.cli import main
+    from kvspec.model.outcome import Outcome
+
+    report = tmp_path / "report.md"
+    assert main(["report", "--upstream", str(EAGLE_CRASH), "--output", str(report)]) == Outcome.OK.exit_code
+    assert "the script reproduced (exit status 1" in capsys.readouterr().err
+    text = report.read_text()
+    assert "**reproduced**, exit status 1" in text and "in _apply_cow" in text and "\nAssertionError\n" in text
+    (code,) = re.findall(r"(?ms)^```python\n(.*?)^```$", text)
+    assert not re.search(r"^\s*(import|from) kvspec", code, re.M)
+    assert "return SpeculativeConfig(" in code and 'architectures=["LlamaForCausalLMEagle3"]' in code
+    assert "class ExternalStoreConnector(KVConnectorBase_V1, SupportsHMA):" in code
 
 
 def _engine_test(tmp_path, fixture: Path, subject) -> dict:
@@ -37,6 +64,35 @@ def _engine_test(tmp_path, fixture: Path, subject) -> dict:
     return test
 
 
+@pytest.mark.soak  # the emitted test run on both sides, about a minute on 2 cores: `python -m pytest -m soak`
+def test_the_test_of_a_crash_under_eagle_fails_on_its_release_and_passes_where_fixed(tmp_path):
+    """The same finding's script runs to its end on 0.27.0, and its test
+    (vLLM's scheduler stepped as the engine stepped it) fails on 0.26.0 with
+    vLLM's own assert and passes on 0.27.0."""
+    from kvspec.findings.engine import with_engine_test
+    from kvspec.model.engine import EngineProgram
+    from kvspec.model.finding import Category, Finding
+    from kvspec.subjects.provision import ensure_release
+    from kvspec.subjects.upstream_repro import repro_script, run_repro
+
+    doc = json.loads(EAGLE_CRASH.read_text())
+    script = repro_script(EngineProgram.from_dict(doc["inputs"]["engine_program"]), doc["run"]["engine_settings"],
+                          Category.SUBJECT_CRASH, "0.26.0")
+    fixed_run = run_repro(script, "AssertionError", tree=str(ensure_release("0.27.0")), label="vLLM 0.27.0")
+    assert fixed_run.returncode == 0 and not fixed_run.reproduced, fixed_run
+    assert "no failure: the finding did not reproduce" in fixed_run.tail, fixed_run.tail
+    finding = with_engine_test(Finding.from_dict(json.loads(EAGLE_CRASH.read_text())), tmp_path / EAGLE_CRASH.name,
+                               release("0.26.0"))
+    test = finding.regression_test
+    assert test["lint"]["outcome"] == "passed" and test["proposed"], test
+    assert test["test_name"] == "test_scheduler_step_does_not_raise"
+    subject, fixed = test["verified"]
+    assert subject["outcome"] == "failed" and subject["failure"] == "vLLM's own assert (AssertionError)", subject
+    assert "in _apply_cow" in subject["output"]
+    assert fixed["outcome"] == "passed" and "0.27.0, the first release without" in fixed["against"], fixed
+
+
+@pytest.mark.soak  # about 40 s on 2 cores under load: opt in with `python -m pytest -m soak`
 def test_an_eagle_findings_test_fails_on_the_mutant_and_passes_on_its_release(tmp_path):
     """The mutant keeps the block the EAGLE drop cut from a one-group hit
     (toy Llama with its EAGLE3 drafter, legacy hashes so the drop runs: two
