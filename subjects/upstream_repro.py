@@ -11,6 +11,11 @@ torch, which vLLM needs): a vLLM maintainer runs it as it is.  A finding
 found with kvspec's own KV connector gets that connector's behaviour written
 into the code (``CONNECTOR_CODE``: ``ExternalStoreConnector``, against
 vLLM's public ``KVConnectorBase_V1``, and its worker side run by the driver).
+A finding with speculative decoding gets vLLM's ``SpeculativeConfig`` built
+from its flags (``SPECULATIVE_CODE``: what vLLM derives from it, the
+lookahead and the EAGLE block drop, is read from vLLM), the groups vLLM's
+planning flagged as the drafter's, and each step's drafts accepted in its
+output and proposed after it, as kvspec's engine driver plays them.
 """
 
 from __future__ import annotations
@@ -102,8 +107,10 @@ def _groups(settings: dict[str, Any]) -> list[tuple[str, int, int, int, int, int
         if not isinstance(g, dict) or g.get("kind") not in _SPEC_KINDS:
             raise Unscriptable("the finding's engine settings name a KV-cache group kind the upstream script "
                                "cannot build: no upstream script")
-        if g.get("eagle") or g.get("eagle_group"):
-            raise Unscriptable("no upstream script for EAGLE groups yet")
+        for flag in ("eagle", "eagle_group"):
+            if not isinstance(g.get(flag, False), bool):
+                raise Unscriptable(f"the finding's engine settings have no valid {flag} for a group (true or "
+                                   "false): no upstream script")
         kind = _SPEC_KINDS[_SPEC_KINDS.index(g["kind"])]
         checkpoint = _checkpoint(g) if kind == "mamba_align" else (0, None)
         groups.append((kind, _int(g, "block_size", 1, 1 << 12), _int(g, "sliding_window", 0, 1 << 20),
@@ -129,9 +136,10 @@ def _plan(plan: Any) -> dict[str, Any]:
     return {key: plan[key] for key in LOAD_FIELDS}
 
 
-def _ops(program: EngineProgram, own_connector: bool = False) -> list[tuple]:
+def _ops(program: EngineProgram, own_connector: bool = False, speculative: bool = False) -> list[tuple]:
     """The engine inputs as plain tuples of validated values (under kvspec's
-    connector an arrival also carries its load plan, or None)."""
+    connector an arrival also carries its load plan, or None; under
+    speculative decoding a step its drafts proposed and accepted)."""
     ops: list[tuple] = []
     for op in program.ops:
         kind = op["do"]
@@ -148,9 +156,13 @@ def _ops(program: EngineProgram, own_connector: bool = False) -> list[tuple]:
                 arrive += (_plan(op["load"]) if op.get("load") else None,)
             ops.append(arrive)
         elif kind == "step":
-            if op.get("drafts"):
-                raise Unscriptable("no upstream script for speculative decoding yet")
-            ops.append(("step",))
+            # Under speculative decoding a step carries the drafts proposed
+            # after it and the drafts its output accepts (validated whole
+            # numbers); without, the engine proposes none and accepts none.
+            if speculative:
+                ops.append(("step", int(op.get("drafts", 0)), int(op.get("accepted", 0))))
+            else:
+                ops.append(("step",))
         elif kind == "abort":
             rid = op["id"]
             if not isinstance(rid, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", rid):
@@ -236,6 +248,9 @@ def _ops_literal(ops: list[tuple]) -> str:
             lines += ["    # finish_requests(FINISHED_ABORTED)", *_item(['"abort"', _py(op[1])])]
         elif op[0] == "reset":
             lines += ["    # reset_prefix_cache()", *_item(['"reset"'])]
+        elif len(op) == 3:
+            lines += [f"    # one engine step: up to {op[2]} scheduled drafts accepted, then {op[1]} proposed",
+                      *_item(['"step"', str(op[1]), str(op[2])])]
         else:
             lines += ["    # one engine step, as EngineCore.step / step_with_batch_queue", *_item(['"step"'])]
     return "[\n" + "\n".join(lines) + "\n]"
@@ -251,10 +266,7 @@ def engine_values(program: EngineProgram, settings: dict[str, Any] | None, versi
     if not isinstance(settings, dict):
         raise Unscriptable("this finding records no engine settings (what vLLM derived): rerun `kvspec fuzz "
                            "--engine` to record them; no upstream script")
-    setup = program.setup
-    if setup.num_speculative_tokens is not None or _int(settings, "num_hash_lookahead_tokens", 0, 0) \
-            or _int(settings, "num_speculative_tokens", 0, 0):
-        raise Unscriptable("no upstream script for speculative decoding yet")
+    speculative = _speculative(program.setup, settings)
     connector = settings.get("kv_connector")
     own = connector == OWN_CONNECTOR
     if connector is not None and connector not in _STANDALONE_CONNECTORS and not own:
@@ -291,7 +303,55 @@ def engine_values(program: EngineProgram, settings: dict[str, Any] | None, versi
         "LOAD_FAILURE_POLICY": FAILURE_POLICIES[FAILURE_POLICIES.index(policy)] if own else None,
         "CHECK_ESTIMATE": check_estimate,
         "GROUPS": _groups(settings),
-        "OPS": _ops(program, own),
+        "OPS": _ops(program, own, bool(speculative)),
+        **speculative,
+    }
+
+
+# The speculative methods a script builds (the toys' drafters: model.engine).
+_SPECULATIVE_METHODS = ("eagle3", "mtp")
+
+
+def _speculative(setup: Any, settings: dict[str, Any]) -> dict[str, Any]:
+    """The speculative config a script builds, as the user gave it
+    (``--speculative-config``: the setup's method, drafts and hash scheme;
+    an EAGLE3 drafter's config.json is kvspec's constant, chosen by the toy's
+    validated name), checked against what vLLM ran, and the groups vLLM's
+    planning flagged as the drafter's.  What vLLM derives from it (the hash
+    and prefill lookahead, the EAGLE block drop) the script reads from vLLM.
+    Empty without speculative decoding."""
+    drafts = _int(settings, "num_speculative_tokens", 0, 8)
+    lookahead = _int(settings, "num_hash_lookahead_tokens", 0, 16)
+    method = settings.get("speculative_method")
+    groups = settings.get("groups") or []
+    flagged = [i for i, g in enumerate(groups) if isinstance(g, dict) and (g.get("eagle") or g.get("eagle_group"))]
+    if setup.num_speculative_tokens is None:
+        if drafts or lookahead or method is not None or flagged:
+            raise Unscriptable("the finding's engine settings say vLLM ran speculative decoding, which its engine "
+                               "flags do not set: no upstream script")
+        return {}
+    spec_method = setup.toy.spec_method
+    if spec_method not in _SPECULATIVE_METHODS or method != spec_method or drafts != setup.num_speculative_tokens:
+        raise Unscriptable("the finding's engine settings do not record the speculative decoding its engine flags "
+                           f"set ({', '.join(_SPECULATIVE_METHODS)} with as many drafts): no upstream script")
+    # The state blocks vLLM's Mamba layers keep for the drafts (their spec's
+    # num_speculative_blocks), as the worker recorded them: one figure a layout.
+    mamba = [g for g in groups if isinstance(g, dict) and str(g.get("kind", "")).startswith("mamba")]
+    if any("speculative_blocks" not in g for g in mamba):
+        raise Unscriptable("the finding's engine settings do not record its Mamba groups' speculative state blocks "
+                           "(what vLLM allocates them for the drafts): rerun `kvspec fuzz --engine` to record them; "
+                           "no upstream script")
+    blocks = {_int(g, "speculative_blocks", 0, 16) for g in mamba}
+    if len(blocks) > 1:
+        raise Unscriptable("the finding's Mamba groups keep different numbers of speculative state blocks, which "
+                           "the script builds as one: no upstream script")
+    return {
+        "SPECULATIVE": True,
+        "MAMBA_SPEC_BLOCKS": blocks.pop() if blocks else 0,
+        "SPEC_METHOD": _SPECULATIVE_METHODS[_SPECULATIVE_METHODS.index(spec_method)],
+        "NUM_SPEC_TOKENS": setup.num_speculative_tokens,
+        "DISABLE_LOOKAHEAD_HASHES": bool(setup.legacy_hashes),
+        "EAGLE_GROUPS": [i for i, g in enumerate(groups) if isinstance(g, dict) and g.get("eagle_group") is True],
     }
 
 
@@ -301,18 +361,24 @@ def engine_code(template: str, program: EngineProgram, values: dict[str, Any]) -
     the driver of its calls) and the validated ``values`` filled in."""
     setup = program.setup
     version = values["VERSION"]
-    own = bool(values.get("OWN_CONNECTOR"))
-    code = template.replace("@ENGINE_CODE@", _with_own_connector(ENGINE_CODE) if own else ENGINE_CODE)
-    code = code.replace("@IMPORTS@", imports(own)).replace("@SCRIPT_IMPORTS@", _after_environment(imports(own)))
+    own, speculative = bool(values.get("OWN_CONNECTOR")), bool(values.get("SPECULATIVE"))
+    engine = _with_own_connector(ENGINE_CODE) if own else ENGINE_CODE
+    engine = _with_speculation(engine) if speculative else engine
+    code = template.replace("@ENGINE_CODE@", engine)
+    needed = imports(own, speculative)
+    code = code.replace("@IMPORTS@", needed).replace("@SCRIPT_IMPORTS@", _after_environment(needed))
     code = code.replace("vLLM @VERSION@", f"vLLM {version}")  # version: checked X.Y.Z
     for key, value in values.items():
-        if key not in ("GROUPS", "OPS"):
+        if key not in ("GROUPS", "OPS", "SPECULATIVE"):
             code = code.replace(f"@{key}@", _py(value))
     code = code.replace("@GROUPS@", "[\n" + "".join(f"    {_py(g)},\n" for g in values["GROUPS"]) + "]")
     code = code.replace("@OPS@", _ops_literal(values["OPS"]))
     # The toy model's config.json is kvspec's own constant, chosen by a validated name (its MTP modules
     # as the setup sets them: a validated count).
     code = code.replace("@MODEL_CONFIG@", _dict_call(setup.hf_config)).replace("@FAMILY@", setup.toy.family)
+    if speculative:  # an EAGLE3 drafter's config.json: kvspec's own constant, chosen by the toy's validated name
+        drafter = setup.toy.drafter if values["SPEC_METHOD"] == "eagle3" else None
+        code = code.replace("@DRAFT_CONFIG@", "None" if drafter is None else _dict_call(drafter))
     code = code.replace("@INSTALL@", install_line(version))
     # kvspec's own rendering of validated fields (numbers, known names), as
     # comment lines within vLLM's line length.
@@ -371,17 +437,22 @@ class ReproRun:
     how: str  # how it was run
 
 
-def run_repro(script: ReproScript, crash_type: str | None, timeout: float = 600) -> ReproRun:
+def run_repro(script: ReproScript, crash_type: str | None, timeout: float = 600, tree: str | None = None,
+              label: str | None = None) -> ReproRun:
     """Run the script in a fresh process on the release's runtime (kvspec's
     CPU runtime with the release's own Python tree first on the path, as a
-    ``pip install vllm==X`` gives) and judge whether it reproduced: a
-    non-zero exit whose last line is the assertion (estimate) or the
-    exception the finding recorded (crash)."""
+    ``pip install vllm==X`` gives; ``tree``: another tree holding the vllm
+    package, such as a kvspec mutant of the release, named ``label``) and
+    judge whether it reproduced: a non-zero exit whose last line is the
+    assertion (estimate) or the exception the finding recorded (crash)."""
     import time
 
     from .provision import ensure_release, ensure_runtime
 
-    python, tree = ensure_runtime(), ensure_release(script.version)
+    python = ensure_runtime()
+    tree = tree or ensure_release(script.version)
+    whose = "its" if label else "the release's"
+    label = label or f"vLLM {script.version}"
     # A clean environment: nothing of kvspec's, vLLM's settings as the script sets them.
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("VLLM_", "KVSPEC_", "PYTHON")) and k not in ("HF_HUB_OFFLINE",)}
@@ -396,7 +467,7 @@ def run_repro(script: ReproScript, crash_type: str | None, timeout: float = 600)
                                  timeout=timeout, start_new_session=True)
         except subprocess.TimeoutExpired:
             return ReproRun(False, None, f"timed out after {timeout:.0f} s", time.perf_counter() - start,
-                            f"python repro.py on vLLM {script.version}")
+                            f"python repro.py on {label}")
     # No machine-local path in a report: vLLM's files by their path in the
     # package, the script by its name.
     text = (out.stdout + out.stderr).replace(f"{tree}{os.sep}", "").replace(f"{path.parent}{os.sep}", "")
@@ -405,11 +476,12 @@ def run_repro(script: ReproScript, crash_type: str | None, timeout: float = 600)
     if script.kind is Category.STATE_BLOCK_ESTIMATE:
         reproduced = out.returncode != 0 and last.startswith(script.marker)
     else:
-        reproduced = out.returncode != 0 and bool(crash_type) and last.startswith(f"{crash_type}:") \
-            and "in schedule" in (out.stderr or "")
+        # A bare assert's exception says nothing: its last line is the class name alone.
+        reproduced = out.returncode != 0 and bool(crash_type) \
+            and (last == crash_type or last.startswith(f"{crash_type}:")) and "in schedule" in (out.stderr or "")
     return ReproRun(reproduced, out.returncode, "\n".join(lines[-MAX_TAIL_LINES:]), time.perf_counter() - start,
-                    f"python repro.py in a fresh process on vLLM {script.version} (CPU runtime, PYTHONPATH = the "
-                    f"release's own Python tree)")
+                    f"python repro.py in a fresh process on {label} (CPU runtime, PYTHONPATH = {whose} own Python "
+                    "tree)")
 
 
 # The imports the engine code needs (vLLM's public classes, torch for the
@@ -453,9 +525,11 @@ _CONNECTOR_IMPORTS = (
 )
 
 
-def imports(own_connector: bool = False) -> str:
-    """IMPORTS, with what the code written for kvspec's connector needs too."""
-    return _replaced(IMPORTS, _CONNECTOR_IMPORTS) if own_connector else IMPORTS
+def imports(own_connector: bool = False, speculative: bool = False) -> str:
+    """IMPORTS, with what the code written for kvspec's connector or for
+    speculative decoding needs too."""
+    text = _replaced(IMPORTS, _CONNECTOR_IMPORTS) if own_connector else IMPORTS
+    return _replaced(text, _SPECULATIVE_IMPORTS) if speculative else text
 
 
 def _replaced(text: str, changes: tuple[tuple[str, str], ...]) -> str:
@@ -468,9 +542,14 @@ def _replaced(text: str, changes: tuple[tuple[str, str], ...]) -> str:
 
 def _after_environment(imports: str) -> str:
     # The script sets vLLM's environment before importing it (ruff's E402, said once a statement).
+    # An import the comment takes past the line length is wrapped, as isort does.
     out = []
     for line in imports.splitlines():
         if line.startswith(("import ", "from ")):
+            head, _, names = line.partition(" import ")
+            if len(line) + len("  # noqa: E402") > 88 and not names.startswith("("):
+                out += [f"{head} import (  # noqa: E402", *(f"    {n}," for n in names.split(", ")), ")"]
+                continue
             line = f"{line}  # noqa: E402"
         out.append(line)
     return "\n".join(out) + "\n"
@@ -935,6 +1014,151 @@ def _with_own_connector(code: str) -> str:
     """The engine code under kvspec's connector: the connector written in it,
     its load plans carried, its worker side's KVConnectorOutput returned."""
     return _replaced(code, _OWN_CONNECTOR_CHANGES)
+
+
+# The speculative config as EngineArgs makes it from --speculative-config, and
+# the drafts each step proposes (EngineCore.post_step under synchronous
+# scheduling) and accepts (the model runner's sampled tokens).
+SPECULATIVE_CODE = '''\
+
+
+def speculative_config(model_dir, model_config, parallel_config):
+    \"\"\"The speculative config as EngineArgs builds it from --speculative-config:
+    vLLM derives the drafter's settings and the lookahead from it.\"\"\"
+    options = dict(
+        method=SPECULATIVE_METHOD, num_speculative_tokens=NUM_SPECULATIVE_TOKENS
+    )
+    if DRAFT_MODEL_CONFIG is not None:
+        options["model"] = os.path.join(model_dir, "draft")
+        os.makedirs(options["model"])
+        with open(os.path.join(options["model"], "config.json"), "w") as f:
+            json.dump(DRAFT_MODEL_CONFIG, f)
+    if DISABLE_LOOKAHEAD_BLOCK_HASHES:
+        options["disable_lookahead_block_hashes"] = True
+    return SpeculativeConfig(
+        **options,
+        target_model_config=model_config,
+        target_parallel_config=parallel_config,
+    )
+
+
+def propose_drafts(scheduler, output, num_drafts):
+    \"\"\"EngineCore.post_step under synchronous scheduling: the drafter's proposals
+    for the next step (up to num_speculative_tokens) for the requests the step
+    ran (async scheduling keeps them in the worker).\"\"\"
+    num_drafts = min(
+        num_drafts, scheduler.vllm_config.speculative_config.num_speculative_tokens
+    )
+    if num_drafts > 0:
+        ids = [rid for rid in output.num_scheduled_tokens if rid in scheduler.requests]
+        drafts = DraftTokenIds(ids, [[7] * num_drafts for _ in ids])
+        scheduler.update_draft_token_ids(drafts)
+'''
+
+# Where the engine code differs under speculative decoding (each found once;
+# applied after the connector's changes, which it leaves as they are).
+_SPECULATIVE_CHANGES = (
+    ("# (kind, block size, sliding window, layers,",
+     """# Speculative decoding (--speculative-config): the method, the drafts a step
+# verifies at most, whether lookahead block hashes are off, and the EAGLE3
+# drafter's config.json (None: the model's own MTP modules).  What vLLM derives
+# from them (the hash and prefill lookahead, the EAGLE block drop) is read from
+# the VllmConfig it builds.
+SPECULATIVE_METHOD = @SPEC_METHOD@
+NUM_SPECULATIVE_TOKENS = @NUM_SPEC_TOKENS@
+DISABLE_LOOKAHEAD_BLOCK_HASHES = @DISABLE_LOOKAHEAD_HASHES@
+DRAFT_MODEL_CONFIG = @DRAFT_CONFIG@
+# The groups holding the drafter's layers, flagged by vLLM's planning, and
+# the state blocks a Mamba layer keeps for the drafts (its spec's).
+EAGLE_GROUPS = @EAGLE_GROUPS@
+MAMBA_SPECULATIVE_BLOCKS = @MAMBA_SPEC_BLOCKS@
+# (kind, block size, sliding window, layers,"""),
+    ("\n\ndef make_scheduler(model_dir):\n", SPECULATIVE_CODE + "\n\ndef make_scheduler(model_dir):\n"),
+    ("""            prefill_checkpoint_alignment=checkpoint_alignment,
+""", """            prefill_checkpoint_alignment=checkpoint_alignment,
+            num_speculative_blocks=MAMBA_SPECULATIVE_BLOCKS,
+"""),
+    ("""    vllm_config = VllmConfig(
+        model_config=ModelConfig(
+            model=model_dir, skip_tokenizer_init=True, max_model_len=MAX_MODEL_LEN
+        ),
+""", """    model_config = ModelConfig(
+        model=model_dir, skip_tokenizer_init=True, max_model_len=MAX_MODEL_LEN
+    )
+    parallel_config = ParallelConfig()
+    vllm_config = VllmConfig(
+        model_config=model_config,
+        parallel_config=parallel_config,
+        speculative_config=speculative_config(model_dir, model_config, parallel_config),
+"""),
+    ("""        groups.append(KVCacheGroupSpec(names, spec(kind, block, window, *checkpoint)))
+""", """        groups.append(
+            accepted(
+                KVCacheGroupSpec,
+                layer_names=names,
+                kv_cache_spec=spec(kind, block, window, *checkpoint),
+                is_eagle_group=len(groups) in EAGLE_GROUPS,
+            )
+        )
+"""),
+    ("""    hasher = kv_cache_utils.get_request_block_hasher(HASH_BLOCK_SIZE, hash_fn)
+""", """    # Lookahead block hashes cover the tokens vLLM derived for the drafter.
+    lookahead = getattr(scheduler.vllm_config, "num_hash_lookahead_tokens", 0)
+    hasher = kv_cache_utils.get_request_block_hasher(
+        HASH_BLOCK_SIZE, hash_fn, *((lookahead,) if lookahead else ())
+    )
+"""),
+    ("""    def execute(output, allotted""", """    def execute(num_accepted, output, allotted"""),
+    ("""        # The model runner's part: one sampled token per request whose prompt is done.
+        nonlocal token
+        ids = list(output.num_scheduled_tokens)
+        sampled = []
+        for rid in ids:
+            sampled.append([token + 1] if allotted[rid] else [])
+            token += bool(allotted[rid])
+""", """        # The model runner's part: per request whose prompt is done, a sampled
+        # token and up to num_accepted of the drafts the step verified.
+        nonlocal token
+        ids = list(output.num_scheduled_tokens)
+        sampled = []
+        for rid in ids:
+            num_sampled = min(num_accepted + 1, allotted[rid])
+            sampled.append(list(range(token + 1, token + 1 + num_sampled)))
+            token += num_sampled
+"""),
+    ("""                        + getattr(request, "num_output_placeholders", 0),
+                    )
+""", """                        + getattr(request, "num_output_placeholders", 0),
+                    )
+                    if allotted[rid]:  # the token, and the drafts it verifies
+                        drafts = output.scheduled_spec_decode_tokens.get(rid, ())
+                        allotted[rid] = 1 + len(drafts)
+"""),
+    ("""                    execute(output, allotted""", """                    execute(op[2], output, allotted"""),
+    ("""                    continue
+                queue.insert(0, (""", """                    if output.total_num_scheduled_tokens > 0:
+                        propose_drafts(scheduler, output, op[1])
+                    continue
+                queue.insert(0, ("""),
+    ("""            execute(*queue.pop())
+""", """            execute(op[2], *queue.pop())
+"""),
+)
+
+
+def _with_speculation(code: str) -> str:
+    """The engine code under speculative decoding: vLLM's SpeculativeConfig
+    built from the flags, the drafter's groups flagged, lookahead hashes as
+    vLLM derived them, drafts proposed after each step and accepted in its
+    output as kvspec's engine driver does."""
+    return _replaced(code, _SPECULATIVE_CHANGES)
+
+
+_SPECULATIVE_IMPORTS = (
+    ("    ModelConfig,\n", "    ModelConfig,\n    ParallelConfig,\n"),
+    ("    SchedulerConfig,\n", "    SchedulerConfig,\n    SpeculativeConfig,\n"),
+    ("from vllm.v1.outputs import ", "from vllm.v1.outputs import DraftTokenIds, "),
+)
 
 
 _TEMPLATE = '''\

@@ -231,10 +231,13 @@ def build_engine(setup):
 
 def _checkpoint_fields(spec):
     """A Mamba spec's prefill-checkpoint fields as vLLM built them (a release
-    whose MambaSpec has none: 0 blocks, no alignment, its only behaviour)."""
+    whose MambaSpec has none: 0 blocks, no alignment, its only behaviour), and
+    the state blocks its layer keeps for speculative decoding (the manager
+    allocates them; an upstream script builds the spec with them)."""
     alignment = getattr(spec, "prefill_checkpoint_alignment", None)
     return {"prefill_checkpoint_blocks": int(getattr(spec, "num_prefill_checkpoint_blocks", 0) or 0),
-            "prefill_checkpoint_alignment": None if alignment is None else int(alignment)}
+            "prefill_checkpoint_alignment": None if alignment is None else int(alignment),
+            "speculative_blocks": int(getattr(spec, "num_speculative_blocks", 0) or 0)}
 
 
 class _CountingPool:

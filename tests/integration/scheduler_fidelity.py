@@ -3,8 +3,10 @@ runtime (stdlib and vLLM only; kvspec's worker code on the engine side): one
 side builds schedulers as kvspec's engine worker does, the other as the
 upstream script does (its rendered engine code, VLLM_TARGET_DEVICE=empty as
 the script sets it), and each prints, per setup, what the scheduler was
-built with, what each engine step scheduled and what passed between the
-scheduler and its KV connector (``watch_connector``).
+built with, what each engine step scheduled, what passed between the
+scheduler and its KV connector (``watch_connector``) and, under speculative
+decoding, between the scheduler and the played model runner and drafter
+(``watch_speculation``).
 
     python scheduler_fidelity.py engine KVSPEC_DIR CASES.json
     python scheduler_fidelity.py script CASES.json
@@ -12,7 +14,7 @@ scheduler and its KV connector (``watch_connector``).
 CASES.json: engine, a list of {"setup": worker setup message, "ops": engine
 ops}; script, a list of {"code": the rendered engine code}.  The last line
 of output is the JSON list of {"fingerprint": ..., "steps": ..., "connector":
-...} (and, on the engine side, "derived": the settings a finding records,
+..., "speculation": ...} (and, on the engine side, "derived": the settings a finding records,
 the script's source).
 """
 
@@ -119,6 +121,37 @@ def watch_connector(scheduler):
     return seen
 
 
+def watch_speculation(scheduler):
+    """What passed between the scheduler and the (played) model runner and
+    drafter, in order: each schedule()'s drafts scheduled for verification
+    (request: count), each update_from_output's sampled tokens (request:
+    count) and each update_draft_token_ids (requests, drafts each)."""
+    seen = []
+    schedule, update = scheduler.schedule, scheduler.update_from_output
+    propose = getattr(scheduler, "update_draft_token_ids", None)
+
+    def scheduled(*args, **kwargs):
+        output = schedule(*args, **kwargs)
+        spec = getattr(output, "scheduled_spec_decode_tokens", None) or {}
+        seen.append(["schedule", {rid: len(tokens) for rid, tokens in spec.items()}])
+        return output
+
+    def update_from_output(scheduler_output, model_runner_output):
+        sampled = model_runner_output.sampled_token_ids
+        seen.append(["sampled", {rid: len(sampled[i]) for i, rid in enumerate(model_runner_output.req_ids)}])
+        return update(scheduler_output, model_runner_output)
+
+    scheduler.schedule, scheduler.update_from_output = scheduled, update_from_output
+    if propose is not None:
+        def update_draft_token_ids(draft_token_ids, *args, **kwargs):
+            seen.append(["drafts", list(draft_token_ids.req_ids),
+                         [len(d) for d in draft_token_ids.draft_token_ids]])
+            return propose(draft_token_ids, *args, **kwargs)
+
+        scheduler.update_draft_token_ids = update_draft_token_ids
+    return seen
+
+
 def _engine(kvspec_dir, cases):
     # kvspec's worker code, as its worker process loads it.
     namespace = types.ModuleType("kvspec")
@@ -132,12 +165,14 @@ def _engine(kvspec_dir, cases):
         machine = EngineMachine(case["setup"])
         printed = fingerprint(machine.scheduler)
         seen = watch_connector(machine.scheduler)
+        speculation = watch_speculation(machine.scheduler)
         steps = []
         for op in case["ops"]:
             answer = machine.apply(op)
             if op["do"] == "step" and answer.get("scheduled"):
                 steps.append(answer["scheduled"]["result"]["scheduled"])
-        out.append({"fingerprint": printed, "steps": steps, "connector": seen, "derived": machine.derived})
+        out.append({"fingerprint": printed, "steps": steps, "connector": seen, "speculation": speculation,
+                    "derived": machine.derived})
     return out
 
 
@@ -163,8 +198,9 @@ def _script(cases):
             return output
 
         scheduler.schedule = recorded
+        speculation = watch_speculation(scheduler)
         names["drive"](scheduler, names["OPS"])
-        out.append({"fingerprint": printed, "steps": steps, "connector": seen})
+        out.append({"fingerprint": printed, "steps": steps, "connector": seen, "speculation": speculation})
     return out
 
 
