@@ -261,7 +261,8 @@ def test_the_engine_holds_every_cache_blocks_call_to_the_registration_bound():
     --prefix-match-unit 8: a 64-token prompt) is an under-registration of the
     drafter's group (block 32, half of S = 64) at its second cache_blocks call
     on the mutant, and holds every call to the bound on 0.33.0. The two
-    workers start at once (each ~20 s on 2 cores, most of it importing vLLM)."""
+    workers start at once (10 s in all at a load of 1 on 2 cores, 15-43 s at
+    loads of 4-6)."""
     import json
     from concurrent.futures import ThreadPoolExecutor
     from pathlib import Path
