@@ -29,6 +29,10 @@ def test_no_invariant_broken_through_the_scheduler(version):
     assert "0" in result.settings["retention_interval"]
     assert any(layout.startswith("mamba_align") for layout in result.settings["groups"])
     assert "AsyncScheduler" in result.scope() and "Modelled" in result.scope()
+    # Every cache_blocks call on a hybrid layout was held to the registration bound, and the scope says how many.
+    assert result.bound_programs > 0 and result.bound_calls > result.bound_programs
+    assert f"held to it, {result.bound_calls} calls" in result.scope()
+    assert result.as_dict()["registration_bound"]["calls"] == result.bound_calls
 
 
 def test_a_state_mutant_is_caught_through_the_scheduler():
