@@ -35,7 +35,7 @@ from kvspec.model.domain import KVCacheGroup
 from kvspec.model.replies import AllocationSeen, ErrorKind, OpAnswer, Reply, WorkerError, record_of
 from kvspec.model.requests import EngineOps, OpenEngine
 from kvspec.model.state import Allocation, groups_over_estimate, over_estimate_kinds, scope_text
-from kvspec.oracles.registration import Discrepancy
+from kvspec.oracles.registration import Discrepancy, RegistrationBound
 from kvspec.oracles.state import StateOracle
 from kvspec.subjects.process import SubjectProcess
 
@@ -101,6 +101,13 @@ class EngineResult(StatefulResult):
 
     settings: dict[str, dict[str, int]] = attrs.Factory(dict)
     owed_lookups: int = 0  # lookups retention owed a hit (model.retention): how often retention_hit bit
+    # The registration bound (oracles.registration.RegistrationBound): the
+    # programs whose layout has it (two or more groups, prefix caching on),
+    # the cache_blocks calls held to it, and the requests whose calls started
+    # afresh after the manager gave their blocks back.
+    bound_programs: int = 0
+    bound_calls: int = 0
+    bound_lives: int = 0
     # What the release's engine does not take, asked once (``not_drawn``), and
     # why: a retention interval, legacy hashes, --prefix-match-unit, a toy
     # model; none of it drawn.
@@ -128,7 +135,7 @@ class EngineResult(StatefulResult):
         parts = [engine_draw_scope(), "engine settings vLLM built and ran (programs each): " + self.settings_text(),
                  f"retention (the interval above, as vLLM's planning set it): {self.owed_lookups} of "
                  f"{self.tally.lookups} lookups were owed a hit by an earlier request's kept boundaries and held to "
-                 f"it (retention_hit)", scope_text()]
+                 f"it (retention_hit)", self.bound_text(), scope_text()]
         for key, why in sorted(self.not_drawn.items()):
             parts.append(f"{_OPTION_WORDS.get(key, f'the toy model {key}')} not drawn on this release: {why}")
         for name, first in sorted(self.known_first.items()):
@@ -139,6 +146,14 @@ class EngineResult(StatefulResult):
             parts.append(f"{self.tally.refused} engine setups not driven (vLLM's configuration code refused them, "
                          f"or this release cannot express them): {reasons}")
         return ". ".join(parts)
+
+    def bound_text(self) -> str:
+        return (f"registration bound (model.spec, held as the registration differential holds it): every "
+                f"cache_blocks call vLLM's Scheduler made on a layout of two or more groups with prefix caching on "
+                f"({self.bound_programs} programs; the hybrid coordinator's bound: one group registers the whole "
+                f"blocks of each call's n) held to it, {self.bound_calls} calls, each request's calls from the last "
+                f"time the manager gave its blocks back ({self.bound_lives} started afresh after a preemption or a "
+                f"freed load)")
 
     @property
     def verdict(self) -> str:
@@ -151,6 +166,8 @@ class EngineResult(StatefulResult):
         out["differential"] = "engine"
         out["engine_settings"] = self.settings
         out["retention_owed_lookups"] = self.owed_lookups
+        out["registration_bound"] = {"programs": self.bound_programs, "calls": self.bound_calls,
+                                     "restarted": self.bound_lives}
         out["not_drawn"] = dict(self.not_drawn)
         return out
 
@@ -302,6 +319,7 @@ def engine_machine(subject: SubjectProcess | Callable[[], SubjectProcess], on_pr
             self.program: EngineProgram | None = None
             self.ops: list[dict[str, Any]] = []
             self.oracle: StateOracle | None = None
+            self.bound: RegistrationBound | None = None
             self.live: list[str] = []  # requests added and not yet finished or aborted
             self.prompts: list[list[int]] = []
             self.serial = 0
@@ -349,6 +367,7 @@ def engine_machine(subject: SubjectProcess | Callable[[], SubjectProcess], on_pr
             self.block = config.scheduler_block_size
             self.oracle = StateOracle(self.program, live().capabilities, opened.payload.state, config=config,
                                       retention=retention_layout(self.derived, config))
+            self.bound = RegistrationBound(self.derived, live().capabilities)
             on_program(self)
             for arrival, load in first:
                 self._arrive_drawn(arrival, load)
@@ -366,11 +385,6 @@ def engine_machine(subject: SubjectProcess | Callable[[], SubjectProcess], on_pr
             self.failed = True
             on_violation(failure)
             raise _violation(failure)
-
-        def check_more(self, answer: OpAnswer) -> list[Discrepancy]:
-            """Rules beyond the state's (none here; a reproduction of a
-            registration finding adds the registration bound's)."""
-            return []
 
         def taken(self) -> EngineProgram:
             assert self.program is not None
@@ -391,9 +405,8 @@ def engine_machine(subject: SubjectProcess | Callable[[], SubjectProcess], on_pr
             seen = []
             for op, answer in zip(ops, reply.payload.answers):
                 self.ops.append(op)
-                answer, found = check_answer(self.oracle, op, answer)
+                answer, found = check_answer(self.oracle, op, answer, bound=self.bound)
                 seen.append(answer)
-                found = found or self.check_more(answer)
                 if found:
                     self._fail(found, answer)
                     return
@@ -483,22 +496,30 @@ def engine_machine(subject: SubjectProcess | Callable[[], SubjectProcess], on_pr
     return EngineStateMachine
 
 
-def check_answer(oracle: StateOracle, op: dict[str, Any], answer: OpAnswer, *,
-                 through: bool = False) -> tuple[OpAnswer, list[Discrepancy]]:
+def check_answer(oracle: StateOracle, op: dict[str, Any], answer: OpAnswer, *, through: bool = False,
+                 bound: RegistrationBound | None = None) -> tuple[OpAnswer, list[Discrepancy]]:
     """An engine step is two transitions, each checked: its ``schedule()``
-    (lookups, allocations, zeroing) and the processing of an output; the
-    second only when the first held every rule, unless ``through`` (the
-    oracle then stays in step with the worker's answers, each of which sends
-    only the parts changed since the last).  The answer as checked (states
-    made whole), and its discrepancies."""
+    (lookups, allocations, zeroing, and every ``cache_blocks`` call it made
+    held to the registration bound) and the processing of an output (its
+    ``cache_blocks`` calls too); the second only when the first held every
+    rule, unless ``through`` (the oracle and the bound then stay in step with
+    the worker's answers, each of which sends only the parts changed since the
+    last).  The answer as checked (states made whole), and its discrepancies."""
+    def registered(part: OpAnswer, found: list[Discrepancy]) -> list[Discrepancy]:
+        if bound is None or (found and not through):
+            return found
+        return found + bound.check(part.result.registrations)
+
     if answer.scheduled is None:
-        return oracle.checked(op, answer)
+        answer, found = oracle.checked(op, answer)
+        return answer, registered(answer, found)
     scheduled, found = oracle.checked(op, answer.scheduled)
+    found = registered(scheduled, found)
     answer = answer.with_scheduled(scheduled)
     if found and not through:
         return answer, found
     answer, more = oracle.checked({**op, "do": "update"}, answer)
-    return answer, found + more
+    return answer, found + registered(answer, more)
 
 
 def engine_crash(op: dict[str, Any], error: WorkerError, allocations: tuple[AllocationSeen, ...] = (),
@@ -591,6 +612,10 @@ def fuzz_engine(proc: SubjectProcess, max_examples: int, seed: int, database: Ex
                 t.evictions += self.evictions
                 if self.oracle is not None:
                     result.owed_lookups += self.oracle.owed_lookups
+                if self.bound is not None and self.bound.live:
+                    result.bound_programs += 1
+                    result.bound_calls += self.bound.checked
+                    result.bound_lives += self.bound.lives
 
     phases = [Phase.explicit, Phase.reuse, Phase.generate]
     if not stop_at_first:
@@ -737,14 +762,17 @@ class EngineStepRecord:
 
 
 def drive_engine_program(proc: SubjectProcess, program: EngineProgram, *, through: bool = False,
-                         oracle_out: list[StateOracle] | None = None) -> Iterator[EngineStepRecord]:
+                         oracle_out: list[StateOracle] | None = None,
+                         bound_out: list[RegistrationBound] | None = None) -> Iterator[EngineStepRecord]:
     """Run a recorded engine program on ``proc``, checking every operation:
     first the engine's build (op ``open``, whose reply says what vLLM
     derived), then one record per operation up to the first that broke a
     rule (or vLLM raised); a subject that cannot build the engine raises.
     ``through``: every operation's record, past broken rules (the oracle goes
     on; the impact measurement reads what follows), up to vLLM raising.
-    ``oracle_out`` receives the oracle (its lookups' owed hits)."""
+    ``oracle_out`` receives the oracle (its lookups' owed hits), ``bound_out``
+    the registration bound every ``cache_blocks`` call is held to (the calls
+    it held)."""
     opened = proc.session(OpenEngine(program.setup.message()))
     if opened.ok:
         yield EngineStepRecord({"do": "open"}, reply=opened)
@@ -762,12 +790,15 @@ def drive_engine_program(proc: SubjectProcess, program: EngineProgram, *, throug
     config = derived_config(engine.derived)
     oracle = StateOracle(program, proc.capabilities, engine.state, config=config,
                          retention=retention_layout(engine.derived, config))
+    bound = RegistrationBound(engine.derived, proc.capabilities)
     if oracle_out is not None:
         oracle_out.append(oracle)
+    if bound_out is not None:
+        bound_out.append(bound)
     reply = proc.session(EngineOps(dict(op) for op in program.ops))
     seen = []
     for op, answer in zip(program.ops, reply.payload.answers):
-        answer, found = check_answer(oracle, op, answer, through=through)
+        answer, found = check_answer(oracle, op, answer, through=through, bound=bound)
         seen.append(answer)
         yield EngineStepRecord(op, answer, tuple(found))
         if found and not through:

@@ -29,10 +29,12 @@ said to be unknown, never "not reproduced".
 A registration finding (under- or over-registration, a block mismatch: a
 case of one request on a hand-built geometry) takes the same path
 (``reproduce_case_through_engine``): its case as a stateful program, the
-same configurations, translation and search, with every ``cache_blocks``
-call the real Scheduler makes held to the registration bound as the
-registration differential holds its own (on layouts of two or more groups
-with prefix caching on: the hybrid coordinator's bound).  A lookup finding
+same configurations, translation and search: the engine differential holds
+every ``cache_blocks`` call the real Scheduler makes to the registration
+bound as the registration differential holds its own
+(``oracles.registration.RegistrationBound``, on layouts of two or more
+groups with prefix caching on: the hybrid coordinator's bound), so a
+registration finding's mechanism is met as any other.  A lookup finding
 (a later request's hit breaking the lookup contract, or not the exact hit:
 ``oracles/lookup.py``) takes it too: its case's later request is the
 program's second arrival, and every lookup the real Scheduler makes is held
@@ -54,14 +56,11 @@ from kvspec.model.errors import InfrastructureError, KvspecError
 from kvspec.model.finding import Category
 from kvspec.model.known import known_bugs, recognise
 from kvspec.model.outcome import Outcome
-from kvspec.model.capabilities import expected_regime
-from kvspec.model.engine import derived_config
 from kvspec.model.nearest_engine import (MAX_MODEL_LEN, Target, after_preemption, mechanism_kind,
                                          nearest_setups, pressure_pool, pressure_trial, program_of_case, scale_for,
                                          translate)
 from kvspec.model.program import Program
-from kvspec.model.replies import OpAnswer
-from kvspec.oracles.registration import Discrepancy, check_calls
+from kvspec.oracles.registration import Discrepancy, RegistrationBound
 from kvspec.subjects.process import SubjectProcess
 
 from .engine import EngineResult, drive_engine_program, engine_machine
@@ -168,43 +167,11 @@ def _matches(target: Target, found: list[Discrepancy] | tuple[Discrepancy, ...],
     return True
 
 
-class RegistrationBound:
-    """Every ``cache_blocks`` call the scheduler makes (the worker records
-    each, per request) held to the registration bound, as the registration
-    differential holds its calls (``oracles.registration.check_calls``), on
-    the geometry and regime vLLM built for the engine: on layouts of two or
-    more groups with prefix caching on (the hybrid coordinator, whose bound
-    it is)."""
-
-    def __init__(self, derived: dict[str, Any], capabilities) -> None:
-        self.config = derived_config(derived)
-        self.regime = expected_regime(self.config, capabilities)
-        self.calls: dict[str, list[dict[str, Any]]] = {}
-
-    def __call__(self, answer: OpAnswer) -> list[Discrepancy]:
-        if not self.config.enable_caching or len(self.config.groups) < 2:
-            # Nothing is registered (the coordinator without a prefix cache),
-            # or one group: vLLM's unitary coordinator hands each call's n to
-            # the group as is (it registers the whole blocks of it); the bound
-            # is the hybrid coordinator's, as in the registration differential.
-            return []
-        for part in answer.parts():
-            for call in part.result.registrations:
-                calls = self.calls.setdefault(call["request"], [])
-                calls.append(call)
-                found = check_calls(self.config, self.regime, calls)
-                if found:
-                    return [attrs.evolve(found[0], detail=f"request {call['request']}'s cache_blocks call "
-                                                          f"{found[0].call} through the real Scheduler")]
-        return []
-
-
 def _replay(proc: SubjectProcess, program: EngineProgram, target: Target, known) -> tuple[bool, str | None,
                                                                                          dict[str, Any] | None]:
     """Replay ``program``: whether it shows the target (not a known vLLM bug),
     the category it showed otherwise, and what vLLM built (None: refused)."""
     derived = None
-    bound = None
     records = drive_engine_program(proc, program)
     try:
         first = next(records)
@@ -217,12 +184,8 @@ def _replay(proc: SubjectProcess, program: EngineProgram, target: Target, known)
             if record.found:
                 return False, None, None  # vLLM's configuration code refused these flags: not an engine it runs
             derived = record.reply.payload.derived
-            if target.category in REGISTRATION:
-                bound = RegistrationBound(derived, proc.capabilities)
             continue
-        found = record.found or (tuple(bound(record.answer)) if bound is not None else ())
-        if found:
-            record = attrs.evolve(record, found=found)
+        if record.found:
             if recognise(known, record.found) is not None:
                 return False, None, derived
             return _matches(target, record.found, record.record, derived or {}), record.found[0].category.value, derived
@@ -298,15 +261,6 @@ def targeted_search(proc: SubjectProcess, setups: list[EngineSetup], target: Tar
                              setups=st.sampled_from(setups))
 
     class Targeted(machine):  # type: ignore[valid-type, misc]
-        bound = None
-
-        def check_more(self, answer):
-            if target.category not in REGISTRATION:
-                return []
-            if self.bound is None:
-                self.bound = RegistrationBound(self.derived, proc.capabilities)
-            return self.bound(answer)
-
         def _fail(self, found, reply):
             if recognise(known, found) is None and not shows(found, reply, self.derived):
                 # Another mechanism: counted, the program ends there, the search goes on.

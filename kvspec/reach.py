@@ -353,10 +353,18 @@ def _assess(finding: Finding, *, proc=None, hitrate: bool = True,
         else:
             worst["hitrate"] = {"profile": w["profile"], "points": None,
                                 "how": "not measured (KVSPEC_REACH_HITRATE=0, or no model variant)"}
-    summary = _summary(finding, entries, reached, derived, assessed, release, worst, acceptance_only)
+    # An engine finding (a registration one: every cache_blocks call vLLM's
+    # Scheduler makes is held to the bound) is reached by its engine flags,
+    # whatever the catalog says: the profiles' verdict stands beside it.
+    engine = (finding.inputs or {}).get("how_a_user_reaches_it") if "engine_program" in (finding.inputs or {}) \
+        else None
+    summary = _summary(finding, entries, reached, derived, assessed, release, worst, acceptance_only,
+                       engine=isinstance(engine, str))
     if out_of_scope:
         summary += f"; not assessed, outside the hybrid coordinator: {'; '.join(out_of_scope)}"
     hardening = not entries or acceptance_only
+    if isinstance(engine, str):
+        summary, hardening = f"{engine}. Deployment profiles: {summary}", acceptance_only
     return Reach(summary, tuple(entries), worst, hardening=hardening), knobs
 
 
@@ -375,7 +383,7 @@ def _release_facts(finding: Finding) -> dict[str, Any] | None:
 
 def _summary(finding: Finding, entries: list[dict[str, Any]], reached: list[Derivation],
              derived: list[Derivation], assessed: int, release: str, worst: dict[str, Any] | None,
-             acceptance_only: bool) -> str:
+             acceptance_only: bool, engine: bool = False) -> str:
     what = finding.explanation.diagnosis if finding.explanation and finding.explanation.diagnosis \
         else finding.category.title
     profiles = len({d.profile for d in derived})
@@ -383,8 +391,9 @@ def _summary(finding: Finding, entries: list[dict[str, Any]], reached: list[Deri
         checked = sorted({d.profile for d in derived if d.coordinator_config() is not None})
         return (f"No known deployment: on vLLM {release}, {what} changes nothing in any of the {assessed} "
                 f"profile x hash-scheme configurations the hybrid coordinator runs ({profiles} profiles in "
-                f"the catalog; checked: {', '.join(checked) or 'none'}); no engine configuration was driven for "
-                "it; it shows on hand-built geometry only (hardening)")
+                f"the catalog; checked: {', '.join(checked) or 'none'})" + (
+                    "" if engine else "; no engine configuration was driven for it; it shows on hand-built "
+                                      "geometry only (hardening)"))
     names = sorted({e["profile"] for e in entries})
     published = sorted({e["profile"] for e in entries if not e["hypothetical"]})
     schemes = sorted({e["hash_scheme"] for e in entries})

@@ -105,5 +105,5 @@ def run(args: argparse.Namespace) -> Outcome:
 
 def _rule(finding) -> str:
     if "engine_program" in finding.inputs:
-        return "the state invariants through vLLM's Scheduler"
+        return "the state invariants and the registration bound on every cache_blocks call, through vLLM's Scheduler"
     return "the state invariants" if finding.category.is_state or "program" in finding.inputs else "the spec"

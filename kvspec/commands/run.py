@@ -193,41 +193,6 @@ def _engine_program(text: str):
         raise UsageError(f"--engine-program: not a valid engine program ({exc})") from None
 
 
-def _registration_sought(text: str) -> bool:
-    """Whether ``--engine-program`` names a registration finding the engine
-    reproduced: its program is then held to the registration bound too (the
-    rule it broke), not to the state invariants alone."""
-    from kvspec.diff_tests.reproduce import REGISTRATION
-
-    data = _json_argument(text, "--engine-program")
-    if isinstance(data, list) and len(data) == 1:
-        data = data[0]
-    reproduction = (data.get("inputs") or {}).get("engine_reproduction") if isinstance(data, dict) else None
-    target = reproduction.get("target") if isinstance(reproduction, dict) else None
-    return isinstance(target, dict) and target.get("category") in REGISTRATION
-
-
-def _with_registration_bound(records, capabilities):
-    """The records with every cache_blocks call held to the registration
-    bound (``diff_tests.reproduce.RegistrationBound``), up to the first that breaks it."""
-    import attrs
-
-    from kvspec.diff_tests.reproduce import RegistrationBound
-
-    bound = None
-    out = []
-    for record in records:
-        if record.op["do"] == "open":
-            if not record.found:
-                bound = RegistrationBound(record.reply.payload.derived, capabilities)
-        elif bound is not None and not record.found:
-            record = attrs.evolve(record, found=tuple(bound(record.answer)))
-        out.append(record)
-        if record.found:
-            break
-    return out
-
-
 def _run_engine_program(subject, text: str, json_path) -> Outcome:
     from kvspec.diff_tests.engine import drive_engine_program
     from kvspec.model.engine import ENGINE_BUILT, MODELLED_STEPS
@@ -237,11 +202,10 @@ def _run_engine_program(subject, text: str, json_path) -> Outcome:
     from kvspec.subjects.process import SubjectProcess
 
     program = _engine_program(text)
-    registration = _registration_sought(text)
+    bounds: list[Any] = []
     with SubjectProcess(subject) as proc:
-        records = list(drive_engine_program(proc, program))
-        if registration:
-            records = _with_registration_bound(records, proc.capabilities)
+        # Every cache_blocks call is held to the registration bound as the state to its invariants.
+        records = list(drive_engine_program(proc, program, bound_out=bounds))
         version = proc.identity.get("vllm_version")
     print(f"kvspec run: {subject.label} (vLLM {version}), one engine program through vLLM's real Scheduler")
     print(f"  {program.setup.model} with `{program.setup.cli_flags() or 'the release defaults'}`; {ENGINE_BUILT}")
@@ -262,7 +226,10 @@ def _run_engine_program(subject, text: str, json_path) -> Outcome:
                 print(f"     BROKEN {d.category.value}: {d.summary()}")
     checked = len(records) - (broken is not None)
     if broken is None and len(records) == len(program.ops):
-        also = " and every cache_blocks call within the registration bound" if registration else ""
+        bound = bounds[0] if bounds else None
+        also = ""
+        if bound is not None and bound.live:
+            also = f" and each of the {bound.checked} cache_blocks calls within the registration bound"
         print(f"RESULT: no state invariant broken{also} after any of the {len(records)} operations ({scope_text()})")
         outcome = Outcome.OK
     elif broken is None:

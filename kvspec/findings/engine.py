@@ -27,6 +27,10 @@ __all__ = ["ENGINE_RULE", "engine_finding", "complete_engine_finding", "store_ra
            "verify_engine_test"]
 
 ENGINE_RULE = "state invariants and the scheduler-manager seam (model.state.INVARIANTS), through vLLM's Scheduler"
+# A registration finding through the engine: a cache_blocks call the Scheduler made outside the bound.
+ENGINE_REGISTRATION_RULE = ("the registration bound (model.spec.registration_bound) on every cache_blocks call, "
+                            "through vLLM's Scheduler")
+_REGISTRATION = (Category.UNDER_REGISTRATION, Category.OVER_REGISTRATION, Category.BLOCK_MISMATCH)
 
 
 def engine_finding(result, versions: dict[str, str]) -> Finding:
@@ -35,13 +39,20 @@ def engine_finding(result, versions: dict[str, str]) -> Finding:
     program = failure.case
     first = failure.discrepancies[0]
     category = first.category
-    compared = program_compared(result, versions, ENGINE_RULE, "engine", modelled=list(MODELLED_STEPS),
+    rule = ENGINE_REGISTRATION_RULE if category in _REGISTRATION else ENGINE_RULE
+    compared = program_compared(result, versions, rule, "engine", modelled=list(MODELLED_STEPS),
                                 configuration=ENGINE_BUILT)
     label = result.subject.get("label", "the subject")
     if category is Category.SUBJECT_CRASH:
         blame, note = (Blame.IMPLEMENTATION_BUG,
                        "vLLM's own Scheduler raised on engine inputs, on an engine its configuration code built "
                        "and accepted: a user with these flags reaches the same calls")
+    elif category in _REGISTRATION:
+        blame, note = (Blame.IMPLEMENTATION_BUG,
+                       "a cache_blocks call vLLM's own Scheduler made registers other than the registration bound "
+                       "allows (the spec's per-group bound, held as the registration differential holds a request's "
+                       "calls), on an engine its configuration code built and accepted: a user with these flags "
+                       "reaches the same calls")
     else:
         blame, note = (Blame.IMPLEMENTATION_BUG,
                        "vLLM's own state after the engine operation breaks the invariant; the invariant is checked "

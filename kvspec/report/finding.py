@@ -220,7 +220,7 @@ def affected_lines(f: Finding) -> list[str]:
     reached = f.inputs.get("how_a_user_reaches_it") if isinstance(f.inputs, dict) else None
     if isinstance(reached, str) and (f.reach is None or not f.reach.profiles):
         catalog = ("no deployment profile of the catalog reaches it" if f.reach is not None
-                   and f.reach.summary.startswith("No known deployment")
+                   and "No known deployment" in f.reach.summary
                    else "no deployment profile of the catalog was checked for it")
         return [f"{reached}; {catalog}"]
     if f.reach is None:

@@ -282,6 +282,11 @@ class EngineMachine:
         self.allocations = []
         self.evicted = []  # block ids each evict_blocks call named, this operation
         self.released = []  # requests whose blocks the manager's free gave back, this operation
+        # Per request, how often the manager gave its blocks back (free, or
+        # pop_blocks_for_free for a deferred free) since the engine was built:
+        # each cache_blocks call carries it (``life``), so the registration
+        # bound starts a request afresh after a preemption or a failed load.
+        self.lives = {}
         # kvspec's connector's loads the "worker" runs: asynchronous ones
         # pending (steps left before finished_recving), in start order.
         self.pending_loads = []
@@ -358,8 +363,25 @@ class EngineMachine:
         from .manager_driver import record_call, record_group
 
         group_managers = list(coordinator.single_type_managers)
-        coordinator.cache_blocks = record_call(coordinator.cache_blocks, self.derived["hash_block_size"],
-                                               group_managers, lambda: self.registrations, with_request=True)
+        recorded = record_call(coordinator.cache_blocks, self.derived["hash_block_size"], group_managers,
+                               lambda: self.registrations, with_request=True)
+
+        def cache_blocks(request, *args, **kwargs):
+            # Also each group's blocks counted registered before the call: a
+            # request's first call finds those its allocation counted (a hit's,
+            # and the null blocks standing for the skipped blocks of a KV
+            # connector's load), which no cache_blocks call registered.
+            calls = self.registrations
+            first = len(calls)
+            before = [m.num_cached_block.get(request.request_id, 0) for m in group_managers]
+            try:
+                return recorded(request, *args, **kwargs)
+            finally:
+                if len(calls) > first:
+                    calls[first]["life"] = self.lives.get(request.request_id, 0)
+                    calls[first]["registered_before"] = before
+
+        coordinator.cache_blocks = cache_blocks
         for index, group_manager in enumerate(group_managers):
             group_manager.cache_blocks = record_group(index, group_manager.cache_blocks, lambda: self.registrations)
         if take is not None:
@@ -434,9 +456,19 @@ class EngineMachine:
             # (e.g. an asynchronous load that failed with nothing valid: vLLM
             # frees it and admits it again, maybe within the same step).
             self.released.append(request.request_id)
+            self.lives[request.request_id] = self.lives.get(request.request_id, 0) + 1
             return release(request, *args, **kwargs)
 
         manager.free = free
+        pop = getattr(manager, "pop_blocks_for_free", None)
+        if pop is not None:
+            def pop_blocks_for_free(request, *args, **kwargs):
+                # A deferred free (0.33+): the request's bookkeeping goes now,
+                # its blocks join the pool once the step in flight ends.
+                self.lives[request.request_id] = self.lives.get(request.request_id, 0) + 1
+                return pop(request, *args, **kwargs)
+
+            manager.pop_blocks_for_free = pop_blocks_for_free
 
     # -- operations -------------------------------------------------------------
     def _arrive(self, op):

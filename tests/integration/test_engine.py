@@ -29,6 +29,10 @@ def test_no_invariant_broken_through_the_scheduler(version):
     assert "0" in result.settings["retention_interval"]
     assert any(layout.startswith("mamba_align") for layout in result.settings["groups"])
     assert "AsyncScheduler" in result.scope() and "Modelled" in result.scope()
+    # Every cache_blocks call on a hybrid layout was held to the registration bound, and the scope says how many.
+    assert result.bound_programs > 0 and result.bound_calls > result.bound_programs
+    assert f"held to it, {result.bound_calls} calls" in result.scope()
+    assert result.as_dict()["registration_bound"]["calls"] == result.bound_calls
 
 
 def test_a_state_mutant_is_caught_through_the_scheduler():
@@ -252,3 +256,39 @@ def test_the_per_group_lookup_of_a_connector_on_a_hybrid_is_observed():
     lookups = [lk for r in records[1:] if r.answer is not None for part in r.answer.parts()
                for lk in part.result.lookups if lk.request == "r2"]
     assert lookups and lookups[0].hit > 0
+
+
+def test_the_engine_holds_every_cache_blocks_call_to_the_registration_bound():
+    """#50062 (``refloor_50062``) through the engine differential itself: the
+    program ``kvspec fuzz --engine --vllm 0.33.0 --mutant refloor_50062 --seed
+    1`` found and shrank (toy-qwen3-next-eagle3, legacy hashes,
+    --prefix-match-unit 8: a 64-token prompt) is an under-registration of the
+    drafter's group (block 32, half of S = 64) at its second cache_blocks call
+    on the mutant, and holds every call to the bound on 0.33.0. The two
+    workers start at once (10 s in all at a load of 1 on 2 cores, 15-43 s at
+    loads of 4-6)."""
+    import json
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    from kvspec.diff_tests.engine import drive_engine_program
+
+    fixture = Path(__file__).parent.parent / "fixtures" / "program_engine_refloor_50062_0.33.0.json"
+    program = EngineProgram.from_dict(json.loads(fixture.read_text()))
+
+    def run(subject):
+        bounds = []
+        with SubjectProcess(subject) as proc:
+            records = list(drive_engine_program(proc, program, bound_out=bounds))
+        return records, bounds[0]
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        mutant, clean = pool.map(run, (mutant_subject("0.33.0", "refloor_50062"), release("0.33.0")))
+    records, bound = mutant
+    (found,) = records[-1].found
+    assert found.category is Category.UNDER_REGISTRATION and found.call == 1 and found.n == 56
+    assert found.expected_tokens == (56,) * 5 and found.observed_tokens == (56, 56, 56, 56, 32)
+    assert "request r1's cache_blocks call 1 through the real Scheduler" in found.detail
+    records, bound = clean
+    assert len(records) == len(program.ops) + 1 and not any(r.found for r in records), records[-1].found
+    assert bound.live and bound.checked >= 2  # held on real calls, not vacuously

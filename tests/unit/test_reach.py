@@ -80,6 +80,22 @@ def test_a_rule_no_profile_reaches_is_hardening(modelled, monkeypatch):
     assert result.profiles == () and result.worst is None
 
 
+def test_an_engine_registration_finding_is_reached_by_its_engine_flags(modelled, monkeypatch):
+    """A registration finding the engine differential made (every cache_blocks
+    call vLLM's Scheduler makes held to the bound) is reachable with its
+    engine flags whatever the catalog says: never hardening for want of a
+    profile, the profiles' verdict beside it, never "hand-built geometry only"."""
+    monkeypatch.setattr(reach, "rule_impact", lambda config, caps, rule: {"affected": False})
+    how = "reachable through vLLM's scheduler with `--prefix-match-unit 8` on toy-qwen3-next-eagle3"
+    base = _finding()
+    engine = attrs.evolve(base, inputs={**base.inputs, "engine_program": {"engine": {}, "ops": []},
+                                        "how_a_user_reaches_it": how})
+    result = reach.assess(engine)
+    assert not result.hardening and result.summary.startswith(how + ". Deployment profiles: No known deployment")
+    assert "hand-built geometry" not in result.summary
+    assert reach.assess(base).hardening  # the same rule on a hand-built case is hardening
+
+
 def test_attach_fills_reach_and_generated_knobs(modelled):
     finding = reach.attach(_finding())
     assert finding.reach is not None and finding.explanation.knobs
