@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import attrs
 
@@ -59,17 +60,25 @@ def upstream_report(finding, *, say: Say = print_line) -> UpstreamReport:
     error = str((finding.observations or {}).get("error") or "")
     # Only the exception's class name is compared, and only when it is a plain name.
     crash = re.match(r"([A-Za-z_][A-Za-z0-9_]*)(?::|$)", error)
-    say(f"kvspec report --upstream: running the reproduction in a fresh process on vLLM {version}")
-    run = run_repro(script, crash.group(1) if crash else None)
+    crash_type = crash.group(1) if crash else None
+    # The other side, for a known bug: the first release without it, where the
+    # script should run clean; run beside the release's run, shown only if that reproduced.
+    fixed = known.fixed_in if known is not None and known.fixed_in else None
+    say(f"kvspec report --upstream: running the reproduction in a fresh process on vLLM {version}"
+        + (f", and on vLLM {fixed}, the first release without the known bug" if fixed else ""))
+    with ThreadPoolExecutor(2) as pool:
+        fixed_future = None
+        if fixed:
+            fixed_tree = str(ensure_release(fixed))
+            fixed_future = pool.submit(run_repro, script, crash_type, tree=fixed_tree, label=f"vLLM {fixed}")
+        run = run_repro(script, crash_type)
+        fixed_run = fixed_future.result() if fixed_future is not None else None
     say(f"kvspec report --upstream: the script {'reproduced' if run.reproduced else 'did NOT reproduce'} "
         f"(exit status {run.returncode}, {run.seconds:.1f} s){_last_line(run)}")
-    fixed_run = None
-    if run.reproduced and known is not None and known.fixed_in:
-        # The other side: the first release without the known bug, where the script should run clean.
-        say(f"kvspec report --upstream: running it on vLLM {known.fixed_in}, the first release without the known bug")
-        fixed_run = run_repro(script, crash.group(1) if crash else None, tree=str(ensure_release(known.fixed_in)),
-                              label=f"vLLM {known.fixed_in}")
-        say(f"kvspec report --upstream: on vLLM {known.fixed_in} it "
+    if not run.reproduced:
+        fixed_run = None  # nothing to contrast
+    if fixed_run is not None:
+        say(f"kvspec report --upstream: on vLLM {fixed} it "
             f"{'ran clean' if fixed_run.ran_clean else 'did NOT run clean'} (exit status {fixed_run.returncode}, "
             f"{fixed_run.seconds:.1f} s){_last_line(fixed_run)}")
     return UpstreamReport(render_upstream(finding, known=known, script=script, run=run, fixed_run=fixed_run),
