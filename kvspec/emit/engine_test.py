@@ -37,10 +37,11 @@ import re
 from kvspec.emit.stateful_test import CACHED_BLOCK_IDS, FREE_ORDER_HEAD, FREE_ORDER_PARTS, assertion_message
 from kvspec.model.engine import EngineProgram
 from kvspec.model.finding import Category, Finding
-from kvspec.subjects.upstream_repro import OWN_CONNECTOR_NOTE, Unscriptable, engine_code, engine_values, wrap
+from kvspec.subjects.upstream_repro import (OWN_CONNECTOR_NOTE, RuleCheck, Unscriptable, engine_code, engine_values,
+                                            wrap)
 
 __all__ = ["ENGINE_TEST_KINDS", "engine_test_name", "engine_assertion_message", "emit_engine_test",
-           "engine_test_code", "rendered_engine_test", "CALL_CHECKED"]
+           "engine_test_code", "rendered_engine_test", "CALL_CHECKED", "rule_check"]
 
 # The behaviour each kind pins: (test name, the assertion's message or None:
 # vLLM's own exception fails it).
@@ -829,14 +830,15 @@ def _watched(category: Category, settings, detail: str | None) -> tuple[str, str
     return code, "    watch_frees(scheduler)\n    drive(scheduler, OPS)", name, message
 
 
-def emit_engine_test(program: EngineProgram, settings, category: Category, version: str,
-                     detail: str | None = None) -> str:
-    """The test's code, or ``Unscriptable`` saying why there is none
-    (``detail``: the finding's, read for a retention hit's request and owed hit only)."""
+def rule_check(program: EngineProgram, settings, category: Category, detail: str | None = None) -> RuleCheck:
+    """The rule a finding of ``category`` broke, as its check is written: the
+    one rendering the engine test and the upstream script share (its
+    functions, the lines driving the inputs under it, the rule's words), or
+    ``Unscriptable`` saying why there is none (``detail``: the finding's, read
+    for a retention hit's request and owed hit and free_order's part only)."""
     if category not in _BEHAVIOUR:
         raise Unscriptable(f"no engine regression test for {category.value} findings yet (written for: "
                            f"{', '.join(k.value for k in ENGINE_TEST_KINDS)})")
-    values = engine_values(program, settings, version, category is Category.STATE_BLOCK_ESTIMATE)
     name, message = _BEHAVIOUR[category]
     body = _retention_body(detail) if category is Category.STATE_RETENTION_HIT else _BODIES.get(category, "")
     check = ""
@@ -846,13 +848,24 @@ def emit_engine_test(program: EngineProgram, settings, category: Category, versi
         check = _STATE_CHECKS[category][1]
     elif category in _WATCHED:
         check, body, name, message = _watched(category, settings, detail)
-    template = (_TEST_TEMPLATE.replace("@CHECK@", check)
-                .replace("@DOC@", wrap(_DOCS.get(category) or f"{(message or '')[:1].upper()}{(message or '')[1:]}.")
+    doc = _DOCS.get(category) or f"{(message or '')[:1].upper()}{(message or '')[1:]}."
+    return RuleCheck(category, name, _messages(check, message or ""), _messages(body, message or ""),
+                     message or "", doc)
+
+
+def emit_engine_test(program: EngineProgram, settings, category: Category, version: str,
+                     detail: str | None = None) -> str:
+    """The test's code, or ``Unscriptable`` saying why there is none
+    (``detail``: the finding's, read for a retention hit's request and owed hit only)."""
+    rule = rule_check(program, settings, category, detail)
+    values = engine_values(program, settings, version, category is Category.STATE_BLOCK_ESTIMATE)
+    template = (_TEST_TEMPLATE.replace("@CHECK@", rule.code)
+                .replace("@DOC@", wrap(rule.doc)
                          + "\n\n"
                          + wrap(_ABOUT.format(family=program.setup.toy.family, version=version))
                          + ("\n\n" + wrap(OWN_CONNECTOR_NOTE) if values["OWN_CONNECTOR"] else ""))
-                .replace("@NAME@", name).replace("@BODY@", body))
-    return engine_code(_messages(template, message or ""), program, values)
+                .replace("@NAME@", rule.name).replace("@BODY@", rule.body))
+    return engine_code(template, program, values)
 
 
 def engine_test_code(finding: Finding, version: str) -> str:

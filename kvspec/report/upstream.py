@@ -31,15 +31,19 @@ def _expected_actual(f: Finding) -> tuple[str, str]:
         error = (f.observations or {}).get("error") or f.detail
         return ("`schedule()` returns a `SchedulerOutput` (a request that does not fit the pool waits or is "
                 "preempted); it does not raise.", f"`schedule()` raises: {md_inline(error)}")
-    return ("", md_inline(f.detail))
+    from kvspec.emit.engine_test import engine_assertion_message
+
+    rule = engine_assertion_message(f)  # the rule the engine test and the script check, in kvspec's words
+    return (f"{md_inline(rule[:1].upper() + rule[1:])}." if rule else "", md_inline(f.detail))
 
 
 def render_upstream(f: Finding, *, known: Any | None, script: Any | None, run: Any | None,
-                    no_script: str | None = None) -> str:
+                    no_script: str | None = None, fixed_run: Any | None = None) -> str:
     """The bug report.  ``known``: the known-bug entry the finding is
     recognised as (``model.known.KnownBug``) or None; ``script``/``run``:
     the reproduction and its fresh-process run (None: none, ``no_script``
-    says why)."""
+    says why); ``fixed_run``: its run on the first release without the known
+    bug, where it should run clean (None: not run)."""
     version = str(f.compared.get("subject", {}).get("version"))
     program = f.inputs.get("engine_program", {})
     settings = (f.run or {}).get("engine_settings") or {}
@@ -78,6 +82,14 @@ def render_upstream(f: Finding, *, known: Any | None, script: Any | None, run: A
         lines += [f"kvspec ran it before offering it ({md_inline(run.how)}, {run.seconds:.1f} s): "
                   f"{'**reproduced**' if reproduced else '**did not reproduce**'}, {status}. The last lines of its "
                   "output:", "", *fence(run.tail), ""]
+    if fixed_run is not None and known is not None:
+        clean = fixed_run.ran_clean
+        status = ("no exit status (it did not finish)" if fixed_run.returncode is None
+                  else f"exit status {fixed_run.returncode}")
+        lines += [f"On vLLM {md_inline(known.fixed_in)}, the first release without the bug, kvspec ran the same "
+                  f"script ({md_inline(fixed_run.how)}, {fixed_run.seconds:.1f} s): "
+                  f"{'**ran clean**' if clean else '**did not run clean**'}, {status}. The last lines of its output:",
+                  "", *fence(fixed_run.tail), ""]
     expected, actual = _expected_actual(f)
     lines += ["### Expected vs actual", ""]
     if expected:

@@ -36,15 +36,21 @@ def test_the_upstream_script_of_a_crash_under_eagle_reproduces(tmp_path, capsys)
     full-attention group a partial hit past its blocks and the copy-on-write
     asserts.  ``kvspec report --upstream``'s script (vLLM's SpeculativeConfig
     and the drafter's config.json written in, no kvspec) reproduces in a
-    fresh process on 0.26.0 (a bare assert: its last line is the class name)."""
+    fresh process on 0.26.0 (a bare assert: its last line is the class name)
+    and, run beside it, clean on 0.27.0."""
     from kvspec.cli import main
     from kvspec.model.outcome import Outcome
 
     report = tmp_path / "report.md"
     assert main(["report", "--upstream", str(EAGLE_CRASH), "--output", str(report)]) == Outcome.OK.exit_code
-    assert "the script reproduced (exit status 1" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "the script reproduced (exit status 1" in err
+    # ... and, run beside it on 0.27.0, the first release without the bug, it runs clean.
+    assert "on vLLM 0.27.0 it ran clean (exit status 0" in err
     text = report.read_text()
     assert "**reproduced**, exit status 1" in text and "in _apply_cow" in text and "\nAssertionError\n" in text
+    assert "On vLLM 0.27.0, the first release without the bug, kvspec ran the same script" in text
+    assert "**ran clean**, exit status 0" in text
     (code,) = re.findall(r"(?ms)^```python\n(.*?)^```$", text)
     assert not re.search(r"^\s*(import|from) kvspec", code, re.M)
     assert "return SpeculativeConfig(" in code and 'architectures=["LlamaForCausalLMEagle3"]' in code

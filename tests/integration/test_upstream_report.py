@@ -190,3 +190,30 @@ def test_a_script_that_does_not_reproduce_is_not_offered(tmp_path, capsys):
     text = report.read_text()
     assert "did **not** reproduce, so it is not offered" in text and "```python" not in text
     assert "**did not reproduce**, exit status 0" in text and "no failure: the finding did not reproduce" in text
+
+
+
+def test_a_state_findings_upstream_script_fails_on_the_mutant_saying_the_rule():
+    """``kvspec fuzz --vllm 0.34.0 --mutant zeroing_ids_overwritten --engine``'s
+    zeroing_missed finding: its upstream script (the check its engine test
+    makes, rendered once) exits 1 in a fresh process on the mutant, saying the
+    rule broken and what vLLM did.  (On 0.34.0 it runs clean: the engine
+    test's check passes there, above; ``kvspec report --upstream`` refuses the
+    finding itself, a mutant not being a published release.)"""
+    from kvspec.emit.engine_test import rule_check
+    from kvspec.model.engine import EngineProgram
+    from kvspec.model.finding import Finding
+    from kvspec.subjects.mutation import mutant
+    from kvspec.subjects.mutation.trees import ensure_mutant_tree
+    from kvspec.subjects.upstream_repro import repro_script, run_repro
+
+    finding = Finding.from_dict(json.loads(CALL_RULE_MUTANTS[0][0].read_text()))
+    program, settings = EngineProgram.from_dict(finding.inputs["engine_program"]), finding.run["engine_settings"]
+    script = repro_script(program, settings, finding.category, "0.34.0",
+                          rule_check(program, settings, finding.category, finding.detail))
+    tree = str(ensure_mutant_tree("0.34.0", mutant("zeroing_ids_overwritten")))
+    run = run_repro(script, None, tree=tree, label="vLLM 0.34.0 + zeroing_ids_overwritten")
+    assert run.reproduced and run.returncode == 1 and not run.ran_clean, run.tail
+    assert run.tail.endswith("Expected: every block newly allocated to an attention group must be returned by "
+                             "take_new_block_ids() so that it is zeroed\nActual: blocks [3, 6] were not handed out"), \
+        run.tail
