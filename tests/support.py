@@ -159,3 +159,39 @@ def assert_no_discrepancy_but_known(run: dict) -> None:
     carried = {b.name for b in known_bugs(run["subject"].get("vllm_version"))}
     assert set(run["known_met"]) <= carried, run["known_met"]
     assert all(name in run["verdict"] for name in run["known_met"]), run["verdict"]
+
+
+def engine_findings_of_every_kind() -> list:
+    """A finding of every kind an engine test is written for (the 0.34.0
+    Mamba-estimate fixture recast, no KV connector), free_order by each part
+    (on one full-attention group where the kind asks for it), and the
+    evicted-block finding of kvspec's own connector."""
+    import json
+
+    import attrs
+
+    from kvspec.emit.engine_test import ENGINE_TEST_KINDS
+    from kvspec.emit.stateful_test import FREE_ORDER_HEAD, FREE_ORDER_PARTS
+    from kvspec.model.finding import Category, Finding
+
+    fixtures = Path(__file__).parent / "fixtures"
+    base = Finding.from_dict(json.loads((fixtures / "finding_engine_mamba_estimate_0.34.0.json").read_text()))
+    settings = {k: v for k, v in base.run["engine_settings"].items() if k != "kv_connector"}
+    base = attrs.evolve(base, category=Category.STATE_LEAK, run={**base.run, "engine_settings": settings})
+    parts = {**FREE_ORDER_PARTS, "head": FREE_ORDER_HEAD}
+    one_group = {**base.run, "engine_settings": {**settings, "groups": settings["groups"][2:]}}
+    out = []
+    for category in ENGINE_TEST_KINDS:
+        if category is Category.STATE_FREE_ORDER:
+            out += [(f"free_order {part}", attrs.evolve(base, category=category, detail=f"free_order: {words}"))
+                    for part, (words, _, _) in parts.items()]
+        elif category is Category.STATE_RETENTION_HIT:
+            out.append((category.value, attrs.evolve(base, category=category, detail="request r0: a hit of 0 "
+                                                     "tokens; retention owes at least 64, r1's replay boundary")))
+        else:
+            run = one_group if category is Category.STATE_HIT_LENGTH else base.run
+            out.append((category.value, attrs.evolve(base, category=category, run=run)))
+    # kvspec's connector written into the test (its only findings: a failed load's evictions)
+    evicted = fixtures / "finding_engine_evicted_findable_0.34.0.json"
+    out.append(("evicted_findable, kvspec's connector", Finding.from_dict(json.loads(evicted.read_text()))))
+    return out

@@ -12,7 +12,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from tests.support import assert_ruff_clean_as_vllm_lints
+from tests.support import assert_ruff_clean_as_vllm_lints, engine_findings_of_every_kind
 from kvspec.emit.engine_test import ENGINE_TEST_KINDS, engine_test_code
 from kvspec.model.engine import EngineProgram
 from kvspec.model.finding import Category, Finding
@@ -221,32 +221,7 @@ def test_an_evicted_block_test_writes_kvspecs_connector_into_itself():
     assert "kvspec" not in code and all(len(line) <= 88 for line in code.splitlines())
 
 
-def _every_test() -> list[tuple[str, Finding]]:
-    """A finding of every kind an engine test is written for, free_order by
-    each part (on one full-attention group where the kind asks for it)."""
-    from kvspec.emit.stateful_test import FREE_ORDER_HEAD, FREE_ORDER_PARTS
-
-    parts = {**FREE_ORDER_PARTS, "head": FREE_ORDER_HEAD}
-    base = _no_connector(Category.STATE_LEAK)
-    settings = base.run["engine_settings"]
-    one_group = {**base.run, "engine_settings": {**settings, "groups": settings["groups"][2:]}}
-    out = []
-    for category in ENGINE_TEST_KINDS:
-        if category is Category.STATE_FREE_ORDER:
-            out += [(f"free_order {part}", attrs.evolve(base, category=category, detail=f"free_order: {words}"))
-                    for part, (words, _, _) in parts.items()]
-        elif category is Category.STATE_RETENTION_HIT:
-            out.append((category.value, attrs.evolve(base, category=category, detail="request r0: a hit of 0 "
-                                                     "tokens; retention owes at least 64, r1's replay boundary")))
-        else:
-            run = one_group if category is Category.STATE_HIT_LENGTH else base.run
-            out.append((category.value, attrs.evolve(base, category=category, run=run)))
-    # kvspec's connector written into the test (its only findings: a failed load's evictions)
-    out.append(("evicted_findable, kvspec's connector", Finding.from_dict(json.loads(EVICTED.read_text()))))
-    return out
-
-
-@pytest.mark.parametrize("kind, finding", _every_test(), ids=[kind for kind, _ in _every_test()])
+@pytest.mark.parametrize("kind, finding", engine_findings_of_every_kind(), ids=[kind for kind, _ in engine_findings_of_every_kind()])
 def test_every_engine_test_passes_ruff_check_and_format_under_vllms_configuration(tmp_path, kind, finding):
     """A test is offered only if it lints clean: each kind's, as vLLM lints
     its tests (ruff check and ruff format, vLLM's configuration; a name bound

@@ -14,8 +14,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from tests.support import assert_ruff_clean_as_vllm_lints
-from tests.unit.test_engine_test import _every_test
+from tests.support import assert_ruff_clean_as_vllm_lints, engine_findings_of_every_kind
 from kvspec.emit.engine_test import engine_test_code, rule_check
 from kvspec.model.engine import EngineProgram
 from kvspec.model.finding import Category, Finding
@@ -26,7 +25,7 @@ from kvspec.subjects.upstream_repro import UPSTREAM_KINDS, ReproRun, Unscriptabl
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 HIT_GROUPS = FIXTURES / "finding_engine_second_full_attention_group_eagle_0.27.1.json"
-RULE_KINDS = [(kind, finding) for kind, finding in _every_test() if finding.category not in UPSTREAM_KINDS]
+RULE_KINDS = [(kind, finding) for kind, finding in engine_findings_of_every_kind() if finding.category not in UPSTREAM_KINDS]
 
 
 def _rule_script(finding: Finding, version: str = "0.34.0"):
