@@ -30,7 +30,7 @@ from kvspec.model.engine import (MAX_MTP_MODULES, MODELLED_STEPS, MTP_TOY, OWN_C
                                  derived_config, describe_engine_op, retention_layout)
 from kvspec.model.errors import InfrastructureError, KvspecError, SetupError
 from kvspec.model.finding import Category
-from kvspec.model.known import KnownBug, known_bugs, recognise
+from kvspec.model.known import KnownBug, known_bugs, recognise_all
 from kvspec.model.domain import KVCacheGroup
 from kvspec.model.replies import AllocationSeen, ErrorKind, OpAnswer, Reply, WorkerError, record_of
 from kvspec.model.requests import EngineOps, OpenEngine
@@ -377,10 +377,11 @@ def engine_machine(subject: SubjectProcess | Callable[[], SubjectProcess], on_pr
             # finding records it (run["engine_settings"]) for the reader and
             # for an upstream reproduction's hand-built KVCacheConfig.
             failure = Failure(self.taken(), tuple(found), {**record_of(reply), "derived": self.derived})
-            bug = recognise(known_bugs_of(), found)
-            if bug is not None:  # a known vLLM bug again: said, and the search goes on
+            bugs = recognise_all(known_bugs_of(), found)
+            if bugs:  # known vLLM bugs again: said, and the search goes on
                 self.inert = True
-                on_known(bug, failure)
+                for bug in bugs:
+                    on_known(bug, failure)
                 return
             self.failed = True
             on_violation(failure)

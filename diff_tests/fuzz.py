@@ -14,7 +14,7 @@ from hypothesis.errors import Flaky
 from kvspec.model.capabilities import Capabilities
 from kvspec.model.case import Case
 from kvspec.model.errors import KvspecError, UsageError
-from kvspec.model.known import known_bugs, recognise
+from kvspec.model.known import known_bugs, recognise_all
 from kvspec.model.outcome import Outcome
 from kvspec.oracles.lookup import check_case
 from kvspec.subjects.process import SubjectProcess
@@ -263,11 +263,11 @@ def fuzz_subject(
             failed = run_batch(proc, batch, result.tally)
         except KvspecError as error:  # the worker, not vLLM: no input is to blame
             raise _Abort(error) from error
-        bug = None if failed is None else recognise(known, failed.discrepancies)
-        if bug is not None:  # the example ends at that case, unsaid to Hypothesis: the search goes on
+        bugs = () if failed is None else recognise_all(known, failed.discrepancies)
+        for bug in bugs:  # the example ends at that case, unsaid to Hypothesis: the search goes on
             result.known_met[bug.name] = result.known_met.get(bug.name, 0) + 1
             result.known_first.setdefault(bug.name, failed.case.describe())
-        elif failed is not None:
+        if failed is not None and not bugs:
             failures.append(failed)  # first: an interrupt from here on keeps it
             if result.cases_to_first_failure is None:
                 # Counting stops at the failing case, so this includes it.
@@ -301,6 +301,9 @@ def fuzz_subject(
             raise
         result.stopped, result.stopped_why = Outcome.INTERRUPTED, "interrupted"
         result.failure = failures[-1] if failures else None
+    else:
+        if failures:  # met, then not reported (its replay passed): a flaky finding, never a clean run
+            result.failure = attrs.evolve(failures[0], flaky=True)
     finally:
         if budget is not None and budget.exhausted:
             result.shrink_budget = budget.runs

@@ -30,7 +30,7 @@ from kvspec.model.capabilities import Capabilities
 from kvspec.model.domain import CoordinatorConfig, GroupKind, KVCacheGroup
 from kvspec.model.errors import InfrastructureError, KvspecError, SetupError
 from kvspec.model.finding import Category
-from kvspec.model.known import KnownBug, known_bugs, recognise
+from kvspec.model.known import KnownBug, known_bugs, recognise_all
 from kvspec.model.outcome import Outcome
 from kvspec.model.program import Program, describe_op
 from kvspec.model.replies import ErrorKind, Reply, record_of
@@ -345,10 +345,11 @@ def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
 
         def _fail(self, program: Program, found: list[Discrepancy], reply: dict[str, Any]) -> None:
             failure = Failure(program, tuple(found), reply)
-            bug = recognise(self.known, found)
-            if bug is not None:  # a known vLLM bug again: said, and the search goes on
+            bugs = recognise_all(self.known, found)
+            if bugs:  # known vLLM bugs again: said, and the search goes on
                 self.inert = True
-                on_known(bug, failure)
+                for bug in bugs:
+                    on_known(bug, failure)
                 return
             self.failed = True
             on_violation(failure)
@@ -611,6 +612,9 @@ def run_machine_test(test: Callable[[], None], result: StatefulResult, failures:
             raise
         result.stopped, result.stopped_why = Outcome.INTERRUPTED, "interrupted"
         result.failure = failures[-1] if failures else None
+    else:
+        if failures:  # met, then not reported (its replay passed): a flaky finding, never a clean run
+            result.failure = attrs.evolve(failures[0], flaky=True)
     finally:
         if budget is not None and budget.exhausted:
             result.shrink_budget = budget.runs

@@ -22,7 +22,7 @@ from .finding import Category
 from .retention import BLOCK_ALIGNED_REPLAY
 from .state import named_group_kinds
 
-__all__ = ["KnownBug", "KNOWN_BUGS", "known_bugs", "recognise"]
+__all__ = ["KnownBug", "KNOWN_BUGS", "known_bugs", "recognise", "recognise_all"]
 
 
 @attrs.frozen
@@ -242,3 +242,21 @@ def recognise(known: tuple[KnownBug, ...] | list[KnownBug], found) -> KnownBug |
         if found and all(bug.matches(d.summary(), d.category, d.group_kinds) for d in found):
             return bug
     return None
+
+
+def recognise_all(known: tuple[KnownBug, ...] | list[KnownBug], found) -> tuple[KnownBug, ...]:
+    """The known bugs ``found`` is: the one bug every discrepancy is
+    (``recognise``), else the bugs each discrepancy is one of, when every one
+    is (two known bugs can break one step); () when any discrepancy is none
+    of them: a failure that is partly something else is new."""
+    one = recognise(known, found)
+    if one is not None:
+        return (one,)
+    bugs: list[KnownBug] = []
+    for d in found:
+        bug = next((b for b in known if b.matches(d.summary(), d.category, d.group_kinds)), None)
+        if bug is None:
+            return ()
+        if bug not in bugs:
+            bugs.append(bug)
+    return tuple(bugs)

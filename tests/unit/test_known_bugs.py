@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kvspec.model.domain import CoordinatorConfig, GroupKind, KVCacheGroup
 from kvspec.model.finding import Category
-from kvspec.model.known import KNOWN_BUGS, known_bugs, recognise
+from kvspec.model.known import KNOWN_BUGS, known_bugs, recognise, recognise_all
 
 
 def test_release_ranges_are_half_open():
@@ -96,6 +96,26 @@ def test_a_failure_is_recognised_only_if_all_of_it_is_one_known_bug():
     assert recognise(known, [crash]).name == "mamba_estimate_below_allocation_after_connector_load"
     assert recognise(known, [crash, other]) is None
     assert recognise((), [crash]) is None and recognise(known, []) is None
+
+
+def test_a_step_that_breaks_two_known_bugs_is_both_of_them():
+    """0.28.0's engine fuzz (seed 0) met a step breaking the second
+    full-attention group's trim and #46892's estimate at once: neither bug
+    alone is all of it, so it was shrunk as new; together they are."""
+    from kvspec.oracles.registration import Discrepancy
+
+    known = known_bugs("0.28.0")
+    crash = Discrepancy(Category.SUBJECT_CRASH, None, None,
+                        detail="vLLM raised during schedule: ValueError: Cannot get 2 free blocks from the pool")
+    untrimmed = Discrepancy(Category.STATE_HIT_GROUPS, None, None, detail="hit_groups: request r2: group 2 "
+                            "(full_attention(block 32, EAGLE)) holds 2 blocks for a hit of 0 tokens",
+                            group_kinds=(GroupKind.FULL_ATTENTION,))
+    other = Discrepancy(Category.STATE_REF_COUNT, None, None, detail="ref_counts: block 3 has reference count 2")
+    assert recognise(known, [crash, untrimmed]) is None
+    assert [b.name for b in recognise_all(known, [crash, untrimmed])] == [
+        "mamba_estimate_below_allocation_after_connector_load", "second_full_attention_group_untrimmed"]
+    assert recognise_all(known, [crash, untrimmed, other]) == () and recognise_all(known, []) == ()
+    assert recognise_all(known, [crash]) == (recognise(known, [crash]),)
 
 
 def test_an_untrimmed_group_is_the_known_bug_only_when_it_is_full_attention():

@@ -595,3 +595,23 @@ def test_a_mamba_table_holds_the_block_of_the_running_state():
     # A count that fell (a failed load) is not checked: the slot lies in what was allocated for more.
     assert not _mamba_broken((0, 0, 3), 5, peak=9)
     assert _mamba_broken((0, 0, 3), 5)
+
+
+def test_a_failure_met_but_not_reported_by_hypothesis_is_a_flaky_finding():
+    """A run whose machine met a violation and whose Hypothesis test then
+    ended without raising (its replay passed) is never a clean run: the
+    first failure met is the finding, marked flaky."""
+    from kvspec.diff_tests.property import Failure
+    from kvspec.diff_tests.stateful import StatefulResult, run_machine_test
+    from kvspec.oracles.registration import Discrepancy
+
+    program = Program(CONFIG, 16, 64, [{"do": "arrive", "id": "r0", "tokens": [1, 2, 3]}, {"do": "schedule"}])
+    found = Discrepancy(Category.STATE_HIT_GROUPS, None, None, detail="hit_groups: request r0: group 1 ...")
+    met = [Failure(program, (found,), {"state": {}})]
+    result = StatefulResult(subject={"kind": "release", "version": "0.28.0", "label": "vllm 0.28.0"},
+                            capabilities=CAPS, seed=1)
+    run_machine_test(lambda: None, result, met)
+    assert result.failure is not None and result.failure.flaky and result.failure.case == program
+    clean = StatefulResult(subject=result.subject, capabilities=CAPS, seed=1)
+    run_machine_test(lambda: None, clean, [])
+    assert clean.failure is None
