@@ -45,8 +45,10 @@ from kvspec.model.case import InvalidCase
 from kvspec.model.errors import InfrastructureError, KvspecError
 from kvspec.model.known import KNOWN_BUGS, KnownBug, recognise
 from kvspec.model.nearest_engine import Target
+from kvspec.model.program import Program
 
 from .engine import as_the_release_takes, drive_engine_program, not_drawn
+from .ranges_manager import ENGINE_LEVEL, MANAGER_LEVEL, search_release_program
 from .reproduce import SEARCH_EXAMPLES, SEARCH_SEED, SEARCH_STEPS, targeted_search
 
 __all__ = ["POOL_DELTAS", "LENGTH_DELTAS", "variants", "needed_kinds", "search_release", "release_range", "main"]
@@ -167,11 +169,17 @@ def release_range(rows: list[dict[str, Any]], bug: KnownBug) -> dict[str, Any]:
             "agrees_with_known_entry": not disagree, "disagrees_on": disagree}
 
 
-def _example(path: Path) -> EngineProgram:
+def _example(path: Path) -> EngineProgram | Program:
+    """The example an engine program (searched through the engine) or a
+    manager-level stateful ``Program`` (searched at the manager level,
+    ``diff_tests/ranges_manager.py``), or a stored finding naming either."""
     data = json.loads(path.read_text())
-    if "inputs" in data:  # a stored finding: the engine program it names
+    if "inputs" in data:  # a stored finding: the program it names
         inputs = data["inputs"]
-        data = inputs.get("engine_program") or (inputs.get("engine_reproduction") or {}).get("engine_program")
+        data = (inputs.get("engine_program") or (inputs.get("engine_reproduction") or {}).get("engine_program")
+                or inputs.get("program"))
+    if isinstance(data, dict) and "config" in data and "num_blocks" in data:
+        return Program.from_dict(data)
     return EngineProgram.from_dict(data)
 
 
@@ -182,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvspec.diff_tests.ranges", description=__doc__.split("\n")[0])
     parser.add_argument("--bug", required=True, choices=[b.name for b in KNOWN_BUGS])
     parser.add_argument("--example", required=True, type=Path,
-                        help="an engine program, or a stored finding naming one, that shows the bug")
+                        help="an engine program, a manager-level stateful program (kvspec builds the KVCacheConfig), "
+                             "or a stored finding naming one, that shows the bug")
     parser.add_argument("--vllm", action="append", required=True, metavar="VERSION")
     parser.add_argument("--needs-kind", action="append", default=[], metavar="KIND",
                         help="a group kind a setup must build to express the mechanism (repeatable; default: the "
@@ -192,17 +201,21 @@ def main(argv: list[str] | None = None) -> int:
     bug = next(b for b in KNOWN_BUGS if b.name == args.bug)
     needs = frozenset(args.needs_kind) or needed_kinds(bug)
     example = _example(args.example)
+    manager = isinstance(example, Program)
     rows = []
     for version in sorted(args.vllm, key=release_key):
         with SubjectProcess(release(version)) as proc:
-            row = search_release(proc, bug, example, needs)
+            row = (search_release_program(proc, bug, example, POOL_DELTAS, LENGTH_DELTAS) if manager
+                   else search_release(proc, bug, example, needs))
         rows.append(row)
         print(f"{version}: {row['status']} ({row.get('how') or row.get('why') or 'the whole budget ran'}; "
               f"{row['seconds']} s)", flush=True)
     document = {"bug": bug.name, "category": bug.category.value,
                 "command": " ".join(["python -m kvspec.diff_tests.ranges"] + [
                     a if " " not in a else repr(a) for a in (argv if argv is not None else sys.argv[1:])]),
-                "example": example.as_dict(), "example_describe": example.describe(), "needs_kinds": sorted(needs),
+                "level": MANAGER_LEVEL if manager else ENGINE_LEVEL,
+                "example": example.as_dict(), "example_describe": example.describe(),
+                "needs_kinds": [] if manager else sorted(needs),
                 "budget": {"pool_deltas": list(POOL_DELTAS), "length_deltas": list(LENGTH_DELTAS),
                            "search_examples": SEARCH_EXAMPLES, "search_seed": SEARCH_SEED,
                            "search_steps": SEARCH_STEPS},

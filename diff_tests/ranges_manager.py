@@ -1,0 +1,179 @@
+"""A known vLLM bug's release range, by a targeted search per release at the manager level.
+
+The counterpart of ``diff_tests/ranges.py`` for the known bugs no engine toy
+reaches (a layout no toy model builds, or not on the releases concerned):
+kvspec builds the KVCacheConfig by hand and drives vLLM's real KV-cache
+manager (the stateful differential's worker, ``diff_tests/stateful.py``).
+A release's answer says what vLLM's manager code does with a layout kvspec
+built, never that a deployment reaches it: every record and row says its
+level, ``MANAGER_LEVEL``.
+
+On each release, within a fixed, deterministic budget:
+
+1. the bug's example stateful ``Program``, replayed as it is;
+2. the same program around it (``program_variants``): the pool a few blocks
+   smaller and larger, every prompt a token shorter or longer, or a block
+   longer (``POOL_DELTAS``, ``LENGTH_DELTAS``, as the engine's);
+3. the stateful machine's own rules over the geometries of (2) that the
+   release builds (``SEARCH_EXAMPLES`` programs from seed ``SEARCH_SEED``,
+   at most ``SEARCH_STEPS`` rules each, no example database, no shrinking).
+
+A discrepancy is the bug when ``model.known.recognise`` recognises it as that
+bug.  "not expressible": the release's worker cannot build any of the
+geometries, or vLLM refused them all.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import attrs
+from hypothesis import Phase, reject, strategies as st
+from hypothesis.errors import HypothesisException
+
+from kvspec.model.errors import InfrastructureError, KvspecError, SetupError
+from kvspec.model.finding import Category
+from kvspec.model.known import KnownBug, recognise
+from kvspec.model.program import Program
+from kvspec.subjects.process import SubjectProcess
+
+from .reproduce import SEARCH_EXAMPLES, SEARCH_SEED, SEARCH_STEPS
+from .seeding import fixed_constant_pool
+from .stateful import _machine_test, replay_program, state_machine
+
+__all__ = ["MANAGER_LEVEL", "ENGINE_LEVEL", "program_variants", "search_release_program"]
+
+MANAGER_LEVEL = "manager (hand-built KVCacheConfig)"
+ENGINE_LEVEL = "engine"
+
+
+def program_variants(example: Program, pool_deltas: tuple[int, ...],
+                     length_deltas: tuple[int, ...]) -> list[Program]:
+    """The example, then the same operations around it: every pool of
+    ``pool_deltas`` (at least one block) with every prompt-length change of
+    ``length_deltas`` (a prompt keeps at least one token; added tokens are
+    distinct and the same for every request, so shared prefixes and resends
+    stay shared; a request's connector tokens stay within its prompt)."""
+    out: list[Program] = []
+    for pool in pool_deltas:
+        for delta in length_deltas:
+            ops = []
+            for op in example.ops:
+                if op["do"] == "arrive":
+                    tokens = list(op["tokens"])
+                    tokens = tokens[:max(1, len(tokens) + delta)] if delta < 0 else \
+                        tokens + [70_000 + i for i in range(delta)]
+                    op = {**op, "tokens": tokens}
+                    if op.get("external"):
+                        op["external"] = min(op["external"], len(tokens))
+                ops.append(op)
+            program = attrs.evolve(example, num_blocks=max(1, example.num_blocks + pool), ops=tuple(ops))
+            if program not in out:
+                out.append(program)
+    return out
+
+
+def _replay(proc: SubjectProcess, program: Program, bug: KnownBug) -> str:
+    """What ``program`` shows on ``proc``: "shown" (the bug), "other" (another
+    discrepancy first), "held" (nothing broke), "refused" (this release's
+    worker cannot build the geometry or run an operation of it, or vLLM
+    refused the geometry)."""
+    try:
+        found, _ = replay_program(proc, program)
+    except SetupError:
+        raise
+    except InfrastructureError as error:
+        if "cannot drive the program" in str(error) or "cannot run on this subject" in str(error):
+            return "refused"
+        raise
+    if not found:
+        return "held"
+    if recognise((bug,), found) is not None:
+        return "shown"
+    return "refused" if found[0].category is Category.PRECONDITION else "other"
+
+
+class _Shown(BaseException):
+    """The targeted search met the bug: it ends there (not a failure of Hypothesis's test)."""
+
+    def __init__(self, program: Program):
+        super().__init__(program.describe())
+        self.program = program
+
+
+def targeted_program_search(proc: SubjectProcess, geometries: list[Program], bug: KnownBug,
+                            others: dict[str, int], counts: dict[str, int] | None = None) -> Program | None:
+    """The stateful machine's rules over ``geometries`` only (their pools and
+    layouts; their operations are not replayed), ``SEARCH_EXAMPLES`` programs
+    from ``SEARCH_SEED``, no database, no shrinking: the first program whose
+    discrepancy is ``bug``, or None.  Another discrepancy ends its program
+    (counted in ``others`` by category) and the search goes on.  ``counts``
+    receives the programs opened and the geometries refused."""
+    bare = [g.with_ops(()) for g in geometries]
+    counts = {} if counts is None else counts
+
+    def on_program(machine, refused: str | None = None) -> None:
+        key = "refused" if refused is not None else "programs"
+        counts[key] = counts.get(key, 0) + 1
+
+    base = state_machine(proc, on_program, known=lambda: (bug,), geometry=lambda caps: st.sampled_from(bare))
+
+    class Targeted(base):  # type: ignore[valid-type, misc]
+        def _fail(self, program: Program, found, reply) -> None:
+            if recognise((bug,), found) is not None:
+                self.inert = True
+                raise _Shown(program)
+            if self.oracle is None:  # vLLM refused the geometry: not a program of this search
+                reject()
+            key = found[0].category.value
+            others[key] = others.get(key, 0) + 1
+            self.inert = True  # the rest of this program sends nothing
+
+    test = _machine_test(Targeted, proc, SEARCH_EXAMPLES, SEARCH_SEED, SEARCH_STEPS, None,
+                         [Phase.explicit, Phase.generate])
+    try:
+        with fixed_constant_pool():
+            test()
+    except _Shown as shown:
+        return shown.program
+    return None
+
+
+def search_release_program(proc: SubjectProcess, bug: KnownBug, example: Program,
+                           pool_deltas: tuple[int, ...], length_deltas: tuple[int, ...]) -> dict[str, Any]:
+    """One release's answer for ``bug`` at the manager level (module docstring)."""
+    started = time.perf_counter()
+    answers: dict[str, int] = {}
+    buildable: list[Program] = []
+    row: dict[str, Any] = {"release": proc.describe().get("vllm_version"), "level": MANAGER_LEVEL}
+
+    def seconds() -> float:
+        return round(time.perf_counter() - started, 1)
+
+    try:
+        for index, program in enumerate(program_variants(example, pool_deltas, length_deltas)):
+            answer = _replay(proc, program, bug)
+            answers[answer] = answers.get(answer, 0) + 1
+            if answer == "shown":
+                how = "the example as it is" if index == 0 else "a variant of the example (pool, prompt lengths)"
+                return {**row, "status": "shown", "how": how, "program": program.describe(),
+                        "manager_program": program.as_dict(), "replays": answers, "seconds": seconds()}
+            if answer in ("held", "other") and program.with_ops(()) not in [b.with_ops(()) for b in buildable]:
+                buildable.append(program)
+        if not buildable:
+            return {**row, "status": "not expressible",
+                    "why": "this release builds none of the hand-built geometries (its worker cannot, or vLLM "
+                           "refused them)", "replays": answers, "seconds": seconds()}
+        others: dict[str, int] = {}
+        counts: dict[str, int] = {}
+        found = targeted_program_search(proc, buildable, bug, others, counts)
+    except (KvspecError, HypothesisException) as error:
+        return {**row, "status": "unknown", "why": f"{type(error).__name__}: {error}", "replays": answers,
+                "seconds": seconds()}
+    row.update(replays=answers, search_others=others, search_programs=counts.get("programs", 0),
+               seconds=seconds())
+    if found is not None:
+        return {**row, "status": "shown", "how": "the targeted stateful search (hand-built KVCacheConfig)",
+                "program": found.describe(), "manager_program": found.as_dict()}
+    return {**row, "status": "not shown"}
