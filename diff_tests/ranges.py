@@ -41,14 +41,15 @@ import attrs
 
 from kvspec.model.about import release_key
 from kvspec.model.engine import EngineProgram
-from kvspec.model.case import InvalidCase
+from kvspec.model.case import Case, InvalidCase
 from kvspec.model.errors import InfrastructureError, KvspecError
 from kvspec.model.known import KNOWN_BUGS, KnownBug, recognise
 from kvspec.model.nearest_engine import Target
 from kvspec.model.program import Program
 
 from .engine import as_the_release_takes, drive_engine_program, not_drawn
-from .ranges_manager import ENGINE_LEVEL, MANAGER_LEVEL, search_release_program
+from .ranges_manager import (CASE_SEARCH_CASES, ENGINE_LEVEL, MANAGER_LEVEL, search_release_case,
+                             search_release_program)
 from .reproduce import SEARCH_EXAMPLES, SEARCH_SEED, SEARCH_STEPS, targeted_search
 
 __all__ = ["POOL_DELTAS", "LENGTH_DELTAS", "variants", "needed_kinds", "search_release", "release_range", "main"]
@@ -169,7 +170,7 @@ def release_range(rows: list[dict[str, Any]], bug: KnownBug) -> dict[str, Any]:
             "agrees_with_known_entry": not disagree, "disagrees_on": disagree}
 
 
-def _example(path: Path) -> EngineProgram | Program:
+def _example(path: Path) -> EngineProgram | Program | Case:
     """The example an engine program (searched through the engine) or a
     manager-level stateful ``Program`` (searched at the manager level,
     ``diff_tests/ranges_manager.py``), or a stored finding naming either."""
@@ -177,9 +178,11 @@ def _example(path: Path) -> EngineProgram | Program:
     if "inputs" in data:  # a stored finding: the program it names
         inputs = data["inputs"]
         data = (inputs.get("engine_program") or (inputs.get("engine_reproduction") or {}).get("engine_program")
-                or inputs.get("program"))
+                or inputs.get("program") or inputs.get("case"))
     if isinstance(data, dict) and "config" in data and "num_blocks" in data:
         return Program.from_dict(data)
+    if isinstance(data, dict) and "config" in data and "prompt_len" in data:
+        return Case.from_dict(data)
     return EngineProgram.from_dict(data)
 
 
@@ -201,12 +204,16 @@ def main(argv: list[str] | None = None) -> int:
     bug = next(b for b in KNOWN_BUGS if b.name == args.bug)
     needs = frozenset(args.needs_kind) or needed_kinds(bug)
     example = _example(args.example)
-    manager = isinstance(example, Program)
+    manager = isinstance(example, (Program, Case))
     rows = []
     for version in sorted(args.vllm, key=release_key):
         with SubjectProcess(release(version)) as proc:
-            row = (search_release_program(proc, bug, example, POOL_DELTAS, LENGTH_DELTAS) if manager
-                   else search_release(proc, bug, example, needs))
+            if isinstance(example, Program):
+                row = search_release_program(proc, bug, example, POOL_DELTAS, LENGTH_DELTAS)
+            elif isinstance(example, Case):
+                row = search_release_case(proc, bug, example, LENGTH_DELTAS)
+            else:
+                row = search_release(proc, bug, example, needs)
         rows.append(row)
         print(f"{version}: {row['status']} ({row.get('how') or row.get('why') or 'the whole budget ran'}; "
               f"{row['seconds']} s)", flush=True)
@@ -216,9 +223,13 @@ def main(argv: list[str] | None = None) -> int:
                 "level": MANAGER_LEVEL if manager else ENGINE_LEVEL,
                 "example": example.as_dict(), "example_describe": example.describe(),
                 "needs_kinds": [] if manager else sorted(needs),
-                "budget": {"pool_deltas": list(POOL_DELTAS), "length_deltas": list(LENGTH_DELTAS),
-                           "search_examples": SEARCH_EXAMPLES, "search_seed": SEARCH_SEED,
-                           "search_steps": SEARCH_STEPS},
+                "example_kind": ("registration/lookup case" if isinstance(example, Case) else
+                                 "stateful program" if manager else "engine program"),
+                "budget": ({"length_deltas": list(LENGTH_DELTAS), "search_cases": CASE_SEARCH_CASES,
+                            "search_seed": SEARCH_SEED} if isinstance(example, Case) else
+                           {"pool_deltas": list(POOL_DELTAS), "length_deltas": list(LENGTH_DELTAS),
+                            "search_examples": SEARCH_EXAMPLES, "search_seed": SEARCH_SEED,
+                            "search_steps": SEARCH_STEPS}),
                 "range": release_range(rows, bug), "releases": rows}
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,15 @@ On each release, within a fixed, deterministic budget:
    release builds (``SEARCH_EXAMPLES`` programs from seed ``SEARCH_SEED``,
    at most ``SEARCH_STEPS`` rules each, no example database, no shrinking).
 
+The example may instead be a registration/lookup ``Case`` (one request on a
+fresh manager, then a later request's lookup if it has a probe): its pool
+follows from its context (``Case.num_blocks``), so only its prompt length
+varies (the last prefill chunk, by ``LENGTH_DELTAS``), and the search is the
+registration differential on the example's KVCacheConfig:
+``CASE_SEARCH_CASES`` requests drawn from ``random.Random(SEARCH_SEED)``
+(``strategies.random_request``, with a lookup probe where the example has
+one), no Hypothesis, no database.
+
 A discrepancy is the bug when ``model.known.recognise`` recognises it as that
 bug.  "not expressible": the release's worker cannot build any of the
 geometries, or vLLM refused them all.
@@ -25,6 +34,7 @@ geometries, or vLLM refused them all.
 
 from __future__ import annotations
 
+import random
 import time
 from typing import Any
 
@@ -32,17 +42,25 @@ import attrs
 from hypothesis import Phase, reject, strategies as st
 from hypothesis.errors import HypothesisException
 
+from kvspec.model.case import Case, InvalidCase, LookupProbe
 from kvspec.model.errors import InfrastructureError, KvspecError, SetupError
 from kvspec.model.finding import Category
 from kvspec.model.known import KnownBug, recognise
 from kvspec.model.program import Program
+from kvspec.model.replies import ErrorKind
+from kvspec.model.requests import Stream
+from kvspec.oracles.lookup import check_case
 from kvspec.subjects.process import SubjectProcess
 
 from .reproduce import SEARCH_EXAMPLES, SEARCH_SEED, SEARCH_STEPS
 from .seeding import fixed_constant_pool
 from .stateful import _machine_test, replay_program, state_machine
+from .strategies import random_probe, random_request
 
-__all__ = ["MANAGER_LEVEL", "ENGINE_LEVEL", "program_variants", "search_release_program"]
+__all__ = ["MANAGER_LEVEL", "ENGINE_LEVEL", "CASE_SEARCH_CASES", "program_variants", "case_variants",
+           "search_release_program", "search_release_case"]
+
+CASE_SEARCH_CASES = 400  # requests of a Case example's targeted search (one fresh manager each)
 
 MANAGER_LEVEL = "manager (hand-built KVCacheConfig)"
 ENGINE_LEVEL = "engine"
@@ -177,3 +195,96 @@ def search_release_program(proc: SubjectProcess, bug: KnownBug, example: Program
         return {**row, "status": "shown", "how": "the targeted stateful search (hand-built KVCacheConfig)",
                 "program": found.describe(), "manager_program": found.as_dict()}
     return {**row, "status": "not shown"}
+
+
+def case_variants(example: Case, length_deltas: tuple[int, ...]) -> list[Case]:
+    """The example, then the same request with its prompt ``length_deltas``
+    tokens longer or shorter (the last prefill chunk changes; the prompt
+    keeps at least one token per chunk; a probe shares at most what the
+    writer then holds).  A case's pool follows from its context: no pool
+    variants."""
+    out: list[Case] = []
+    last = max(i for i, step in enumerate(example.steps) if step.kind == "prefill")
+    for delta in length_deltas:
+        chunk = max(1, example.steps[last].tokens + delta)
+        steps = list(example.steps)
+        steps[last] = attrs.evolve(steps[last], tokens=chunk)
+        prompt = example.prompt_len - example.steps[last].tokens + chunk
+        try:
+            case = Case(example.config, prompt, tuple(steps))
+            if example.probe is not None:
+                case = attrs.evolve(case, probe=LookupProbe(min(example.probe.shared, case.writer_tokens),
+                                                            example.probe.extra))
+        except InvalidCase:
+            continue
+        if case not in out:
+            out.append(case)
+    return out
+
+
+def _case_answer(case: Case, reply, caps, bug: KnownBug) -> str:
+    """What one case's reply shows: "shown", "other", "held" or "refused"
+    (this release's worker cannot build the case, or vLLM refused its
+    configuration)."""
+    if reply.error is not None and reply.error.kind in (ErrorKind.UNSUPPORTED, ErrorKind.CONSTRUCT):
+        return "refused"
+    found = check_case(case, caps, reply)
+    if not found:
+        return "held"
+    return "shown" if recognise((bug,), found) is not None else "other"
+
+
+def _searched_cases(example: Case) -> list[Case]:
+    """The targeted search's requests on the example's configuration."""
+    rng = random.Random(SEARCH_SEED)
+    out: list[Case] = []
+    while len(out) < CASE_SEARCH_CASES:
+        prompt_len, steps = random_request(rng)
+        case = Case(example.config, prompt_len, steps)
+        if example.probe is not None:
+            unit = rng.choice([g.block_size for g in example.config.groups] + [example.config.scheduler_block_size])
+            case = attrs.evolve(case, probe=random_probe(rng, case.writer_tokens, unit))
+        out.append(case)
+    return out
+
+
+def search_release_case(proc: SubjectProcess, bug: KnownBug, example: Case,
+                        length_deltas: tuple[int, ...]) -> dict[str, Any]:
+    """One release's answer for ``bug`` from a registration/lookup ``Case``
+    (module docstring), at the manager level."""
+    started = time.perf_counter()
+    caps = proc.capabilities
+    answers: dict[str, int] = {}
+    row: dict[str, Any] = {"release": proc.describe().get("vllm_version"), "level": MANAGER_LEVEL}
+
+    def seconds() -> float:
+        return round(time.perf_counter() - started, 1)
+
+    try:
+        around = case_variants(example, length_deltas)
+        for index, (case, reply) in enumerate(zip(around, proc.stream(Stream.of(around)))):
+            answer = _case_answer(case, reply, caps, bug)
+            answers[answer] = answers.get(answer, 0) + 1
+            if answer == "shown":
+                how = "the example as it is" if index == 0 else "a variant of the example (prompt length)"
+                return {**row, "status": "shown", "how": how, "case": case.describe(), "manager_case": case.as_dict(),
+                        "replays": answers, "seconds": seconds()}
+        if not answers.get("held") and not answers.get("other"):
+            return {**row, "status": "not expressible",
+                    "why": "this release builds none of the hand-built cases (its worker cannot, or vLLM refused "
+                           "the configuration)", "replays": answers, "seconds": seconds()}
+        others: dict[str, int] = {}
+        searched = _searched_cases(example)
+        for case, reply in zip(searched, proc.stream(Stream.of(searched))):
+            answer = _case_answer(case, reply, caps, bug)
+            if answer == "shown":
+                return {**row, "status": "shown", "how": "the targeted registration search (hand-built "
+                        "KVCacheConfig)", "case": case.describe(), "manager_case": case.as_dict(),
+                        "replays": answers, "search_others": others, "seconds": seconds()}
+            if answer != "held":
+                others[answer] = others.get(answer, 0) + 1
+    except KvspecError as error:
+        return {**row, "status": "unknown", "why": f"{type(error).__name__}: {error}", "replays": answers,
+                "seconds": seconds()}
+    return {**row, "status": "not shown", "replays": answers, "search_others": others,
+            "search_cases": len(searched), "seconds": seconds()}
