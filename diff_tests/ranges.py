@@ -23,6 +23,13 @@ none with the group kinds the bug needs: a mechanism the engine's flags
 cannot reach on that release says nothing of the code), or "unknown" (the
 search did not run to its end).
 
+The known bugs no engine toy reaches (a layout no toy model builds, or not
+on the releases concerned) are dated the same way at the manager level: an
+example that is a stateful ``Program`` or a registration/lookup ``Case``
+(kvspec built its KVCacheConfig by hand) goes to ``diff_tests/ranges_manager.py``,
+and its record and rows say ``level: "manager (hand-built KVCacheConfig)"``,
+never engine reach; the engine's say ``level: "engine"``.
+
 Run it (the command is recorded with the ranges it gives)::
 
     python -m kvspec.diff_tests.ranges --bug NAME --example FILE --vllm 0.23.0 ... --json OUT
@@ -124,7 +131,7 @@ def search_release(proc, bug: KnownBug, example: EngineProgram,
     example = attrs.evolve(example, setup=as_the_release_takes(example.setup, not_drawn(proc)))
     answers: dict[str, int] = {}
     buildable = []
-    row: dict[str, Any] = {"release": proc.describe().get("vllm_version")}
+    row: dict[str, Any] = {"release": proc.describe().get("vllm_version"), "level": ENGINE_LEVEL}
     try:
         for index, program in enumerate(variants(example)):
             answer = _replay(proc, program, bug, needs)
