@@ -124,10 +124,15 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                    "missing for counted tokens",
              range_search="docs/results/known-ranges/connector_lookup_takes_deepest_group_hit.json"),
     # The same vLLM bug (#52828's shape), seen by the hit-length differential on one request.
+    # The targeted search per release at the manager level (hand-built
+    # KVCacheConfig: three full-attention groups, one EAGLE) shows it on
+    # 0.23.0-0.28.0 (its case as it is) and not on 0.29.0-0.34.0 (the case,
+    # its prompt lengths around it and 400 requests with lookups on its layout).
     KnownBug(Category.LOOKUP_CONTRACT, "0.23.0", "0.29.0",
              "the hybrid lookup trims only the first full-attention group to the reconciled hit; a second one "
              "(another block size, or a draft model's) returns blocks past the hit",
-             "blocks for a hit of", name="second_full_attention_group_untrimmed_per_request"),
+             "blocks for a hit of", name="second_full_attention_group_untrimmed_per_request",
+             range_search="docs/results/known-ranges/second_full_attention_group_untrimmed_per_request.json"),
     # The targeted search per release at the manager level (kvspec's hand-built
     # KVCacheConfig, no engine toy builds the layout) shows it on 0.23.0 (its
     # stateful program as it is) and not on 0.24.0-0.34.0 (the program, 20
@@ -149,11 +154,15 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
              "zeroing_missed:", name="sliding_window_blocks_not_zeroed",
              group_kinds=frozenset({GroupKind.SLIDING_WINDOW}),
              range_search="docs/results/known-ranges/sliding_window_blocks_not_zeroed.json"),
+    # The targeted search per release at the manager level (hand-built
+    # KVCacheConfig) shows it on 0.26.0-0.27.1 (its case as it is) and not on
+    # 0.23.0-0.25.1 (no partial hash hits there) or 0.28.0-0.34.0.
     KnownBug(Category.SUBJECT_CRASH, "0.26.0", "0.28.0",
              "find_longest_cache_hit asserts 'SlidingWindowManager does not support fine-grained (partial) cache "
              "hits' with partial hash hits and a sliding-window group whose block differs from the hash block",
              "does not support fine-grained (partial) cache hits",
-             name="sliding_window_partial_hit_assertion"),
+             name="sliding_window_partial_hit_assertion",
+             range_search="docs/results/known-ranges/sliding_window_partial_hit_assertion.json"),
     # Found through the engine on 0.27.1 once hybrids ran with --mamba-cache-mode
     # align there; dated by its mechanism: the scheduler's truncation of a local
     # hit a connector supersedes, and its every-group assertion, exist in 0.27.0
