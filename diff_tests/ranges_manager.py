@@ -92,24 +92,28 @@ def program_variants(example: Program, pool_deltas: tuple[int, ...],
     return out
 
 
-def _replay(proc: SubjectProcess, program: Program, bug: KnownBug) -> str:
+def _replay(proc: SubjectProcess, program: Program, bug: KnownBug, refusals: list[str]) -> str:
     """What ``program`` shows on ``proc``: "shown" (the bug), "other" (another
     discrepancy first), "held" (nothing broke), "refused" (this release's
     worker cannot build the geometry or run an operation of it, or vLLM
-    refused the geometry)."""
+    refused the geometry; the reason is appended to ``refusals``)."""
     try:
         found, _ = replay_program(proc, program)
     except SetupError:
         raise
     except InfrastructureError as error:
         if "cannot drive the program" in str(error) or "cannot run on this subject" in str(error):
+            refusals.append(str(error))
             return "refused"
         raise
     if not found:
         return "held"
     if recognise((bug,), found) is not None:
         return "shown"
-    return "refused" if found[0].category is Category.PRECONDITION else "other"
+    if found[0].category is Category.PRECONDITION:
+        refusals.append(found[0].summary())
+        return "refused"
+    return "other"
 
 
 class _Shown(BaseException):
@@ -163,6 +167,7 @@ def search_release_program(proc: SubjectProcess, bug: KnownBug, example: Program
     """One release's answer for ``bug`` at the manager level (module docstring)."""
     started = time.perf_counter()
     answers: dict[str, int] = {}
+    refusals: list[str] = []
     buildable: list[Program] = []
     row: dict[str, Any] = {"release": proc.describe().get("vllm_version"), "level": MANAGER_LEVEL}
 
@@ -171,7 +176,7 @@ def search_release_program(proc: SubjectProcess, bug: KnownBug, example: Program
 
     try:
         for index, program in enumerate(program_variants(example, pool_deltas, length_deltas)):
-            answer = _replay(proc, program, bug)
+            answer = _replay(proc, program, bug, refusals)
             answers[answer] = answers.get(answer, 0) + 1
             if answer == "shown":
                 how = "the example as it is" if index == 0 else "a variant of the example (pool, prompt lengths)"
@@ -182,7 +187,8 @@ def search_release_program(proc: SubjectProcess, bug: KnownBug, example: Program
         if not buildable:
             return {**row, "status": "not expressible",
                     "why": "this release builds none of the hand-built geometries (its worker cannot, or vLLM "
-                           "refused them)", "replays": answers, "seconds": seconds()}
+                           "refused them)", "refusals": sorted(set(refusals)), "replays": answers,
+                    "seconds": seconds()}
         others: dict[str, int] = {}
         counts: dict[str, int] = {}
         found = targeted_program_search(proc, buildable, bug, others, counts)
@@ -222,11 +228,13 @@ def case_variants(example: Case, length_deltas: tuple[int, ...]) -> list[Case]:
     return out
 
 
-def _case_answer(case: Case, reply, caps, bug: KnownBug) -> str:
+def _case_answer(case: Case, reply, caps, bug: KnownBug, refusals: list[str] | None = None) -> str:
     """What one case's reply shows: "shown", "other", "held" or "refused"
     (this release's worker cannot build the case, or vLLM refused its
-    configuration)."""
+    configuration; the reason is appended to ``refusals``)."""
     if reply.error is not None and reply.error.kind in (ErrorKind.UNSUPPORTED, ErrorKind.CONSTRUCT):
+        if refusals is not None:
+            refusals.append(f"{reply.error.kind.value}: {reply.error.message}")
         return "refused"
     found = check_case(case, caps, reply)
     if not found:
@@ -255,6 +263,7 @@ def search_release_case(proc: SubjectProcess, bug: KnownBug, example: Case,
     started = time.perf_counter()
     caps = proc.capabilities
     answers: dict[str, int] = {}
+    refusals: list[str] = []
     row: dict[str, Any] = {"release": proc.describe().get("vllm_version"), "level": MANAGER_LEVEL}
 
     def seconds() -> float:
@@ -263,7 +272,7 @@ def search_release_case(proc: SubjectProcess, bug: KnownBug, example: Case,
     try:
         around = case_variants(example, length_deltas)
         for index, (case, reply) in enumerate(zip(around, proc.stream(Stream.of(around)))):
-            answer = _case_answer(case, reply, caps, bug)
+            answer = _case_answer(case, reply, caps, bug, refusals)
             answers[answer] = answers.get(answer, 0) + 1
             if answer == "shown":
                 how = "the example as it is" if index == 0 else "a variant of the example (prompt length)"
@@ -272,7 +281,8 @@ def search_release_case(proc: SubjectProcess, bug: KnownBug, example: Case,
         if not answers.get("held") and not answers.get("other"):
             return {**row, "status": "not expressible",
                     "why": "this release builds none of the hand-built cases (its worker cannot, or vLLM refused "
-                           "the configuration)", "replays": answers, "seconds": seconds()}
+                           "the configuration)", "refusals": sorted(set(refusals)), "replays": answers,
+                    "seconds": seconds()}
         others: dict[str, int] = {}
         searched = _searched_cases(example)
         for case, reply in zip(searched, proc.stream(Stream.of(searched))):
