@@ -137,6 +137,9 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
     # KVCacheConfig, no engine toy builds the layout) shows it on 0.23.0 (its
     # stateful program as it is) and not on 0.24.0-0.34.0 (the program, 20
     # around it and 40 searched on those geometries, nothing else broken).
+    # A weak "not shown": on 0.23.0 only the program itself shows it (none of
+    # the 19 around it, nor the 40 searched), so the later releases' answer
+    # rests mostly on that one program; #33775's two-phase allocation dates it.
     KnownBug(Category.STATE_ONE_GROUP, "0.23.0", "0.24.0",
              "with KV-connector tokens, the coordinator gives each group its cache hit and its blocks for the "
              "external tokens in one pass, so an earlier group's new blocks can evict a later group's hit block "
@@ -178,10 +181,15 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                    "block (on the toy Qwen3-Next, with its MTP module)",
              reproduction="tests/fixtures/repro_truncate_mamba_behind_connector_hit.py",
              range_search="docs/results/known-ranges/truncate_asserts_mamba_group_covers_connector_hit.json"),
+    # The targeted search per release at the manager level (hand-built
+    # KVCacheConfig: full attention and two Mamba 'align' groups, a connector's
+    # tokens) shows it on 0.26.0-0.27.1 (its stateful program as it is) and not
+    # on 0.23.0-0.25.1 or 0.28.0-0.34.0.
     KnownBug(Category.STATE_TABLE_APPEND_ONLY, "0.26.0", "0.28.0",
              "after an admission with KV-connector tokens the Mamba manager copies-on-write into the running "
              "request's table, which must stay append-only", "append_only:",
-             name="mamba_copy_into_running_table"),
+             name="mamba_copy_into_running_table",
+             range_search="docs/results/known-ranges/mamba_copy_into_running_table.json"),
     # One mechanism, dated by it: the standalone reproduction shows the estimate
     # below the allocation on every supported release (0.23.0-0.34.0), and the
     # crash with the pool tight.  Stateful and engine runs met it as three
@@ -227,6 +235,9 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                    "(before 0.28.0: --mamba-cache-mode align --enable-prefix-caching)",
              reproduction="tests/fixtures/repro_mamba_align_block_aligned_prompt.py",
              range_search="docs/results/known-ranges/mamba_align_block_aligned_prompt_replay_state_missing.json"),
+    # The targeted search per release at the manager level (hand-built
+    # KVCacheConfig) shows it on 0.33.0-0.34.0 (its case as it is); 0.23.0-0.32.0
+    # cannot express it (the worker: no lookahead block hashes before 0.33).
     KnownBug(Category.SUBJECT_CRASH, "0.33.0", None,
              "SlidingWindowManager.find_longest_cache_hit raises IndexError (block_hashes[i]) on a request's "
              "first lookup when a sliding-window group is an EAGLE group, no group is full attention (the "
@@ -236,6 +247,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
              "the candidate within the hashes)", "IndexError",
              needs="lookahead block hashes of 2+ tokens, an EAGLE sliding-window group, no full-attention group",
              name="sliding_window_eagle_multi_module_lookahead_crash",
+             range_search="docs/results/known-ranges/sliding_window_eagle_multi_module_lookahead_crash.json",
              reach="no known deployment: it needs a drafter layer with sliding-window attention, multi-module MTP "
                    "and no full-attention group; no profile of the catalog has one (hardening)"),
 )
