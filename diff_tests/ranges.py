@@ -59,7 +59,8 @@ from .ranges_manager import (CASE_SEARCH_CASES, ENGINE_LEVEL, MANAGER_LEVEL, sea
                              search_release_program)
 from .reproduce import SEARCH_EXAMPLES, SEARCH_SEED, SEARCH_STEPS, targeted_search
 
-__all__ = ["POOL_DELTAS", "LENGTH_DELTAS", "variants", "needed_kinds", "search_release", "release_range", "main"]
+__all__ = ["POOL_DELTAS", "LENGTH_DELTAS", "variants", "needed_kinds", "search_release", "release_range",
+           "read_example", "main"]
 
 POOL_DELTAS = (0, -2, 2, 8, 32)  # blocks added to the example's pool
 LENGTH_DELTAS = (0, -1, 1, 16)  # tokens added to every prompt of the example
@@ -177,7 +178,7 @@ def release_range(rows: list[dict[str, Any]], bug: KnownBug) -> dict[str, Any]:
             "agrees_with_known_entry": not disagree, "disagrees_on": disagree}
 
 
-def _example(path: Path) -> EngineProgram | Program | Case:
+def read_example(path: Path) -> EngineProgram | Program | Case:
     """The example an engine program (searched through the engine) or a
     manager-level stateful ``Program`` (searched at the manager level,
     ``diff_tests/ranges_manager.py``), or a stored finding naming either."""
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     bug = next(b for b in KNOWN_BUGS if b.name == args.bug)
     needs = frozenset(args.needs_kind) or needed_kinds(bug)
-    example = _example(args.example)
+    example = read_example(args.example)
     manager = isinstance(example, (Program, Case))
     rows = []
     for version in sorted(args.vllm, key=release_key):

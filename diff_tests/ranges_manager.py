@@ -58,7 +58,7 @@ from .stateful import _machine_test, replay_program, state_machine
 from .strategies import random_probe, random_request
 
 __all__ = ["MANAGER_LEVEL", "ENGINE_LEVEL", "CASE_SEARCH_CASES", "program_variants", "case_variants",
-           "search_release_program", "search_release_case"]
+           "searched_cases", "search_release_program", "search_release_case"]
 
 CASE_SEARCH_CASES = 400  # requests of a Case example's targeted search (one fresh manager each)
 
@@ -242,7 +242,7 @@ def _case_answer(case: Case, reply, caps, bug: KnownBug, refusals: list[str] | N
     return "shown" if recognise((bug,), found) is not None else "other"
 
 
-def _searched_cases(example: Case) -> list[Case]:
+def searched_cases(example: Case) -> list[Case]:
     """The targeted search's requests on the example's configuration."""
     rng = random.Random(SEARCH_SEED)
     out: list[Case] = []
@@ -284,7 +284,7 @@ def search_release_case(proc: SubjectProcess, bug: KnownBug, example: Case,
                            "the configuration)", "refusals": sorted(set(refusals)), "replays": answers,
                     "seconds": seconds()}
         others: dict[str, int] = {}
-        searched = _searched_cases(example)
+        searched = searched_cases(example)
         for case, reply in zip(searched, proc.stream(Stream.of(searched))):
             answer = _case_answer(case, reply, caps, bug)
             if answer == "shown":

@@ -304,11 +304,11 @@ def test_a_hand_built_layouts_range_comes_from_a_targeted_search_at_the_manager_
     and the machine's targeted search show nothing and nothing else breaks;
     the partial-hit assertion's case shows as it is on 0.26.0, and on 0.28.0
     neither its variants nor 400 requests on its layout show it."""
-    from kvspec.diff_tests.ranges import LENGTH_DELTAS, POOL_DELTAS, _example
+    from kvspec.diff_tests.ranges import LENGTH_DELTAS, POOL_DELTAS, read_example
     from kvspec.diff_tests.ranges_manager import MANAGER_LEVEL, search_release_case, search_release_program
 
     bug = next(b for b in KNOWN_BUGS if b.name == name)
-    example = _example(Path(__file__).parent.parent / "fixtures" / fixture)
+    example = read_example(Path(__file__).parent.parent / "fixtures" / fixture)
     proc = kvspec_release(version)
     row = (search_release_program(proc, bug, example, POOL_DELTAS, LENGTH_DELTAS) if isinstance(example, Program)
            else search_release_case(proc, bug, example, LENGTH_DELTAS))

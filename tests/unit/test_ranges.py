@@ -78,15 +78,15 @@ def test_the_example_file_says_the_level_it_is_searched_at():
     either."""
     import json
 
-    from kvspec.diff_tests.ranges import _example
+    from kvspec.diff_tests.ranges import read_example
     from kvspec.model.case import Case
     from kvspec.model.program import Program
 
-    assert isinstance(_example(FIXTURES / "program_engine_second_full_attention_group.json"), EngineProgram)
-    assert isinstance(_example(FIXTURES / "program_sliding_window_not_zeroed.json"), Program)
-    assert isinstance(_example(FIXTURES / "case_sliding_window_partial_hit_assertion.json"), Case)
+    assert isinstance(read_example(FIXTURES / "program_engine_second_full_attention_group.json"), EngineProgram)
+    assert isinstance(read_example(FIXTURES / "program_sliding_window_not_zeroed.json"), Program)
+    assert isinstance(read_example(FIXTURES / "case_sliding_window_partial_hit_assertion.json"), Case)
     finding = FIXTURES / "finding_engine_mamba_estimate_0.34.0.json"
-    assert isinstance(_example(finding), EngineProgram) and "inputs" in json.loads(finding.read_text())
+    assert isinstance(read_example(finding), EngineProgram) and "inputs" in json.loads(finding.read_text())
 
 
 def test_a_stateful_programs_variants_are_its_pools_and_prompt_lengths():
@@ -117,7 +117,7 @@ def test_a_cases_variants_are_its_prompt_lengths_only():
     prefill chunk, and a probe shares no more than the writer holds."""
     import json
 
-    from kvspec.diff_tests.ranges_manager import CASE_SEARCH_CASES, _searched_cases, case_variants
+    from kvspec.diff_tests.ranges_manager import CASE_SEARCH_CASES, searched_cases, case_variants
     from kvspec.model.case import Case
 
     example = Case.from_dict(json.loads(
@@ -129,6 +129,6 @@ def test_a_cases_variants_are_its_prompt_lengths_only():
                for c in around)
     assert all(c.steps[1:] == example.steps[1:] for c in around)
     # The targeted search: the same requests on every run, on the example's configuration, probed as it is.
-    searched = _searched_cases(example)
-    assert searched == _searched_cases(example) and len(searched) == CASE_SEARCH_CASES
+    searched = searched_cases(example)
+    assert searched == searched_cases(example) and len(searched) == CASE_SEARCH_CASES
     assert all(c.config == example.config and c.probe is not None for c in searched)
