@@ -23,6 +23,13 @@ none with the group kinds the bug needs: a mechanism the engine's flags
 cannot reach on that release says nothing of the code), or "unknown" (the
 search did not run to its end).
 
+The known bugs no engine toy reaches (a layout no toy model builds, or not
+on the releases concerned) are dated the same way at the manager level: an
+example that is a stateful ``Program`` or a registration/lookup ``Case``
+(kvspec built its KVCacheConfig by hand) goes to ``diff_tests/ranges_manager.py``,
+and its record and rows say ``level: "manager (hand-built KVCacheConfig)"``,
+never engine reach; the engine's say ``level: "engine"``.
+
 Run it (the command is recorded with the ranges it gives)::
 
     python -m kvspec.diff_tests.ranges --bug NAME --example FILE --vllm 0.23.0 ... --json OUT
@@ -41,15 +48,19 @@ import attrs
 
 from kvspec.model.about import release_key
 from kvspec.model.engine import EngineProgram
-from kvspec.model.case import InvalidCase
+from kvspec.model.case import Case, InvalidCase
 from kvspec.model.errors import InfrastructureError, KvspecError
 from kvspec.model.known import KNOWN_BUGS, KnownBug, recognise
 from kvspec.model.nearest_engine import Target
+from kvspec.model.program import Program
 
 from .engine import as_the_release_takes, drive_engine_program, not_drawn
+from .ranges_manager import (CASE_SEARCH_CASES, ENGINE_LEVEL, MANAGER_LEVEL, search_release_case,
+                             search_release_program)
 from .reproduce import SEARCH_EXAMPLES, SEARCH_SEED, SEARCH_STEPS, targeted_search
 
-__all__ = ["POOL_DELTAS", "LENGTH_DELTAS", "variants", "needed_kinds", "search_release", "release_range", "main"]
+__all__ = ["POOL_DELTAS", "LENGTH_DELTAS", "variants", "needed_kinds", "search_release", "release_range",
+           "read_example", "main"]
 
 POOL_DELTAS = (0, -2, 2, 8, 32)  # blocks added to the example's pool
 LENGTH_DELTAS = (0, -1, 1, 16)  # tokens added to every prompt of the example
@@ -121,7 +132,7 @@ def search_release(proc, bug: KnownBug, example: EngineProgram,
     example = attrs.evolve(example, setup=as_the_release_takes(example.setup, not_drawn(proc)))
     answers: dict[str, int] = {}
     buildable = []
-    row: dict[str, Any] = {"release": proc.describe().get("vllm_version")}
+    row: dict[str, Any] = {"release": proc.describe().get("vllm_version"), "level": ENGINE_LEVEL}
     try:
         for index, program in enumerate(variants(example)):
             answer = _replay(proc, program, bug, needs)
@@ -167,11 +178,19 @@ def release_range(rows: list[dict[str, Any]], bug: KnownBug) -> dict[str, Any]:
             "agrees_with_known_entry": not disagree, "disagrees_on": disagree}
 
 
-def _example(path: Path) -> EngineProgram:
+def read_example(path: Path) -> EngineProgram | Program | Case:
+    """The example an engine program (searched through the engine) or a
+    manager-level stateful ``Program`` (searched at the manager level,
+    ``diff_tests/ranges_manager.py``), or a stored finding naming either."""
     data = json.loads(path.read_text())
-    if "inputs" in data:  # a stored finding: the engine program it names
+    if "inputs" in data:  # a stored finding: the program it names
         inputs = data["inputs"]
-        data = inputs.get("engine_program") or (inputs.get("engine_reproduction") or {}).get("engine_program")
+        data = (inputs.get("engine_program") or (inputs.get("engine_reproduction") or {}).get("engine_program")
+                or inputs.get("program") or inputs.get("case"))
+    if isinstance(data, dict) and "config" in data and "num_blocks" in data:
+        return Program.from_dict(data)
+    if isinstance(data, dict) and "config" in data and "prompt_len" in data:
+        return Case.from_dict(data)
     return EngineProgram.from_dict(data)
 
 
@@ -182,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvspec.diff_tests.ranges", description=__doc__.split("\n")[0])
     parser.add_argument("--bug", required=True, choices=[b.name for b in KNOWN_BUGS])
     parser.add_argument("--example", required=True, type=Path,
-                        help="an engine program, or a stored finding naming one, that shows the bug")
+                        help="an engine program, a manager-level stateful program (kvspec builds the KVCacheConfig), "
+                             "or a stored finding naming one, that shows the bug")
     parser.add_argument("--vllm", action="append", required=True, metavar="VERSION")
     parser.add_argument("--needs-kind", action="append", default=[], metavar="KIND",
                         help="a group kind a setup must build to express the mechanism (repeatable; default: the "
@@ -191,21 +211,33 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     bug = next(b for b in KNOWN_BUGS if b.name == args.bug)
     needs = frozenset(args.needs_kind) or needed_kinds(bug)
-    example = _example(args.example)
+    example = read_example(args.example)
+    manager = isinstance(example, (Program, Case))
     rows = []
     for version in sorted(args.vllm, key=release_key):
         with SubjectProcess(release(version)) as proc:
-            row = search_release(proc, bug, example, needs)
+            if isinstance(example, Program):
+                row = search_release_program(proc, bug, example, POOL_DELTAS, LENGTH_DELTAS)
+            elif isinstance(example, Case):
+                row = search_release_case(proc, bug, example, LENGTH_DELTAS)
+            else:
+                row = search_release(proc, bug, example, needs)
         rows.append(row)
         print(f"{version}: {row['status']} ({row.get('how') or row.get('why') or 'the whole budget ran'}; "
               f"{row['seconds']} s)", flush=True)
     document = {"bug": bug.name, "category": bug.category.value,
                 "command": " ".join(["python -m kvspec.diff_tests.ranges"] + [
                     a if " " not in a else repr(a) for a in (argv if argv is not None else sys.argv[1:])]),
-                "example": example.as_dict(), "example_describe": example.describe(), "needs_kinds": sorted(needs),
-                "budget": {"pool_deltas": list(POOL_DELTAS), "length_deltas": list(LENGTH_DELTAS),
-                           "search_examples": SEARCH_EXAMPLES, "search_seed": SEARCH_SEED,
-                           "search_steps": SEARCH_STEPS},
+                "level": MANAGER_LEVEL if manager else ENGINE_LEVEL,
+                "example": example.as_dict(), "example_describe": example.describe(),
+                "needs_kinds": [] if manager else sorted(needs),
+                "example_kind": ("registration/lookup case" if isinstance(example, Case) else
+                                 "stateful program" if manager else "engine program"),
+                "budget": ({"length_deltas": list(LENGTH_DELTAS), "search_cases": CASE_SEARCH_CASES,
+                            "search_seed": SEARCH_SEED} if isinstance(example, Case) else
+                           {"pool_deltas": list(POOL_DELTAS), "length_deltas": list(LENGTH_DELTAS),
+                            "search_examples": SEARCH_EXAMPLES, "search_seed": SEARCH_SEED,
+                            "search_steps": SEARCH_STEPS}),
                 "range": release_range(rows, bug), "releases": rows}
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -283,7 +283,8 @@ def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
                   on_violation: Callable[[Failure], None] = lambda failure: None,
                   known: Callable[[], tuple[KnownBug, ...]] = tuple,
                   check: bool = True,
-                  on_known: Callable[[KnownBug, Failure], None] = lambda bug, failure: None
+                  on_known: Callable[[KnownBug, Failure], None] = lambda bug, failure: None,
+                  geometry: Callable[[Capabilities], Any] | None = None,
                   ) -> type[RuleBasedStateMachine]:
     """The rule-based machine bound to one live subject, or to a function
     that gives it on first use (the shipped pytest test: no worker starts
@@ -292,8 +293,12 @@ def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
     its mechanism) is handed to ``on_known`` and ends there, and the search
     goes on; nothing is kept out of the draw.  ``check`` off (the benchmark's
     baseline only, ``drive_unchecked``): the worker reads no state after an
-    operation and nothing is checked, the rules and messages unchanged."""
+    operation and nothing is checked, the rules and messages unchanged.
+    ``geometry``: the strategy of managers to open, given the subject's
+    capabilities (default ``geometries``; a release range's targeted search
+    keeps to the geometries around one example)."""
     live = subject if callable(subject) else (lambda: subject)
+    draw_geometry = geometries if geometry is None else geometry
     drafts_possible = st.integers(0, 3)
 
     class StatefulMachine(RuleBasedStateMachine):
@@ -315,7 +320,7 @@ def state_machine(subject: SubjectProcess | Callable[[], SubjectProcess],
             self.failed = False
             self.last_reset = 0
 
-        @initialize(geometry=st.deferred(lambda: geometries(live().capabilities)))
+        @initialize(geometry=st.deferred(lambda: draw_geometry(live().capabilities)))
         def open(self, geometry: Program) -> None:
             proc = self.proc = live()
             try:

@@ -47,9 +47,10 @@ class KnownBug:
     # The mechanism beyond the words: recognised only when every group the
     # broken rule names (model.state.Violation) is of these kinds (None: any).
     group_kinds: frozenset[GroupKind] | None = None
-    # The per-release targeted search through the engine that dates it
-    # (``diff_tests/ranges.py``: its record, with the command that made it;
-    # empty: none yet, the range stands on the reproduction and replays).
+    # The per-release targeted search that dates it (``diff_tests/ranges.py``:
+    # its record, with the command that made it and its level, through the
+    # engine or at the manager level on a hand-built KVCacheConfig; empty:
+    # none yet, the range stands on the reproduction and replays).
     range_search: str = ""
 
     def matches(self, summary: str, category: Category | None = None,
@@ -78,7 +79,9 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
     # 0.26.0-0.28.0 on the toy Qwen3-Next with its EAGLE3 drafter (a second
     # full-attention group of half the target's block; before 0.28 run aligned
     # with prefix caching on), not on 0.29.0-0.34.0; 0.23.0-0.25.1 refuse that
-    # toy, so 0.23.0 stands on the hand-built stateful program's replays.
+    # toy, so 0.23.0 stands on the hand-built stateful program's replays and on
+    # the same mechanism's manager-level search per release (the per-request
+    # entry below: shown on 0.23.0-0.28.0, not on 0.29.0-0.34.0).
     KnownBug(Category.STATE_HIT_GROUPS, "0.23.0", "0.29.0",
              "the hybrid lookup trims only the first full-attention group to the reconciled hit; a second one "
              "(another block size, or a draft model's) returns blocks past the hit",
@@ -123,27 +126,48 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                    "missing for counted tokens",
              range_search="docs/results/known-ranges/connector_lookup_takes_deepest_group_hit.json"),
     # The same vLLM bug (#52828's shape), seen by the hit-length differential on one request.
+    # The targeted search per release at the manager level (hand-built
+    # KVCacheConfig: three full-attention groups, one EAGLE) shows it on
+    # 0.23.0-0.28.0 (its case as it is) and not on 0.29.0-0.34.0 (the case,
+    # its prompt lengths around it and 400 requests with lookups on its layout).
     KnownBug(Category.LOOKUP_CONTRACT, "0.23.0", "0.29.0",
              "the hybrid lookup trims only the first full-attention group to the reconciled hit; a second one "
              "(another block size, or a draft model's) returns blocks past the hit",
-             "blocks for a hit of", name="second_full_attention_group_untrimmed_per_request"),
+             "blocks for a hit of", name="second_full_attention_group_untrimmed_per_request",
+             range_search="docs/results/known-ranges/second_full_attention_group_untrimmed_per_request.json"),
+    # The targeted search per release at the manager level (kvspec's hand-built
+    # KVCacheConfig, no engine toy builds the layout) shows it on 0.23.0 (its
+    # stateful program as it is) and not on 0.24.0-0.34.0 (the program, 20
+    # around it and 40 searched on those geometries, nothing else broken).
+    # A weak "not shown": on 0.23.0 only the program itself shows it (none of
+    # the 19 around it, nor the 40 searched), so the later releases' answer
+    # rests mostly on that one program; #33775's two-phase allocation dates it.
     KnownBug(Category.STATE_ONE_GROUP, "0.23.0", "0.24.0",
              "with KV-connector tokens, the coordinator gives each group its cache hit and its blocks for the "
              "external tokens in one pass, so an earlier group's new blocks can evict a later group's hit block "
              "before that group takes it: the block ends in two groups' tables (0.24.0's two-phase allocation, "
              "vLLM issue #33775, takes every group's hit first)",
-             "one_group:", name="external_blocks_evict_a_later_groups_hit"),
+             "one_group:", name="external_blocks_evict_a_later_groups_hit",
+             range_search="docs/results/known-ranges/external_blocks_evict_a_later_groups_hit.json"),
+    # The targeted search per release at the manager level (hand-built
+    # KVCacheConfig) shows it on 0.23.0-0.27.1 (its stateful program as it is)
+    # and not on 0.28.0-0.34.0.
     KnownBug(Category.STATE_ZEROING_MISSED, "0.23.0", "0.28.0",
              "on a layout with Mamba layers (where vLLM zeroes new attention blocks), blocks newly allocated to a "
              "sliding-window group are never handed out by take_new_block_ids: the managers recorded only an "
              "exact list of full-attention spec types (vLLM #51749 records every AttentionSpec)",
              "zeroing_missed:", name="sliding_window_blocks_not_zeroed",
-             group_kinds=frozenset({GroupKind.SLIDING_WINDOW})),
+             group_kinds=frozenset({GroupKind.SLIDING_WINDOW}),
+             range_search="docs/results/known-ranges/sliding_window_blocks_not_zeroed.json"),
+    # The targeted search per release at the manager level (hand-built
+    # KVCacheConfig) shows it on 0.26.0-0.27.1 (its case as it is) and not on
+    # 0.23.0-0.25.1 (no partial hash hits there) or 0.28.0-0.34.0.
     KnownBug(Category.SUBJECT_CRASH, "0.26.0", "0.28.0",
              "find_longest_cache_hit asserts 'SlidingWindowManager does not support fine-grained (partial) cache "
              "hits' with partial hash hits and a sliding-window group whose block differs from the hash block",
              "does not support fine-grained (partial) cache hits",
-             name="sliding_window_partial_hit_assertion"),
+             name="sliding_window_partial_hit_assertion",
+             range_search="docs/results/known-ranges/sliding_window_partial_hit_assertion.json"),
     # Found through the engine on 0.27.1 once hybrids ran with --mamba-cache-mode
     # align there; dated by its mechanism: the scheduler's truncation of a local
     # hit a connector supersedes, and its every-group assertion, exist in 0.27.0
@@ -159,10 +183,15 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                    "block (on the toy Qwen3-Next, with its MTP module)",
              reproduction="tests/fixtures/repro_truncate_mamba_behind_connector_hit.py",
              range_search="docs/results/known-ranges/truncate_asserts_mamba_group_covers_connector_hit.json"),
+    # The targeted search per release at the manager level (hand-built
+    # KVCacheConfig: full attention and two Mamba 'align' groups, a connector's
+    # tokens) shows it on 0.26.0-0.27.1 (its stateful program as it is) and not
+    # on 0.23.0-0.25.1 or 0.28.0-0.34.0.
     KnownBug(Category.STATE_TABLE_APPEND_ONLY, "0.26.0", "0.28.0",
              "after an admission with KV-connector tokens the Mamba manager copies-on-write into the running "
              "request's table, which must stay append-only", "append_only:",
-             name="mamba_copy_into_running_table"),
+             name="mamba_copy_into_running_table",
+             range_search="docs/results/known-ranges/mamba_copy_into_running_table.json"),
     # One mechanism, dated by it: the standalone reproduction shows the estimate
     # below the allocation on every supported release (0.23.0-0.34.0), and the
     # crash with the pool tight.  Stateful and engine runs met it as three
@@ -208,6 +237,9 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                    "(before 0.28.0: --mamba-cache-mode align --enable-prefix-caching)",
              reproduction="tests/fixtures/repro_mamba_align_block_aligned_prompt.py",
              range_search="docs/results/known-ranges/mamba_align_block_aligned_prompt_replay_state_missing.json"),
+    # The targeted search per release at the manager level (hand-built
+    # KVCacheConfig) shows it on 0.33.0-0.34.0 (its case as it is); 0.23.0-0.32.0
+    # cannot express it (the worker: no lookahead block hashes before 0.33).
     KnownBug(Category.SUBJECT_CRASH, "0.33.0", None,
              "SlidingWindowManager.find_longest_cache_hit raises IndexError (block_hashes[i]) on a request's "
              "first lookup when a sliding-window group is an EAGLE group, no group is full attention (the "
@@ -217,6 +249,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
              "the candidate within the hashes)", "IndexError",
              needs="lookahead block hashes of 2+ tokens, an EAGLE sliding-window group, no full-attention group",
              name="sliding_window_eagle_multi_module_lookahead_crash",
+             range_search="docs/results/known-ranges/sliding_window_eagle_multi_module_lookahead_crash.json",
              reach="no known deployment: it needs a drafter layer with sliding-window attention, multi-module MTP "
                    "and no full-attention group; no profile of the catalog has one (hardening)"),
 )

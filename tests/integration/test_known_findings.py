@@ -288,3 +288,33 @@ def test_a_known_bugs_range_comes_from_a_targeted_search_per_release(kvspec_rele
         assert row["how"] == "the example as it is"
     else:
         assert row["replays"] == {"held": 20} and row["search_others"] == {}
+
+
+@pytest.mark.parametrize("name, fixture, version, status", [
+    ("sliding_window_blocks_not_zeroed", "program_sliding_window_not_zeroed.json", "0.28.0", "not shown"),
+    ("sliding_window_partial_hit_assertion", "case_sliding_window_partial_hit_assertion.json", "0.26.0", "shown"),
+    ("sliding_window_partial_hit_assertion", "case_sliding_window_partial_hit_assertion.json", "0.28.0",
+     "not shown")])
+def test_a_hand_built_layouts_range_comes_from_a_targeted_search_at_the_manager_level(kvspec_release, name, fixture,
+                                                                                       version, status):
+    """A known bug no engine toy reaches, asked of a release at the manager
+    level (``diff_tests/ranges_manager.py``: kvspec built the KVCacheConfig,
+    and the row says so): on 0.28.0, the first release that zeroes new
+    sliding-window blocks, the stateful example, the 20 programs around it
+    and the machine's targeted search show nothing and nothing else breaks;
+    the partial-hit assertion's case shows as it is on 0.26.0, and on 0.28.0
+    neither its variants nor 400 requests on its layout show it."""
+    from kvspec.diff_tests.ranges import LENGTH_DELTAS, POOL_DELTAS, read_example
+    from kvspec.diff_tests.ranges_manager import MANAGER_LEVEL, search_release_case, search_release_program
+
+    bug = next(b for b in KNOWN_BUGS if b.name == name)
+    example = read_example(Path(__file__).parent.parent / "fixtures" / fixture)
+    proc = kvspec_release(version)
+    row = (search_release_program(proc, bug, example, POOL_DELTAS, LENGTH_DELTAS) if isinstance(example, Program)
+           else search_release_case(proc, bug, example, LENGTH_DELTAS))
+    assert row["status"] == status and row["level"] == MANAGER_LEVEL, row
+    assert bug.carried_by(version) is (status == "shown")
+    if status == "shown":
+        assert row["how"] == "the example as it is"
+    else:
+        assert set(row["replays"]) == {"held"} and row["search_others"] == {}
