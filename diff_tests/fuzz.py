@@ -151,9 +151,20 @@ class FuzzResult:
                             "note": self.deployments_note},
             "not_covered": list(self.capabilities.not_covered()),
             "known_met": dict(self.known_met), "known_first": dict(self.known_first),
+            "known_excluded": [{"name": k.name, "summary": k.summary, "first": k.first, "fixed_in": k.fixed_in,
+                                "reach": k.reach} for k in self.known_excluded],
             "scope_reduction": self.scope_reduction or None,
             "narrowed": self.scheme_text if self.narrowed else None,
         }
+
+    @property
+    def known_excluded(self) -> tuple:
+        """Known bugs kept out of this run's draw (``model.known``)."""
+        from kvspec.model.known import excluded_from_draw
+
+        if "lookahead" not in self.hash_schemes or not self.capabilities.lookahead_block_hashes:
+            return ()
+        return excluded_from_draw()
 
     @property
     def scheme_text(self) -> str:
