@@ -55,7 +55,7 @@ from kvspec.model.nearest_engine import Target
 from kvspec.model.program import Program
 
 from .engine import as_the_release_takes, drive_engine_program, not_drawn
-from .ranges_manager import (CASE_SEARCH_CASES, ENGINE_LEVEL, MANAGER_LEVEL, search_release_case,
+from .ranges_manager import (resized_arrival, CASE_SEARCH_CASES, ENGINE_LEVEL, MANAGER_LEVEL, search_release_case,
                              search_release_program)
 from .reproduce import SEARCH_EXAMPLES, SEARCH_SEED, SEARCH_STEPS, targeted_search
 
@@ -76,15 +76,8 @@ def variants(example: EngineProgram) -> list[EngineProgram]:
     for pool in POOL_DELTAS:
         for delta in LENGTH_DELTAS:
             blocks = max(1, example.setup.num_gpu_blocks + pool)
-            ops = []
-            for op in example.ops:
-                if op["do"] == "arrive":
-                    tokens = list(op["tokens"])
-                    tokens = tokens[:max(1, len(tokens) + delta)] if delta < 0 else \
-                        tokens + [70_000 + i for i in range(delta)]
-                    op = {**op, "tokens": tokens}
-                ops.append(op)
-            program = EngineProgram(attrs.evolve(example.setup, num_gpu_blocks=blocks), tuple(ops))
+            ops = tuple(resized_arrival(op, delta) for op in example.ops)
+            program = EngineProgram(attrs.evolve(example.setup, num_gpu_blocks=blocks), ops)
             if program not in out:
                 out.append(program)
     return out

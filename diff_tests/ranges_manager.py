@@ -57,13 +57,28 @@ from .seeding import fixed_constant_pool
 from .stateful import _machine_test, replay_program, state_machine
 from .strategies import random_probe, random_request
 
-__all__ = ["MANAGER_LEVEL", "ENGINE_LEVEL", "CASE_SEARCH_CASES", "program_variants", "case_variants",
+__all__ = ["MANAGER_LEVEL", "ENGINE_LEVEL", "CASE_SEARCH_CASES", "resized_arrival", "program_variants", "case_variants",
            "searched_cases", "search_release_program", "search_release_case"]
 
 CASE_SEARCH_CASES = 400  # requests of a Case example's targeted search (one fresh manager each)
 
 MANAGER_LEVEL = "manager (hand-built KVCacheConfig)"
 ENGINE_LEVEL = "engine"
+
+
+def resized_arrival(op: dict[str, Any], delta: int) -> dict[str, Any]:
+    """An operation with an arrival's prompt ``delta`` tokens longer or
+    shorter (at least one token kept; added tokens distinct and the same for
+    every request, so shared prefixes and resends stay shared; connector
+    tokens, where given, kept within the prompt); any other as it is."""
+    if op["do"] != "arrive":
+        return op
+    tokens = list(op["tokens"])
+    tokens = tokens[:max(1, len(tokens) + delta)] if delta < 0 else tokens + [70_000 + i for i in range(delta)]
+    op = {**op, "tokens": tokens}
+    if op.get("external"):
+        op["external"] = min(op["external"], len(tokens))
+    return op
 
 
 def program_variants(example: Program, pool_deltas: tuple[int, ...],
@@ -76,17 +91,8 @@ def program_variants(example: Program, pool_deltas: tuple[int, ...],
     out: list[Program] = []
     for pool in pool_deltas:
         for delta in length_deltas:
-            ops = []
-            for op in example.ops:
-                if op["do"] == "arrive":
-                    tokens = list(op["tokens"])
-                    tokens = tokens[:max(1, len(tokens) + delta)] if delta < 0 else \
-                        tokens + [70_000 + i for i in range(delta)]
-                    op = {**op, "tokens": tokens}
-                    if op.get("external"):
-                        op["external"] = min(op["external"], len(tokens))
-                ops.append(op)
-            program = attrs.evolve(example, num_blocks=max(1, example.num_blocks + pool), ops=tuple(ops))
+            ops = tuple(resized_arrival(op, delta) for op in example.ops)
+            program = attrs.evolve(example, num_blocks=max(1, example.num_blocks + pool), ops=ops)
             if program not in out:
                 out.append(program)
     return out
