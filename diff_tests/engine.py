@@ -30,7 +30,7 @@ from kvspec.model.engine import (MAX_MTP_MODULES, MODELLED_STEPS, MTP_TOY, OWN_C
                                  derived_config, describe_engine_op, retention_layout)
 from kvspec.model.errors import InfrastructureError, KvspecError, SetupError
 from kvspec.model.finding import Category
-from kvspec.model.known import KnownBug, known_bugs, recognise_all
+from kvspec.model.known import KnownBug, count_met, known_bugs, recognise_all
 from kvspec.model.domain import KVCacheGroup
 from kvspec.model.replies import AllocationSeen, ErrorKind, OpAnswer, Reply, WorkerError, record_of
 from kvspec.model.requests import EngineOps, OpenEngine
@@ -589,8 +589,7 @@ def fuzz_engine(proc: SubjectProcess, max_examples: int, seed: int, database: Ex
                 on_first_failure(result)
 
     def on_known(bug: KnownBug, failure: Failure) -> None:
-        result.known_met[bug.name] = result.known_met.get(bug.name, 0) + 1
-        result.known_first.setdefault(bug.name, failure.case.describe())
+        count_met(result.known_met, result.known_first, (bug,), failure.case.describe())
 
     known = () if include_known else tuple(known_bugs(result.subject.get("vllm_version")))
     setups, result.not_drawn = release_setups(proc)

@@ -14,13 +14,13 @@ from hypothesis.errors import Flaky
 from kvspec.model.capabilities import Capabilities
 from kvspec.model.case import Case
 from kvspec.model.errors import KvspecError, UsageError
-from kvspec.model.known import known_bugs, recognise_all
+from kvspec.model.known import known_bugs
 from kvspec.model.outcome import Outcome
 from kvspec.oracles.lookup import check_case
 from kvspec.subjects.process import SubjectProcess
 from kvspec.model.requests import Run
 
-from .property import Failure, Tally, run_batch
+from .property import Failure, Tally, run_recognising
 from .reduce import reduce_case
 from .hypothesis_compat import set_database_key, shrink_budget
 from .seeding import fixed_constant_pool
@@ -66,10 +66,6 @@ class FuzzResult:
     # The shrinking budget (SHRINK_CASE_RUNS), when it was spent: the failing
     # batch reported is the smallest found within it.
     shrink_budget: int | None = None
-    # Known vLLM bugs met and recognised by their mechanism (model.known):
-    # name -> examples that met it (each ended there), and the first case.
-    known_met: dict[str, int] = attrs.Factory(dict)
-    known_first: dict[str, str] = attrs.Factory(dict)
 
     units = "cases"  # what `cases` counts, in a progress or rate line
 
@@ -151,20 +147,20 @@ class FuzzResult:
                             "note": self.deployments_note},
             "not_covered": list(self.capabilities.not_covered()),
             "known_met": dict(self.known_met), "known_first": dict(self.known_first),
-            "known_excluded": [{"name": k.name, "summary": k.summary, "first": k.first, "fixed_in": k.fixed_in,
-                                "reach": k.reach} for k in self.known_excluded],
             "scope_reduction": self.scope_reduction or None,
             "narrowed": self.scheme_text if self.narrowed else None,
         }
 
     @property
-    def known_excluded(self) -> tuple:
-        """Known bugs kept out of this run's draw (``model.known``)."""
-        from kvspec.model.known import excluded_from_draw
+    def known_met(self) -> dict[str, int]:
+        """Known vLLM bugs met and recognised by their mechanism (model.known):
+        name -> examples that met it (each ended there)."""
+        return self.tally.known_met
 
-        if "lookahead" not in self.hash_schemes or not self.capabilities.lookahead_block_hashes:
-            return ()
-        return excluded_from_draw()
+    @property
+    def known_first(self) -> dict[str, str]:
+        """Where each known bug met was met first (a case, described)."""
+        return self.tally.known_first
 
     @property
     def scheme_text(self) -> str:
@@ -271,14 +267,12 @@ def fuzz_subject(
         if progress is not None and result.tally.examples % 100 == 99:
             progress(result.tally.cases, time.perf_counter() - start)
         try:
-            failed = run_batch(proc, batch, result.tally)
+            # A known bug met ends its example at that case, unsaid to
+            # Hypothesis, counted in the tally: the search goes on.
+            failed = run_recognising(proc, batch, result.tally, known)
         except KvspecError as error:  # the worker, not vLLM: no input is to blame
             raise _Abort(error) from error
-        bugs = () if failed is None else recognise_all(known, failed.discrepancies)
-        for bug in bugs:  # the example ends at that case, unsaid to Hypothesis: the search goes on
-            result.known_met[bug.name] = result.known_met.get(bug.name, 0) + 1
-            result.known_first.setdefault(bug.name, failed.case.describe())
-        if failed is not None and not bugs:
+        if failed is not None:
             failures.append(failed)  # first: an interrupt from here on keeps it
             if result.cases_to_first_failure is None:
                 # Counting stops at the failing case, so this includes it.

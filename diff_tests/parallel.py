@@ -61,13 +61,7 @@ def merge_results(results: list[FuzzResult], seconds: float) -> FuzzResult:
     ordered = sorted(distinct.values(), key=_size)
     times = [r.seconds_to_first_failure for r in results if r.seconds_to_first_failure is not None]
     counts = [r.cases_to_first_failure for r in results if r.cases_to_first_failure is not None]
-    tally = Tally(**{name: sum(getattr(r.tally, name) for r in results) for name in Tally().as_dict()})
-    known_met: dict[str, int] = {}
-    known_first: dict[str, str] = {}
-    for result in results:
-        for name, n in result.known_met.items():
-            known_met[name] = known_met.get(name, 0) + n
-            known_first.setdefault(name, result.known_first[name])
+    tally = Tally.summed(r.tally for r in results)
     return FuzzResult(
         subject=first.subject, capabilities=first.capabilities, seed=first.seed, tally=tally,
         seconds=seconds, failure=ordered[0] if ordered else None,
@@ -77,7 +71,7 @@ def merge_results(results: list[FuzzResult], seconds: float) -> FuzzResult:
         restarts=tuple(r for result in results for r in result.restarts),
         hash_schemes=first.hash_schemes, schemes_left_out=first.schemes_left_out, narrowed=first.narrowed,
         deployment_configs=first.deployment_configs, deployments_note=first.deployments_note,
-        scope_reduction=first.scope_reduction, known_met=known_met, known_first=known_first,
+        scope_reduction=first.scope_reduction,
     )
 
 

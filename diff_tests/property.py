@@ -12,12 +12,13 @@ from typing import Any
 import attrs
 
 from kvspec.model.case import Case
+from kvspec.model.known import KnownBug, count_met, known_bugs, recognise_all
 from kvspec.model.replies import record_of
 from kvspec.oracles.lookup import check_case, exact_lookup_applies
 from kvspec.oracles.registration import Discrepancy
 from kvspec.model.requests import Stream
 
-__all__ = ["Failure", "Tally", "run_batch"]
+__all__ = ["Failure", "Tally", "known_of", "run_batch", "run_recognising"]
 
 
 @attrs.frozen
@@ -61,9 +62,61 @@ class Tally:
     # drawn from the deployment profiles (the rest: the small scope).
     lookahead_cases: int = 0
     deployment_cases: int = 0
+    # Known vLLM bugs an example met and that were recognised (by name), and
+    # the case each was first met at: such an example ends at that case and
+    # counts as run; the test says them at its end.
+    known_met: dict[str, int] = attrs.Factory(dict)
+    known_first: dict[str, str] = attrs.Factory(dict)
 
     def as_dict(self) -> dict[str, int]:
-        return attrs.asdict(self)
+        """The counters (what ``known_met`` names is said apart)."""
+        return attrs.asdict(self, filter=lambda field, value: isinstance(value, int))
+
+    @classmethod
+    def summed(cls, tallies) -> "Tally":
+        """One tally for several runs (parallel jobs): counters summed, known
+        bugs met summed by name, each first met where the earliest run met it."""
+        tallies = list(tallies)
+        total = cls(**{name: sum(getattr(t, name) for t in tallies) for name in cls().as_dict()})
+        for tally in tallies:
+            for name, n in tally.known_met.items():
+                count = total.known_met.get(name, 0)
+                total.known_met[name] = count + n
+                total.known_first.setdefault(name, tally.known_first[name])
+        return total
+
+    def shortfall(self, budget: int) -> str | None:
+        """Why a property that returned without failing did not exercise the
+        subject (fewer examples than its ``budget``, or an example without a
+        case), or None: it cannot have passed vacuously."""
+        if self.examples < budget or self.cases < self.examples:
+            return (f"kvspec: the property ran {self.examples} of {budget} examples ({self.cases} cases): "
+                    "it did not exercise the subject")
+        return None
+
+    def known_met_text(self) -> str:
+        """The known bugs met, in words ("" when none)."""
+        return ", ".join(f"{name} in {n} example(s) (first: {self.known_first[name]})"
+                         for name, n in sorted(self.known_met.items()))
+
+
+def known_of(subject) -> tuple[KnownBug, ...]:
+    """The known vLLM bugs a live subject carries: those of the release its
+    vLLM says it is (a tree or a mutant: the release its ``_version.py``
+    names; where its code is newer, the subject's scope reduction says so)."""
+    return tuple(known_bugs(subject.identity.get("vllm_version")))
+
+
+def run_recognising(subject, batch: tuple[Case, ...], tally: Tally, known: tuple[KnownBug, ...]) -> Failure | None:
+    """``run_batch``, with a failure that is only known vLLM bugs of
+    ``known`` counted in ``tally`` (and not returned): that example ends at
+    the case that met it, and the search goes on."""
+    failed = run_batch(subject, batch, tally)
+    bugs = () if failed is None else recognise_all(known, failed.discrepancies)
+    if bugs:
+        count_met(tally.known_met, tally.known_first, bugs, failed.case.describe())
+        return None
+    return failed
 
 
 def run_batch(subject, batch: tuple[Case, ...], tally: Tally) -> Failure | None:

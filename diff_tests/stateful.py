@@ -30,7 +30,7 @@ from kvspec.model.capabilities import Capabilities
 from kvspec.model.domain import CoordinatorConfig, GroupKind, KVCacheGroup
 from kvspec.model.errors import InfrastructureError, KvspecError, SetupError
 from kvspec.model.finding import Category
-from kvspec.model.known import KnownBug, known_bugs, recognise_all
+from kvspec.model.known import KnownBug, count_met, known_bugs, recognise_all
 from kvspec.model.outcome import Outcome
 from kvspec.model.program import Program, describe_op
 from kvspec.model.replies import ErrorKind, Reply, record_of
@@ -525,8 +525,7 @@ def fuzz_stateful(
                 on_first_failure(result)
 
     def on_known(bug: KnownBug, failure: Failure) -> None:
-        result.known_met[bug.name] = result.known_met.get(bug.name, 0) + 1
-        result.known_first.setdefault(bug.name, failure.case.describe())
+        count_met(result.known_met, result.known_first, (bug,), failure.case.describe())
 
     machine_class = state_machine(proc, on_program, on_violation, lambda: known, on_known=on_known)
 

@@ -16,7 +16,6 @@ import attrs
 from hypothesis import strategies as st
 
 from kvspec.model.capabilities import Capabilities
-from kvspec.model.known import without_known
 from kvspec.model.case import Case, LookupProbe, Step
 from kvspec.model.domain import CoordinatorConfig, GroupKind, HashScheme, KVCacheGroup
 
@@ -214,7 +213,7 @@ def batches(draw, capabilities: Capabilities, max_size: int = MAX_BATCH,
         batch = Batch(Case(config, *deployment_requests(rng, config)) for _ in range(count))
         batch.scope = "deployment"
         return batch
-    config = without_known(_with_scheme(draw, draw(configs(capabilities)), schemes), capabilities)
+    config = _with_scheme(draw, draw(configs(capabilities)), schemes)
     count = draw(_between(1, max_size))
     rng = random.Random(draw(_SEED))
     return Batch(Case(config, *random_request(rng)) for _ in range(count))

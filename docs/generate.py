@@ -194,7 +194,6 @@ def known_bugs() -> str:
     rows = [[f"`{b.name}`" if b.name else "-", b.category.value,
              f"{b.first} to {b.fixed_in} (fixed)" if b.fixed_in else f"{b.first} on (not fixed)",
              b.summary, b.needs or "-",
-             "kept out of the registration draw" if b.draw_exclusion else "recognised when met",
              f"`{b.reproduction}`" if b.reproduction else "-"]
             for b in KNOWN_BUGS]
     return _page(
@@ -203,10 +202,9 @@ def known_bugs() -> str:
         "model). The shipped tests report a known bug of the release they run on as XFAIL with its "
         "description. The stateful and engine differentials recognise a known bug when a program meets it (by "
         "its mechanism), count it, say it and go on (`--include-known` reports it as a finding instead); the "
-        "registration and lookup differentials likewise, per example, but keep one crash out of their draw, "
-        "and say so. *Releases* run from the first release "
+        "registration and lookup differentials likewise, per example. *Releases* run from the first release "
         "kvspec checked that carries the bug to the first without it.",
-        _table(["name", "finding category", "releases", "what vLLM does", "needs", "in the draw",
+        _table(["name", "finding category", "releases", "what vLLM does", "needs",
                 "standalone reproduction"], rows))
 
 

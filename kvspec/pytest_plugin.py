@@ -255,11 +255,9 @@ def kvspec_release(request: pytest.FixtureRequest):
 def kvspec_stats(request: pytest.FixtureRequest, kvspec_subject):
     """Counters a differential test fills in; written to the JUnit XML.
 
-    On a Hypothesis test that passed, the fixture also checks that every
-    example of the budget really ran (``examples`` counted by the test), so a
-    property that returned early or drew nothing cannot pass vacuously.
-    While the test runs, its examples do not depend on which other modules
-    the session imported (``diff_tests.seeding``)."""
+    A Hypothesis test that used it and did not fail is then checked (see
+    ``pytest_runtest_call``).  While the test runs, its examples do not depend
+    on which other modules the session imported (``diff_tests.seeding``)."""
     from kvspec.diff_tests.property import Tally
     from kvspec.diff_tests.seeding import fixed_constant_pool
 
@@ -273,25 +271,30 @@ def kvspec_stats(request: pytest.FixtureRequest, kvspec_subject):
     properties.append(("kvspec_profile", state.profile or "hypothesis defaults"))
     for key, value in stats.as_dict().items():
         properties.append((f"kvspec_{'cache_blocks_' if key == 'calls' else ''}{key}", value))
-    report = request.node.stash.get(_CALL_REPORT, None)
-    if report is not None and report.passed and hasattr(request.node.obj, "hypothesis"):
-        from kvspec.diff_tests.hypothesis_compat import settings_of
-
-        budget = settings_of(request.node.obj).max_examples
-        if stats.examples < budget or stats.cases < stats.examples:
-            pytest.fail(f"kvspec: the property ran {stats.examples} of {budget} examples "
-                        f"({stats.cases} cases): it did not exercise the subject", pytrace=False)
-
-
-_CALL_REPORT = pytest.StashKey[pytest.TestReport]()
+    properties.append(("kvspec_known_met", stats.known_met_text()))
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
-    report = yield
-    if report.when == "call":
-        item.stash[_CALL_REPORT] = report
-    return report
+def pytest_runtest_call(item: pytest.Item):
+    """After a Hypothesis test that filled ``kvspec_stats`` ran without
+    failing: every example of its budget must have run (``examples``
+    counted by the test), so a property that returned early or drew nothing
+    cannot pass vacuously; and the known vLLM bugs its examples met and
+    recognised are said (XFAIL), never passed."""
+    result = yield  # a failing test raised here: nothing to add
+    stats = getattr(item, "funcargs", {}).get("kvspec_stats")
+    if stats is None or not hasattr(item.obj, "hypothesis"):
+        return result
+    from kvspec.diff_tests.hypothesis_compat import settings_of
+
+    shortfall = stats.shortfall(settings_of(item.obj).max_examples)
+    if shortfall is not None:
+        pytest.fail(shortfall, pytrace=False)
+    if stats.known_met:
+        subject = item.funcargs["kvspec_subject"].subject.label
+        pytest.xfail(f"known vLLM bug(s) of {subject} met and recognised (model/known.py): "
+                     f"{stats.known_met_text()}; the whole budget ran and nothing else broke")
+    return result
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -3,12 +3,11 @@
 Each was found by a differential, shrunk, replayed on every release to find
 the first without it, and judged a vLLM bug (not a gap in the model): the
 README's tables, the shipped tests' expected failures and every differential
-read this list.  A differential that meets one recognises it by its
+read this list.  None is kept out of the draw: a differential that meets one
+(kvspec's commands and the shipped pytest tests alike) recognises it by its
 mechanism, counts it, says it and searches on (``--include-known`` reports it
-as a finding).  One is still kept out of the registration draw, said with
-``draw_exclusion``: a configuration it covers is drawn under legacy hashes
-instead (every fuzz result lists it); the pytest property, HypoFuzz and a tree
-claiming an older release do not recognise it yet.
+as a finding).  A subject's known bugs are those of the release its vLLM says
+it is (a tree or a mutant: its ``_version.py``).
 tests/integration/test_known_findings.py shows each still reproduces, so a
 fix shows.
 """
@@ -16,19 +15,16 @@ fix shows.
 from __future__ import annotations
 
 import re
-from typing import Callable
 
 import attrs
 
 from .about import release_key
-from .capabilities import Capabilities
-from .domain import CoordinatorConfig, GroupKind, HashScheme
+from .domain import GroupKind
 from .finding import Category
 from .retention import BLOCK_ALIGNED_REPLAY
 from .state import named_group_kinds
 
-__all__ = ["KnownBug", "KNOWN_BUGS", "known_bugs", "excluded_from_draw", "known_for", "without_known", "recognise",
-           "recognise_all"]
+__all__ = ["KnownBug", "KNOWN_BUGS", "known_bugs", "recognise", "recognise_all", "count_met"]
 
 
 @attrs.frozen
@@ -40,9 +36,6 @@ class KnownBug:
     signature: str  # text every discrepancy of this bug shows in its summary
     needs: str = ""  # a non-default setting it needs, if any
     name: str = ""
-    # The configurations the registration draw takes under legacy hashes
-    # instead (None: drawn as any other configuration).
-    draw_exclusion: Callable[[CoordinatorConfig, Capabilities], bool] | None = None
     reach: str = ""  # who is affected, where no deployment profile is (said when it is met)
     # Other ways the same mechanism shows: (category, words) pairs, e.g. the
     # crash a broken estimate causes when the pool is tight.
@@ -81,13 +74,6 @@ class KnownBug:
     def carried_by(self, version: str) -> bool:
         key = release_key(version)
         return key >= release_key(self.first) and (self.fixed_in is None or key < release_key(self.fixed_in))
-
-
-def _sliding_window_eagle_lookahead(config: CoordinatorConfig, caps: Capabilities) -> bool:
-    eagle = [g for g in config.groups if g.eagle]
-    return (caps.lookahead_block_hashes and config.num_hash_lookahead_tokens >= 2
-            and not any(g.kind is GroupKind.FULL_ATTENTION for g in config.groups)
-            and any(g.kind is GroupKind.SLIDING_WINDOW for g in eagle))
 
 
 KNOWN_BUGS: tuple[KnownBug, ...] = (
@@ -265,7 +251,6 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
              "the candidate within the hashes)", "IndexError",
              needs="lookahead block hashes of 2+ tokens, an EAGLE sliding-window group, no full-attention group",
              name="sliding_window_eagle_multi_module_lookahead_crash",
-             draw_exclusion=_sliding_window_eagle_lookahead,
              range_search="docs/results/known-ranges/sliding_window_eagle_multi_module_lookahead_crash.json",
              reach="no known deployment: it needs a drafter layer with sliding-window attention, multi-module MTP "
                    "and no full-attention group; no profile of the catalog has one (hardening)"),
@@ -281,23 +266,6 @@ def known_bugs(version: str | None, category: Category | None = None, summary: s
         return []  # a checkout's own version says nothing of which fixes it has
     return [b for b in KNOWN_BUGS if b.carried_by(version) and (category is None or b.shows_as(category))
             and (summary is None or b.matches(summary, category, group_kinds))]
-
-
-def excluded_from_draw() -> tuple[KnownBug, ...]:
-    """The known bugs the registration draw keeps out."""
-    return tuple(b for b in KNOWN_BUGS if b.draw_exclusion is not None)
-
-
-def known_for(config: CoordinatorConfig, caps: Capabilities) -> KnownBug | None:
-    """The draw-excluded known bug this configuration would reproduce, if any."""
-    return next((b for b in excluded_from_draw() if b.draw_exclusion(config, caps)), None)
-
-
-def without_known(config: CoordinatorConfig, caps: Capabilities) -> CoordinatorConfig:
-    """``config``, drawn under legacy hashes when its own scheme reproduces a known bug."""
-    if config.hash_scheme is HashScheme.LOOKAHEAD and known_for(config, caps) is not None:
-        return attrs.evolve(config, hash_scheme=HashScheme.LEGACY)
-    return config
 
 
 def recognise(known: tuple[KnownBug, ...] | list[KnownBug], found) -> KnownBug | None:
@@ -327,3 +295,11 @@ def recognise_all(known: tuple[KnownBug, ...] | list[KnownBug], found) -> tuple[
         if bug not in bugs:
             bugs.append(bug)
     return tuple(bugs)
+
+
+def count_met(met: dict[str, int], first: dict[str, str], bugs, where: str) -> None:
+    """Count one more meeting of each of ``bugs`` in ``met`` (by name);
+    ``first`` keeps where each was met first (a case or program, described)."""
+    for bug in bugs:
+        met[bug.name] = met.get(bug.name, 0) + 1
+        first.setdefault(bug.name, where)

@@ -163,6 +163,4 @@ def subject_run_lines(entry) -> list[str]:
     for name, first in sorted(result.known_first.items()):
         add(f"  known vLLM bug {name} (model/known.py) met in {result.known_met[name]} example(s), each ended "
             f"at that case (the rest of its batch is not compared; the search went on); first: {first}")
-    for known in result.known_excluded:
-        add(f"  known vLLM bug kept out of the draw (model/known.py): {known.name}: {known.reach}")
     return lines

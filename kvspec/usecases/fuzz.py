@@ -103,6 +103,9 @@ class FuzzRun:
 
         parts = [of(s.finding) if s.finding is not None else s.result.outcome for s in self.subjects]
         parts += [of(other) for s in self.subjects for other, _ in s.others]
+        # A reduced scope stays in the outcome beside a finding that ranks
+        # below it (hardening): what was not searched is never less urgent.
+        parts += [Outcome.INCOMPLETE for _ in self.reductions]
         parts += [Outcome.USAGE for _ in self.errors]
         if self.stopped is not None:
             parts.append(self.stopped)

@@ -362,3 +362,9 @@ def test_a_tree_claiming_an_older_release_than_its_code_says_its_scope_is_reduce
     assert doc["status"] == "REDUCED SCOPE"
     assert "(its _version.py) lacks" in doc["subjects"][0]["scope_reduction"]
     assert "REDUCED SCOPE" in (tmp_path / "fuzz.md").read_text() and "REDUCED SCOPE" in run.stdout
+    # What that costs, shown: the code's sliding-window EAGLE crash (0.33.0 on)
+    # is no known bug of 0.28.0, so it is a finding here (hand-built only:
+    # hardening), and the exit stays the reduced scope's, the more urgent.
+    finding = doc["subjects"][0]["finding"]
+    assert finding["category"] == "subject_crash" and "IndexError" in finding["detail"], finding["detail"]
+    assert doc["outcome"] == Outcome.INCOMPLETE.name

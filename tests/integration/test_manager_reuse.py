@@ -8,7 +8,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, seed, settings
 
+from kvspec.model.known import known_bugs, recognise_all
 from kvspec.model.replies import record_of
+from kvspec.oracles.lookup import check_case
 from kvspec.pytest_plugin import DEFAULT_RELEASES
 from kvspec.subjects.process import SubjectProcess
 from kvspec.subjects.subject import release
@@ -32,13 +34,16 @@ def generated_cases(capabilities, count: int = 150):
     return drawn
 
 
-def _replies(proc, drawn):
+def _replies(proc, drawn, raw=None):
+    """Each reply's record (``raw``, if given, gets the replies themselves)."""
     out = []
     for batch in drawn:
         for reply in proc.stream(Stream.of(batch)):
             record = record_of(reply)
             record.pop("seconds")  # the only field that may differ
             out.append(record)
+            if raw is not None:
+                raw.append(reply)
     return out
 
 
@@ -54,11 +59,19 @@ def test_reused_managers_answer_as_new_ones(version, kvspec_release, monkeypatch
 
     monkeypatch.setenv("KVSPEC_FRESH_MANAGERS", "1")
     with SubjectProcess(release(version)) as fresh:
-        fresh_replies = _replies(fresh, drawn)
+        raw: list = []
+        fresh_replies = _replies(fresh, drawn, raw)
         fresh_stats = fresh.stats()
 
     assert len(reused_replies) == len(fresh_replies) == len(cases)
-    assert all(r["ok"] for r in fresh_replies)
+    # Every case ran, but for the known vLLM bugs of the release some meet
+    # (0.33.0 on: the sliding-window EAGLE crash), each recognised by its mechanism.
+    failing = [(case, reply) for case, reply in zip(cases, raw) if not reply.ok]
+    known = known_bugs(version)
+    unknown = [case.describe() for case, reply in failing
+               if not recognise_all(known, check_case(case, reusing.capabilities, reply))]
+    assert not unknown, unknown[:3]
+    assert len(failing) * 20 < len(cases), f"{len(failing)} of {len(cases)} cases crashed"
     differing = [(case.describe(), a, b) for case, a, b in zip(cases, reused_replies, fresh_replies) if a != b]
     assert not differing, f"{len(differing)} of {len(cases)} replies differ; first: {differing[0]}"
     # Not vacuous: the reusing worker did reuse, the other built a manager per case.

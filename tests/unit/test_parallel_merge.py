@@ -55,8 +55,8 @@ def test_no_failure_anywhere():
 def test_known_bugs_met_by_the_jobs_are_summed_and_said_in_the_verdict():
     crash = "sliding_window_eagle_multi_module_lookahead_crash"
     one, two = _result(0), _result(1)
-    one.known_met, one.known_first = {crash: 2}, {crash: "S=4 first"}
-    two.known_met, two.known_first = {crash: 3}, {crash: "S=6 later"}
+    one.tally.known_met, one.tally.known_first = {crash: 2}, {crash: "S=4 first"}
+    two.tally.known_met, two.tally.known_first = {crash: 3}, {crash: "S=6 later"}
     doc = merge_results([one, two, _result(2)], 1.0).as_dict()
     assert doc["known_met"] == {crash: 5} and doc["known_first"] == {crash: "S=4 first"}
     assert doc["verdict"] == ("no discrepancy but known vLLM bugs (model/known.py), met and recognised: "

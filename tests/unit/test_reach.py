@@ -136,6 +136,22 @@ def test_a_hardening_finding_exits_6():
     assert run.outcome is Outcome.FINDING
 
 
+def test_a_hardening_finding_in_a_reduced_scope_exits_incomplete():
+    """What was not searched is never less urgent than a hardening finding
+    (a tree whose code is newer than its _version.py says)."""
+    from kvspec.diff_tests.fuzz import FuzzResult
+    from kvspec.diff_tests.property import Failure
+    from kvspec.usecases.fuzz import FuzzRun, FuzzSettings, SubjectRun
+
+    finding = _finding()
+    result = FuzzResult(subject=finding.compared["subject"], capabilities=capabilities(), seed=0,
+                        failure=Failure(None, (), {}), scope_reduction="tree has X, which 0.28.0 lacks")
+    run = FuzzRun(FuzzSettings(), ["s"], [SubjectRun(result, attrs.evolve(finding, reach=Reach("x", hardening=True)))])
+    assert run.outcome is Outcome.INCOMPLETE and run.status.value == "REDUCED SCOPE"
+    run.subjects[0].finding = attrs.evolve(finding, reach=Reach("y", hardening=False))
+    assert run.outcome is Outcome.FINDING
+
+
 def test_a_release_before_the_derived_eras_is_not_assessed(modelled):
     result = reach.assess(_finding(version="0.25.1"))
     assert result.summary.startswith("Not assessed") and not result.hardening
