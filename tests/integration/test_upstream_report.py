@@ -217,3 +217,36 @@ def test_a_state_findings_upstream_script_fails_on_the_mutant_saying_the_rule():
     assert run.tail.endswith("Expected: every block newly allocated to an attention group must be returned by "
                              "take_new_block_ids() so that it is zeroed\nActual: blocks [3, 6] were not handed out"), \
         run.tail
+
+
+# Every engine fixture finding made on a mutant of 0.34.0, by the rule it broke.
+MUTANT_FINDINGS = sorted(path for path in FIXTURE.parent.glob("finding_engine_*_0.34.0.json")
+                         if json.loads(path.read_text())["compared"]["subject"]["kind"] == "mutant")
+
+
+@pytest.mark.soak  # each finding's script on its mutant and on 0.34.0, about 20 s each: `python -m pytest -m soak`
+@pytest.mark.parametrize("fixture", MUTANT_FINDINGS, ids=[p.name[len("finding_engine_"):-len("_0.34.0.json")]
+                                                          for p in MUTANT_FINDINGS])
+def test_every_state_findings_upstream_script_fails_on_its_mutant_and_runs_clean_on_the_release(fixture):
+    """The script ``kvspec report --upstream`` would write for each kind of
+    engine finding (the check its engine test makes, rendered once): exit 1
+    in a fresh process on the mutant that made the finding, saying Expected
+    (the rule) and Actual; exit 0, run to its end, on unmutated 0.34.0."""
+    from kvspec.emit.engine_test import rule_check
+    from kvspec.model.engine import EngineProgram
+    from kvspec.model.finding import Finding
+    from kvspec.subjects.mutation import mutant
+    from kvspec.subjects.mutation.trees import ensure_mutant_tree
+    from kvspec.subjects.upstream_repro import repro_script, run_repro
+
+    finding = Finding.from_dict(json.loads(fixture.read_text()))
+    name = finding.compared["subject"]["mutant"]
+    program, settings = EngineProgram.from_dict(finding.inputs["engine_program"]), finding.run["engine_settings"]
+    script = repro_script(program, settings, finding.category, "0.34.0",
+                          rule_check(program, settings, finding.category, finding.detail))
+    tree = str(ensure_mutant_tree("0.34.0", mutant(name)))
+    on_mutant = run_repro(script, None, tree=tree, label=f"vLLM 0.34.0 + {name}")
+    assert on_mutant.reproduced and on_mutant.returncode == 1, on_mutant.tail
+    assert "\nExpected: " in on_mutant.tail and "\nActual: " in on_mutant.tail, on_mutant.tail
+    on_release = run_repro(script, None)
+    assert on_release.returncode == 0 and not on_release.reproduced, on_release.tail
