@@ -199,11 +199,12 @@ def known_bugs() -> str:
     return _page(
         "Known vLLM bugs", "`model/known.py`, `KNOWN_BUGS`",
         "Bugs kvspec found in published vLLM releases, each shrunk and judged a vLLM bug (not a gap in the "
-        "model). The shipped tests report a known bug of the release they run on as XFAIL with its "
-        "description. The stateful and engine differentials recognise a known bug when a program meets it (by "
+        "model). The stateful and engine differentials recognise a known bug when a program meets it (by "
         "its mechanism), count it, say it and go on (`--include-known` reports it as a finding instead); the "
-        "registration and lookup differentials likewise, per example. *Releases* run from the first release "
-        "kvspec checked that carries the bug to the first without it.",
+        "registration and lookup differentials likewise, per example; none is kept out of the draw. The shipped "
+        "tests do the same and report the known bugs of the release they run on (a tree or a mutant: the "
+        "release its `_version.py` names) that they met as XFAIL naming each, once the whole budget ran. "
+        "*Releases* run from the first release kvspec checked that carries the bug to the first without it.",
         _table(["name", "finding category", "releases", "what vLLM does", "needs",
                 "standalone reproduction"], rows))
 
