@@ -80,8 +80,7 @@ class Tally:
         total = cls(**{name: sum(getattr(t, name) for t in tallies) for name in cls().as_dict()})
         for tally in tallies:
             for name, n in tally.known_met.items():
-                count = total.known_met.get(name, 0)
-                total.known_met[name] = count + n
+                total.known_met[name] = total.known_met.get(name, 0) + n
                 total.known_first.setdefault(name, tally.known_first[name])
         return total
 
@@ -100,11 +99,15 @@ class Tally:
                          for name, n in sorted(self.known_met.items()))
 
 
-def known_of(subject) -> tuple[KnownBug, ...]:
-    """The known vLLM bugs a live subject carries: those of the release its
-    vLLM says it is (a tree or a mutant: the release its ``_version.py``
-    names; where its code is newer, the subject's scope reduction says so)."""
-    return tuple(known_bugs(subject.identity.get("vllm_version")))
+def known_of(subject, discrepancy: Discrepancy | None = None) -> tuple[KnownBug, ...]:
+    """The known vLLM bugs a live subject carries (those ``discrepancy``
+    shows, if given): those of the release its vLLM says it is (a tree or a
+    mutant: the release its ``_version.py`` names; where its code is newer,
+    the subject's scope reduction says so)."""
+    version = subject.identity.get("vllm_version")
+    if discrepancy is None:
+        return tuple(known_bugs(version))
+    return tuple(known_bugs(version, discrepancy.category, discrepancy.summary(), discrepancy.group_kinds))
 
 
 def run_recognising(subject, batch: tuple[Case, ...], tally: Tally, known: tuple[KnownBug, ...]) -> Failure | None:

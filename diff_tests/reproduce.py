@@ -54,7 +54,7 @@ from hypothesis import Phase, strategies as st
 from kvspec.model.engine import EngineProgram, EngineSetup
 from kvspec.model.errors import InfrastructureError, KvspecError
 from kvspec.model.finding import Category
-from kvspec.model.known import known_bugs, recognise
+from kvspec.model.known import recognise
 from kvspec.model.outcome import Outcome
 from kvspec.model.nearest_engine import (MAX_MODEL_LEN, Target, after_preemption, mechanism_kind,
                                          nearest_setups, pressure_pool, pressure_trial, program_of_case, scale_for,
@@ -64,7 +64,7 @@ from kvspec.oracles.registration import Discrepancy, RegistrationBound
 from kvspec.subjects.process import SubjectProcess
 
 from .engine import EngineResult, drive_engine_program, engine_machine
-from .property import Failure
+from .property import Failure, known_of
 from .stateful import _exception, _machine_test, run_machine_test
 
 __all__ = ["SEARCH_EXAMPLES", "SEARCH_SEED", "SEARCH_STEPS", "REGISTRATION", "RegistrationBound", "Reproduction", "target_of",
@@ -315,7 +315,7 @@ def _reproduce(proc: SubjectProcess, program: Program, target: Target, found: Di
     # The release's known bugs are passed over on the way, except the one the
     # finding is (a run with --include-known reports it), under each of its
     # entries (one bug seen by two differentials has one summary): that one is sought.
-    carried = known_bugs(proc.describe().get("vllm_version"))
+    carried = known_of(proc)
     itself = {b.summary for b in carried if recognise((b,), [found]) is not None}
     known = tuple(b for b in carried if b.summary not in itself)
     others: dict[str, int] = {}

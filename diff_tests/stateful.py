@@ -41,7 +41,7 @@ from kvspec.oracles.state import StateOracle
 from kvspec.subjects.process import SubjectProcess
 
 from .fuzz import _Abort, interrupt_behind
-from .property import Failure
+from .property import Failure, known_of
 from .reduce import reduce_program
 from .hypothesis_compat import set_database_key, set_seed, shrink_budget
 from .seeding import fixed_constant_pool
@@ -667,7 +667,7 @@ def drive_unchecked(proc: SubjectProcess, max_examples: int, seed: int,
     makes with this seed, its rules sending the same messages, but the worker
     reads no state and nothing is checked.  Returns the programs driven."""
     programs: list[Program] = []
-    known = tuple(known_bugs(proc.describe().get("vllm_version")))
+    known = known_of(proc)
 
     class Kept(state_machine(proc, known=lambda: known, check=False)):  # type: ignore[misc]
         def teardown(self) -> None:

@@ -36,8 +36,7 @@ from kvspec.model.requests import Run
 
 def _xfail_if_known(proc, discrepancy, found: str) -> None:
     """A known vLLM bug of this subject's release is said as such, never passed."""
-    known = [b for b in known_of(proc)
-             if b.matches(discrepancy.summary(), discrepancy.category, discrepancy.group_kinds)]
+    known = known_of(proc, discrepancy)
     if known:
         pytest.xfail(f"known vLLM bug in {proc.subject.label} (first without it: {known[0].fixed_in or 'none yet'}): "
                      f"{known[0].summary}; found: {found}; the rest of the budget did not run")
